@@ -1,0 +1,43 @@
+# The two commands of the README's quick start: `make demo` and `make test`.
+# Both install what they need: Debian packages through apt-get (as root), Python
+# packages into .venv.
+
+VENV ?= .venv
+PY := $(VENV)/bin/python
+APT_PACKAGES := redis-server openssh-server openssh-client busybox procps tar coreutils findutils
+PYTEST_ARGS ?=
+
+.PHONY: demo test lint system-deps venv clean
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+# Installs the Debian packages the tests need when any is missing (root only; else
+# it names them and stops).
+system-deps:
+	@if command -v redis-server >/dev/null && [ -x /usr/sbin/sshd ] && command -v busybox >/dev/null \
+	    && command -v ps >/dev/null && command -v ssh-keygen >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ]; then \
+	  echo "installing $(APT_PACKAGES)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES) >/dev/null; \
+	else echo "please install: $(APT_PACKAGES)" >&2; exit 1; fi
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy schemas producers workers
+
+# pytest runs under a subreaper: orphaned job processes are reaped even where this
+# machine's init does not reap them (a zombie counts as a live group member).
+test: system-deps venv lint
+	$(PY) -m workers.reaper -- $(PY) -m pytest -q $(PYTEST_ARGS)
+
+demo: venv
+	$(VENV)/bin/runwarden demo
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -1,0 +1,211 @@
+"""A job on a target: how to start it, its handle, and what it is doing.
+
+JSON shapes of [`JobId`] and [`JobStatus`] match the seeds' serde shapes, so a
+record written by overbrainer reads here and the other way round:
+`{"dir": "/w/r1", "pid": 42, "container": null}`, and `"running"`,
+`{"exited": 3}`, `"cancelled"`, `"lost"`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, ClassVar, Final, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
+
+from .ids import Pid
+
+__all__ = [
+    "ENV_NAME",
+    "Container",
+    "JobCommand",
+    "JobId",
+    "JobStatus",
+    "check_absolute_path",
+    "check_env_name",
+    "check_secret_value",
+]
+
+ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_CONTAINER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+
+
+def check_absolute_path(path: str) -> str:
+    """Returns `path` when it is an absolute path without a NUL byte, else raises
+    `ValueError`. Any other byte, newline and quote included, is valid in a path and
+    is quoted wherever it reaches a shell."""
+    if not path.startswith("/"):
+        raise ValueError(f"not an absolute path: {path[:200]!r}")
+    if "\0" in path:
+        raise ValueError("a path cannot hold a NUL byte")
+    return path
+
+
+def check_env_name(name: str) -> str:
+    """Returns `name` when it is an environment variable name (letters, digits and
+    `_`, not starting with a digit, not empty), else raises `ValueError` naming it."""
+    if ENV_NAME.fullmatch(name) is None:
+        raise ValueError(f"{name[:80]!r} is not an environment variable name")
+    return name
+
+
+def check_secret_value(name: str, value: str) -> None:
+    """Raises `ValueError`, naming the variable and never the value, when `value` holds
+    a line break or a NUL byte: a line break would end the `read` that feeds a remote
+    job early, and a NUL byte cannot live in an environment; either would hand the job
+    a different value."""
+    if any(c in value for c in "\n\r\0"):
+        raise ValueError(f"{name} cannot be passed to the job")
+
+
+class Container(BaseModel):
+    """A container running the job, stopped by cancel (`<engine> stop -t 30 <name>`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    engine: Literal["docker", "podman"]
+    name: str
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        if _CONTAINER_NAME.fullmatch(name) is None:
+            raise ValueError(f"invalid container name {name[:80]!r}")
+        return name
+
+
+class JobId(BaseModel):
+    """Handle of a started job, enough to find it again from any process."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    dir: str
+    """Run directory on the target, absolute."""
+    pid: Pid
+    """Pid of the job's session leader, also its process-group id. Never 0 or 1."""
+    container: Container | None = None
+    """The container the job runs in, if any."""
+
+    @field_validator("dir")
+    @classmethod
+    def _dir(cls, value: str) -> str:
+        return check_absolute_path(value)
+
+
+class JobCommand(BaseModel):
+    """A job to start in the background.
+
+    `env` holds the job's own, non-secret variables (such as
+    `RUNWARDEN_SNAPSHOT_REQUEST`); they may appear on a command line. `secrets` reach
+    the job's environment only: never a command line, a file, a log or Redis. Both
+    are set on top of the target's environment, secrets last.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    dir: str
+    """Run directory on the target, absolute. The job runs there."""
+    script: str = Field(min_length=1)
+    """POSIX shell commands of the job."""
+    env: dict[str, str] = Field(default_factory=dict)
+    secrets: dict[str, SecretStr] = Field(default_factory=dict, repr=False)
+    container: Container | None = None
+
+    @field_validator("dir")
+    @classmethod
+    def _dir(cls, value: str) -> str:
+        return check_absolute_path(value)
+
+    @field_validator("script")
+    @classmethod
+    def _script(cls, value: str) -> str:
+        if "\0" in value:
+            raise ValueError("a job script cannot hold a NUL byte")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, env: dict[str, str]) -> dict[str, str]:
+        for name, value in env.items():
+            check_env_name(name)
+            if "\0" in value:
+                raise ValueError(f"{name} cannot hold a NUL byte")
+        return env
+
+    @field_validator("secrets")
+    @classmethod
+    def _secrets(cls, secrets: dict[str, SecretStr]) -> dict[str, SecretStr]:
+        for name, value in secrets.items():
+            check_env_name(name)
+            check_secret_value(name, value.get_secret_value())
+        return secrets
+
+
+_Kind = Literal["running", "exited", "cancelled", "lost"]
+
+
+class JobStatus(BaseModel):
+    """What a job is doing: running, exited with a code, cancelled, or lost (neither
+    running nor ended normally: killed without writing its exit code, or its run
+    directory is gone)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: _Kind
+    code: int | None = None
+
+    RUNNING: ClassVar[JobStatus]
+    CANCELLED: ClassVar[JobStatus]
+    LOST: ClassVar[JobStatus]
+
+    @classmethod
+    def exited(cls, code: int) -> JobStatus:
+        """Ended with exit code `code` (a signed 32-bit integer)."""
+        return cls(kind="exited", code=code)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_serde(cls, data: Any) -> Any:
+        if isinstance(data, str):
+            if data == "exited":
+                raise ValueError("an exited status carries its code: {\"exited\": N}")
+            return {"kind": data}
+        if isinstance(data, dict) and set(data) == {"exited"}:
+            return {"kind": "exited", "code": data["exited"]}
+        return data
+
+    @model_validator(mode="after")
+    def _code(self) -> JobStatus:
+        if (self.kind == "exited") != (self.code is not None):
+            raise ValueError("an exit code goes with the exited status, and only with it")
+        if self.code is not None and not -(2**31) <= self.code < 2**31:
+            raise ValueError(f"exit code {self.code} is out of range")
+        return self
+
+    @model_serializer
+    def _to_serde(self) -> str | dict[str, int]:
+        if self.kind == "exited":
+            assert self.code is not None
+            return {"exited": self.code}
+        return self.kind
+
+    @property
+    def is_finished(self) -> bool:
+        """Whether the job has stopped for good (anything but running)."""
+        return self.kind != "running"
+
+    def __str__(self) -> str:
+        return f"exited({self.code})" if self.kind == "exited" else self.kind
+
+
+JobStatus.RUNNING = JobStatus(kind="running")
+JobStatus.CANCELLED = JobStatus(kind="cancelled")
+JobStatus.LOST = JobStatus(kind="lost")

@@ -1,0 +1,53 @@
+"""Names of the on-target protocol: the files of a run directory, identical to the
+seeds' (overbrainer) so either tool can follow and stop a run started by the other.
+
+Every name is relative to the run directory `<workdir>/<run_id>`.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = [
+    "CANCELLING_FILE",
+    "CANCEL_FILE",
+    "CLAIM_FILE",
+    "EXIT_FILE",
+    "JOBSIDE_DIR",
+    "JOB_LOG",
+    "MAX_TAIL_READ",
+    "METRICS_FILE",
+    "OUTPUT_DIR",
+    "PID_FILE",
+    "PROOF_LIMIT",
+    "SNAPSHOT_FILE",
+    "SNAPSHOT_REQUEST",
+]
+
+JOB_LOG: Final = "job.log"
+"""The job's stdout and stderr, appended."""
+PID_FILE: Final = "job.pid"
+"""Pid of the job's session and process-group leader, written first by the wrapper."""
+EXIT_FILE: Final = "exit_code"
+"""The job script's exit code, written last by the wrapper."""
+CANCELLING_FILE: Final = "cancelling"
+"""Marker written by cancel before anything is signalled."""
+CANCEL_FILE: Final = "cancelled"
+"""Marker written by cancel once the process group is gone; wins over everything."""
+CLAIM_FILE: Final = ".claim"
+"""Created exclusively by claim; holds the owner value of the run (one line)."""
+SNAPSHOT_REQUEST: Final = "snapshot.request"
+"""A snapshot was asked for; holds the reason."""
+SNAPSHOT_FILE: Final = "snapshot.json"
+"""The proof that a snapshot was saved, written by the job's plugin."""
+OUTPUT_DIR: Final = "output"
+"""Where the trainer saves `checkpoint-<step>` directories."""
+METRICS_FILE: Final = "metrics.jsonl"
+"""One JSON object a line, written by the job's plugin: `begin`, `log`, `end`."""
+JOBSIDE_DIR: Final = ".runwarden"
+"""Where launch ships the stdlib-only job-side files; on the job's `PYTHONPATH`."""
+
+PROOF_LIMIT: Final = 64 * 1024
+"""Largest prefix of `snapshot.json` read from the target, in bytes."""
+MAX_TAIL_READ: Final = 1024 * 1024
+"""Largest read of one tail poll, in bytes: a longer line is emitted cut."""

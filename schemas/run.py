@@ -1,0 +1,137 @@
+"""Runs: the record of one job launched on a target, its states, and how a finished
+job's outcome is decided (DESIGN.md §3, as the seeds decide it)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated, Final
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .ids import RunId
+from .job import JobId, JobStatus, check_absolute_path
+from .snapshot import ProofInvalid, ProofNone, ProofSaved, Snapshot
+
+__all__ = ["TERMINAL_STATES", "Outcome", "RunLimits", "RunRecord", "RunState", "decide_outcome"]
+
+
+class RunState(StrEnum):
+    """Where a run stands: `preparing -> running -> succeeded | failed | cancelled |
+    stopped`."""
+
+    PREPARING = "preparing"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    STOPPED = "stopped"
+    """Ended with a valid snapshot: the checkpoint of [`RunRecord.snapshot`]."""
+
+    @property
+    def is_terminal(self) -> bool:
+        """Whether the state is final: never overwritten by a later, different one."""
+        return self in TERMINAL_STATES
+
+
+TERMINAL_STATES: Final = frozenset(
+    {RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED, RunState.STOPPED}
+)
+
+
+class RunLimits(BaseModel):
+    """Policy limits a run was launched with; each is optional."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_hours: Annotated[float, Field(gt=0)] | None = None
+    max_cost_usd: Annotated[float, Field(gt=0)] | None = None
+    usd_per_hour: Annotated[float, Field(gt=0)] | None = None
+
+    @model_validator(mode="after")
+    def _cost(self) -> RunLimits:
+        if self.max_cost_usd is not None and self.usd_per_hour is None:
+            raise ValueError("max_cost_usd needs usd_per_hour")
+        return self
+
+
+class RunRecord(BaseModel):
+    """One run: a job launched (or adopted) on a target, as stored and shown."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: RunId
+    target: str = Field(min_length=1, max_length=64)
+    created: datetime
+    remote_dir: str
+    job: JobId | None = None
+    state: RunState = RunState.PREPARING
+    message: str | None = None
+    snapshot: Snapshot | None = None
+    resumed_from: RunId | None = None
+    snapshots: bool = True
+    """Whether the job's plugin reads snapshot requests; a run that cannot save one is
+    never asked (`NoSnapshots`)."""
+    command: str = ""
+    limits: RunLimits = Field(default_factory=RunLimits)
+
+    @field_validator("remote_dir")
+    @classmethod
+    def _remote_dir(cls, value: str) -> str:
+        return check_absolute_path(value)
+
+    @field_validator("created")
+    @classmethod
+    def _created(cls, value: datetime) -> datetime:
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Outcome(BaseModel):
+    """The recorded end of a run: its final state, a message for a person, and the
+    snapshot of a stopped run."""
+
+    model_config = ConfigDict(frozen=True)
+
+    state: RunState
+    message: str | None = None
+    snapshot: Snapshot | None = None
+
+
+def decide_outcome(
+    status: JobStatus, proof: ProofNone | ProofSaved | ProofInvalid | None
+) -> Outcome:
+    """How a finished job's run ends, as the seeds decide it.
+
+    exited 0 -> succeeded; exited N -> failed; cancelled -> cancelled; lost -> failed.
+    When that is succeeded or cancelled, the proof (read after the job ended) decides
+    further: a valid proof makes the run stopped with its snapshot (also when the job
+    was cancelled after writing it); an invalid proof leaves cancelled as cancelled and
+    turns succeeded into failed. `proof` is only looked at in those two cases; `None`
+    means it could not be read, which is treated as no proof.
+
+    Raises:
+        ValueError: for a running status: a running job has no outcome.
+    """
+    if status.kind == "running":
+        raise ValueError("a running job has no outcome yet")
+    if status.kind == "exited" and status.code != 0:
+        return Outcome(state=RunState.FAILED, message=f"the job exited with code {status.code}")
+    if status.kind == "lost":
+        return Outcome(state=RunState.FAILED, message="the job stopped without an exit code")
+    base = RunState.SUCCEEDED if status.kind == "exited" else RunState.CANCELLED
+    if isinstance(proof, ProofSaved):
+        snap = proof.snapshot
+        return Outcome(
+            state=RunState.STOPPED,
+            message=f"stopped with a snapshot at step {snap.step} ({snap.reason})",
+            snapshot=snap,
+        )
+    if isinstance(proof, ProofInvalid):
+        if base is RunState.CANCELLED:
+            return Outcome(state=base, message=f"the job was cancelled; {proof.why}")
+        return Outcome(
+            state=RunState.FAILED,
+            message=f"the job stopped with a snapshot, but {proof.why}",
+        )
+    message = "the job was cancelled" if base is RunState.CANCELLED else None
+    return Outcome(state=base, message=message)

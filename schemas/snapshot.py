@@ -1,0 +1,188 @@
+"""Snapshots: the request that asks a job for one, the proof the job leaves, and the
+limits of a stop (seeds: `000_…`, the snapshot module).
+
+Anyone who can write the run directory asks for a snapshot by writing
+`snapshot.request` there, holding the reason. The job's plugin saves a checkpoint at
+the end of its current step, stops, and writes `snapshot.json`, the proof.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from typing import Annotated, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .protocol import OUTPUT_DIR, SNAPSHOT_FILE
+
+__all__ = [
+    "END_TIMEOUT_S",
+    "PROOF_TIMEOUT_S",
+    "REQUEST_POLL_S",
+    "STOP_LIMITS",
+    "Proof",
+    "ProofInvalid",
+    "ProofNone",
+    "ProofSaved",
+    "Snapshot",
+    "SnapshotReason",
+    "StopLimits",
+    "expected_checkpoint",
+    "parse_proof",
+]
+
+PROOF_TIMEOUT_S: Final = 30 * 60.0
+"""How long a stop waits for the proof before it cancels the job, in seconds: a job
+that neither wrote it nor ended by then will not."""
+END_TIMEOUT_S: Final = 10 * 60.0
+"""How long a job that proved may take to end before it is cancelled, in seconds: its
+checkpoint is saved, what is left is the final save of the model."""
+REQUEST_POLL_S: Final = 30.0
+"""How often, in seconds, followed runs are checked for a request someone else wrote:
+a person, a watchdog, another tool."""
+
+_U64_MAX: Final = 2**64 - 1
+# Rust's `u8::is_ascii_whitespace`: no vertical tab, unlike `bytes.isspace`.
+_ASCII_WHITESPACE: Final = frozenset(b" \t\n\r\x0c")
+
+
+class SnapshotReason(StrEnum):
+    """Why a snapshot was taken; the lowercase name is what the request and the proof
+    hold."""
+
+    REQUESTED = "requested"
+    """Asked for by a person or a service (`runwarden stop`)."""
+    DEADLINE = "deadline"
+    """The run's `max_hours` was near."""
+    COST = "cost"
+    """The run's spending cap (`max_cost_usd`) was near."""
+    DISK = "disk"
+    """The target's disk was nearly full."""
+
+    @classmethod
+    def parse(cls, text: str | bytes | None) -> SnapshotReason:
+        """The reason `text` names, surrounding whitespace ignored; any other text, or
+        none, is [`SnapshotReason.REQUESTED`]. Never raises: a request file is
+        written by anyone, and any request is a request."""
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", "replace")
+        name = (text or "").strip()
+        try:
+            return cls(name)
+        except ValueError:
+            return cls.REQUESTED
+
+
+def expected_checkpoint(step: int) -> str:
+    """The only checkpoint a proof may name for a snapshot at `step`: where the trainer
+    saves it, `output/checkpoint-<step>`."""
+    return f"{OUTPUT_DIR}/checkpoint-{step}"
+
+
+class Snapshot(BaseModel):
+    """The snapshot of a stopped run: its checkpoint, relative to the run directory,
+    which is always exactly `output/checkpoint-<step>`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    checkpoint: str
+    step: Annotated[int, Field(strict=True, ge=0, le=_U64_MAX)]
+    reason: SnapshotReason
+
+    @model_validator(mode="after")
+    def _checkpoint(self) -> Snapshot:
+        if self.checkpoint != expected_checkpoint(self.step):
+            raise ValueError(f"{SNAPSHOT_FILE} names an invalid checkpoint path")
+        return self
+
+
+class ProofNone(BaseModel):
+    """No proof: the job was not stopped with a snapshot (missing or blank file)."""
+
+    model_config = ConfigDict(frozen=True)
+    kind: Literal["none"] = "none"
+
+
+class ProofSaved(BaseModel):
+    """A snapshot was saved."""
+
+    model_config = ConfigDict(frozen=True)
+    kind: Literal["saved"] = "saved"
+    snapshot: Snapshot
+
+
+class ProofInvalid(BaseModel):
+    """The file exists but cannot be used; `why` says why, for a person."""
+
+    model_config = ConfigDict(frozen=True)
+    kind: Literal["invalid"] = "invalid"
+    why: str
+
+
+Proof = Annotated[ProofNone | ProofSaved | ProofInvalid, Field(discriminator="kind")]
+"""What a run directory's `snapshot.json` says."""
+
+
+def parse_proof(content: bytes) -> ProofNone | ProofSaved | ProofInvalid:
+    """Reads the proof `content` of a `snapshot.json` (at most its first 64 KiB, as
+    read from the target). Never raises, whatever the bytes.
+
+    - Empty or ASCII-whitespace-only content is no proof.
+    - Content that is not one JSON object with a string `checkpoint` and a
+      non-negative integer `step` (below 2**64) is invalid; a JSON syntax error says
+      its line and column. `reason`, when present, is a string or null; `time` and
+      other fields are ignored.
+    - The checkpoint must be exactly `output/checkpoint-<step>`: it names local
+      directories later, so nothing else (absolute, `..`, `.`, doubled slashes,
+      another step) is accepted.
+    - An unknown or missing reason reads as `requested`.
+    """
+    if all(byte in _ASCII_WHITESPACE for byte in content):
+        return ProofNone()
+    try:
+        text = content.decode("utf-8")
+    except UnicodeDecodeError as error:
+        return ProofInvalid(why=f"{SNAPSHOT_FILE} is not UTF-8 (byte {error.start})")
+    try:
+        written = json.loads(text)
+    except json.JSONDecodeError as error:
+        return ProofInvalid(
+            why=f"{SNAPSHOT_FILE} is not valid (line {error.lineno}, column {error.colno})"
+        )
+    except (RecursionError, ValueError):
+        # Nesting deeper than the parser's stack, or an integer past Python's digit
+        # limit: no valid proof looks like either.
+        return ProofInvalid(why=f"{SNAPSHOT_FILE} is not valid (too deeply nested or too large)")
+    if not isinstance(written, dict):
+        return ProofInvalid(why=f"{SNAPSHOT_FILE} is not a JSON object")
+    checkpoint, step = written.get("checkpoint"), written.get("step")
+    if not isinstance(checkpoint, str):
+        return ProofInvalid(why=f"{SNAPSHOT_FILE} has no checkpoint string")
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= _U64_MAX:
+        return ProofInvalid(why=f"{SNAPSHOT_FILE} has no valid step")
+    reason = written.get("reason")
+    if reason is not None and not isinstance(reason, str):
+        return ProofInvalid(why=f"{SNAPSHOT_FILE} has a reason that is not a string")
+    if checkpoint != expected_checkpoint(step):
+        return ProofInvalid(why=f"{SNAPSHOT_FILE} names an invalid checkpoint path")
+    return ProofSaved(
+        snapshot=Snapshot(
+            checkpoint=checkpoint, step=step, reason=SnapshotReason.parse(reason)
+        )
+    )
+
+
+class StopLimits(BaseModel):
+    """How long a stop waits before it cancels the job instead, in seconds."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    proof_timeout_s: Annotated[float, Field(gt=0)] = PROOF_TIMEOUT_S
+    """For the proof, from the request."""
+    end_timeout_s: Annotated[float, Field(gt=0)] = END_TIMEOUT_S
+    """For the job to end once its proof is there."""
+
+
+STOP_LIMITS: Final = StopLimits()
+"""The seeds' limits: 30 min for the proof, then 10 more minutes for the job to end."""

@@ -1,0 +1,139 @@
+"""The `Executor` protocol: the seeds' operations on a target, synchronous (Celery
+tasks are synchronous), each stating what it guarantees and how it fails.
+
+A job is detached from whoever started it: it runs in its own session, writes its
+output to `job.log`, its pid to `job.pid` and, when it ends, its exit code to
+`exit_code`, all in its run directory. Any later process can read its status, tail
+its files or cancel it from that directory alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from schemas import JobCommand, JobId, JobStatus
+
+from .digest import FileDigest
+from .lines import LineStream
+
+__all__ = ["Executor"]
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """Runs jobs on a target and moves files to and from it. Paths on the target are
+    absolute strings; the target may be another machine. Every failure raises an
+    `ExecError`; bad arguments raise `InvalidArgument` before anything is done."""
+
+    @property
+    def workdir(self) -> str:
+        """Directory holding the run directories on the target, absolute."""
+        ...
+
+    def claim(self, dir: str, owner: str) -> bool:
+        """Claims `dir` for the run whose owner value is `owner` (one line): creates it
+        and its parents, then `.claim` in it, exclusively, holding `owner`. A `.claim`
+        already there holding `owner` is a claim of the same run, and accepted.
+        Returns False, and changes nothing, when it holds anything else."""
+        ...
+
+    def upload(self, local: Path, remote: str, skip: Sequence[str] = ()) -> None:
+        """Copies the content of the local directory `local` into `remote`, creating
+        it, except the top-level entries of `local` named in `skip`, which never leave
+        this machine. Symbolic links are copied as links."""
+        ...
+
+    def spawn(self, job: JobCommand) -> JobId:
+        """Starts `job` in the background and returns its handle. The job keeps running
+        when this process exits or loses its connection to the target. Stale
+        `exit_code`, `cancelling`, `cancelled` and `job.pid` are cleared first.
+
+        A local job inherits this process's environment minus every variable whose
+        name starts with `RUNWARDEN_`, `OVERBRAINER_` or `VAULT_`; a remote job gets
+        the SSH server's non-interactive environment. The job's `env` is set on top,
+        then its secrets, which travel on the launcher's stdin only.
+
+        Raises:
+            InvalidSecret: naming the variable only, when a secret's name is not an
+                environment variable name or its value holds `\\n`, `\\r` or NUL;
+                nothing is started then.
+        """
+        ...
+
+    def read_from(self, path: str, offset: int, limit: int) -> bytes:
+        """Bytes of the file `path` from byte `offset`, up to `limit` bytes (fewer
+        when less remains). A missing file reads as empty."""
+        ...
+
+    def status(self, job: JobId) -> JobStatus:
+        """What `job` is doing now, decided by one script on the target in the seeds'
+        order (see `scripts.status_script`)."""
+        ...
+
+    def statuses(self, jobs: Sequence[JobId]) -> list[JobStatus]:
+        """The statuses of all `jobs` of this target, in order, through one script."""
+        ...
+
+    def cancel(self, job: JobId) -> None:
+        """Stops `job`: its container first, then its whole process group (SIGTERM,
+        then SIGKILL after 10 s), then waits up to 10 s for the group to be gone and
+        writes `cancelled`. A job that already exited is left as is; cancelling a
+        cancelled job is a no-op; pid 0 and 1 are never signalled. Runs to its end:
+        an interrupt is delivered after it.
+
+        Raises:
+            CommandError: when the group survives SIGKILL (`cancelling` stays and a
+                later cancel retries) or the run directory does not exist.
+        """
+        ...
+
+    def download(
+        self, remote: str, local: Path, entries: Sequence[str], exclude: Sequence[str] = ()
+    ) -> None:
+        """Copies `entries` (relative to the target directory `remote`) into the local
+        directory `local`, leaving out names matching an `exclude` pattern at any
+        depth. Missing entries are skipped; `local` is not created when none exists.
+
+        Raises:
+            CommandError: (action `download`, message `<remote> does not exist`) when
+                `remote` is not a directory.
+        """
+        ...
+
+    def manifest(
+        self, remote: str, entries: Sequence[str], exclude: Sequence[str] = ()
+    ) -> list[FileDigest]:
+        """Every regular file under `entries` of `remote` with its SHA-256, excluded
+        names left out at any depth, missing entries skipped, links not followed;
+        paths relative to `remote`, sorted.
+
+        Raises:
+            CommandError: (message `<remote> does not exist`) when `remote` is not a
+                directory.
+        """
+        ...
+
+    def probe(self, script: str) -> bytes:
+        """Runs the read-only POSIX shell `script` on the target and returns its
+        standard output. It must not change anything there.
+
+        Raises:
+            CommandError: (action `probe`) when the script exits non-zero.
+        """
+        ...
+
+    def put_file(self, path: str, content: str) -> None:
+        """Replaces the small file `path` with `content`, creating its directory,
+        through a rename from a writer-unique temporary name: a reader sees the old
+        content or the new one, never a part."""
+        ...
+
+    def tail(self, path: str, offset: int = 0) -> LineStream:
+        """Follows the file `path` from byte `offset`, one complete line at a time."""
+        ...
+
+    def close(self) -> None:
+        """Releases every connection and resource; the executor opens again lazily."""
+        ...

@@ -1,0 +1,137 @@
+"""`LocalExecutor`: runs jobs on this machine.
+
+Status, cancel, claim, spawn and probe run the shared scripts (so a run directory
+behaves the same whoever started it); file access (`read_from`, `put_file`,
+`upload`, `download`, `manifest`) is done natively, with the same semantics, because
+it is many times faster than a shell per call.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets as _secrets
+import shutil
+import stat
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Final
+
+from schemas import JobCommand, JobId
+
+from . import scripts
+from .digest import FileDigest, glob_match, local_manifest
+from .errors import CommandError, InvalidArgument, IoError
+from .shell import ScriptExecutor, check_entries, check_remote, checked_secrets, upload_names
+from .transport import LocalTransport
+
+__all__ = ["FILTERED_ENV_PREFIXES", "LocalExecutor", "job_environment"]
+
+FILTERED_ENV_PREFIXES: Final = ("RUNWARDEN_", "OVERBRAINER_", "VAULT_")
+"""A local job never inherits a variable whose name starts with one of these: they
+hold the service's own configuration and credentials."""
+
+
+def job_environment(base: Mapping[str, str]) -> dict[str, str]:
+    """`base` without the variables a job must not inherit (see
+    [`FILTERED_ENV_PREFIXES`])."""
+    return {k: v for k, v in base.items() if not k.startswith(FILTERED_ENV_PREFIXES)}
+
+
+class LocalExecutor(ScriptExecutor):
+    """Runs jobs in run directories under the local directory `workdir` (created when
+    missing)."""
+
+    def __init__(self, workdir: Path | str) -> None:
+        root = Path(workdir).expanduser().absolute()
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise IoError(root, error) from error
+        self._local = LocalTransport()
+        super().__init__(self._local, str(root))
+
+    def spawn(self, job: JobCommand) -> JobId:
+        secrets = checked_secrets(job)
+        script = scripts.launcher_script(
+            check_remote(job.dir), job.script, job.env, [name for name, _ in secrets]
+        )
+        stdin = "".join(f"{value}\n" for _, value in secrets).encode()
+        result = self._local.run(
+            script, action="spawn", stdin=stdin, env=job_environment(os.environ)
+        )
+        return self._launch(job, result)
+
+    def read_from(self, path: str, offset: int, limit: int) -> bytes:
+        if offset < 0 or limit < 0:
+            raise InvalidArgument("offset and limit are non-negative")
+        path = check_remote(path)
+        try:
+            with open(path, "rb") as handle:
+                if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                    raise CommandError("read", f"cannot read {path}")
+                handle.seek(offset)
+                return handle.read(limit)
+        except FileNotFoundError:
+            return b""
+        except OSError as error:
+            raise IoError(path, error) from error
+
+    def put_file(self, path: str, content: str) -> None:
+        target = Path(check_remote(path))
+        temp = target.with_name(f"{target.name}.rw-tmp.{os.getpid()}.{_secrets.token_hex(6)}")
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            temp.write_bytes(content.encode("utf-8", "surrogateescape"))
+            os.replace(temp, target)
+        except OSError as error:
+            temp.unlink(missing_ok=True)
+            raise IoError(target, error) from error
+
+    def upload(self, local: Path, remote: str, skip: Sequence[str] = ()) -> None:
+        dest = Path(check_remote(remote))
+        try:
+            dest.mkdir(parents=True, exist_ok=True)
+            for name in upload_names(local, skip):
+                source = local / name
+                if source.is_dir() and not source.is_symlink():
+                    shutil.copytree(source, dest / name, symlinks=True, dirs_exist_ok=True)
+                else:
+                    shutil.copy2(source, dest / name, follow_symlinks=False)
+        except shutil.Error as error:
+            raise CommandError("upload", str(error)[:500]) from error
+        except OSError as error:
+            raise IoError(error.filename or dest, error) from error
+
+    def download(
+        self, remote: str, local: Path, entries: Sequence[str], exclude: Sequence[str] = ()
+    ) -> None:
+        check_entries(entries, exclude)
+        root = Path(check_remote(remote))
+        if not root.is_dir():
+            raise CommandError("download", f"{remote} does not exist")
+
+        def ignore(_dir: str, names: list[str]) -> set[str]:
+            return {n for n in names if any(glob_match(p, n) for p in exclude)}
+
+        try:
+            for entry in entries:
+                source = root / entry
+                if not os.path.lexists(source) or ignore("", [source.name]):
+                    continue
+                target = local / entry
+                target.parent.mkdir(parents=True, exist_ok=True)
+                if source.is_dir() and not source.is_symlink():
+                    shutil.copytree(
+                        source, target, symlinks=True, ignore=ignore, dirs_exist_ok=True
+                    )
+                else:
+                    shutil.copy2(source, target, follow_symlinks=False)
+        except shutil.Error as error:
+            raise CommandError("download", str(error)[:500]) from error
+        except OSError as error:
+            raise IoError(error.filename or local, error) from error
+
+    def manifest(
+        self, remote: str, entries: Sequence[str], exclude: Sequence[str] = ()
+    ) -> list[FileDigest]:
+        return local_manifest(Path(check_remote(remote)), entries, exclude)

@@ -1,0 +1,431 @@
+"""The POSIX `sh` scripts of the on-target protocol, written once and run by every
+executor (local and SSH), and the parsers of their answers.
+
+Every value that reaches a script goes through [`quote`]: paths, owners, patterns,
+names, file content. Scripts run under dash and busybox `sh`; they use only POSIX
+utilities plus `setsid`, `head -c`, `find -print0`, `xargs -0` (and GNU `tar` and
+`sha256sum -z` where a faster path exists, with a portable fallback for hashing).
+"""
+
+from __future__ import annotations
+
+import re
+import secrets as _secrets
+from collections.abc import Mapping, Sequence
+from typing import Final
+
+from schemas import JobId, JobStatus, check_pid
+from schemas.protocol import (
+    CANCEL_FILE,
+    CANCELLING_FILE,
+    CLAIM_FILE,
+    EXIT_FILE,
+    JOB_LOG,
+    PID_FILE,
+)
+
+from .errors import InvalidArgument, ProtocolError
+
+__all__ = [
+    "CANCEL_KILL_WAIT_S",
+    "CANCEL_TERM_WAIT_S",
+    "GROUP_SIGNAL",
+    "archive_script",
+    "cancel_script",
+    "check_exclude",
+    "check_owner",
+    "claim_script",
+    "launcher_script",
+    "manifest_script",
+    "parse_claim",
+    "parse_status",
+    "parse_statuses",
+    "put_file_script",
+    "quote",
+    "read_range_script",
+    "status_script",
+    "unpack_script",
+    "wrapper_script",
+]
+
+CANCEL_TERM_WAIT_S: Final = 10
+"""How long cancel waits for the group to end after SIGTERM, in seconds."""
+CANCEL_KILL_WAIT_S: Final = 10
+"""How long cancel waits for the group to be gone after SIGKILL, in seconds."""
+_TICKS_PER_S: Final = 10  # the wait loops sleep 0.1 s a turn
+
+GROUP_SIGNAL: Final = r"""
+rw_signal() { kill -s "$2" -- "-$1" 2>/dev/null || kill -s "$2" "-$1" 2>/dev/null; }
+rw_alive() { rw_signal "$1" 0; }
+rw_nap() { sleep 0.1 2>/dev/null || sleep 1; }
+"""
+"""Shell functions: `rw_signal PGID SIG` signals a whole process group under dash
+(`kill -s SIG -- -PID`) and busybox (`kill -s SIG -PID`); `rw_alive PGID` tells
+whether any process of the group exists (a zombie counts: whoever started the job
+reaps it)."""
+
+
+def quote(value: str) -> str:
+    """`value` as one POSIX shell word that expands to exactly `value`: single-quoted,
+    each `'` written as `'\\''`. Works for every character but NUL.
+
+    Raises:
+        InvalidArgument: when `value` holds a NUL byte, which no shell word can.
+    """
+    if "\0" in value:
+        raise InvalidArgument("a shell argument cannot hold a NUL byte")
+    return "'" + value.replace("'", "'\\''") + "'"
+
+
+def _status_function() -> str:
+    # The group's liveness is sampled once, before any marker is read: a job that
+    # writes its exit code and ends between two reads is then seen as exited, never
+    # lost.
+    return f"""
+rw_status() {{
+  if [ ! -d "$1" ]; then echo lost; return 0; fi
+  if rw_alive "$2"; then rw_a=1; else rw_a=0; fi
+  if [ -e "$1/{CANCEL_FILE}" ]; then echo cancelled
+  elif [ -e "$1/{CANCELLING_FILE}" ] && [ "$rw_a" = 1 ]; then echo running
+  elif [ -e "$1/{EXIT_FILE}" ]; then
+    rw_c=; IFS= read -r rw_c < "$1/{EXIT_FILE}" || :
+    printf 'exited %.32s\\n' "$rw_c"
+  elif [ -e "$1/{CANCELLING_FILE}" ]; then echo cancelled
+  elif [ "$rw_a" = 1 ]; then echo running
+  else echo lost
+  fi
+}}
+"""
+
+
+def _pid(job: JobId) -> int:
+    # A JobId built without validation must still never make a script signal the
+    # wildcard group 0 or init.
+    try:
+        return check_pid(job.pid)
+    except ValueError as error:
+        raise InvalidArgument(str(error)) from error
+
+
+def status_script(jobs: Sequence[JobId]) -> str:
+    """A script printing one status line per job of `jobs`, in order: `running`,
+    `exited <code>`, `cancelled` or `lost`, decided in the seeds' order:
+
+    1. `cancelled` exists -> cancelled;
+    2. `cancelling` exists and the group is alive -> running;
+    3. `exit_code` exists -> exited(code);
+    4. `cancelling` exists (group gone) -> cancelled;
+    5. the group is alive -> running; otherwise lost. A missing directory is lost.
+    """
+    calls = "\n".join(f"rw_status {quote(job.dir)} {_pid(job)}" for job in jobs)
+    return GROUP_SIGNAL + _status_function() + calls + "\n"
+
+
+_EXITED = re.compile(r"exited (-?[0-9]{1,11})")
+
+
+def parse_status(line: str) -> JobStatus:
+    """The [`JobStatus`] one line of [`status_script`] names.
+
+    Raises:
+        ProtocolError: for anything else, such as an `exit_code` file that does not
+            hold an integer (the line is shown, cut to 80 characters).
+    """
+    text = line.strip()
+    if text == "running":
+        return JobStatus.RUNNING
+    if text == "cancelled":
+        return JobStatus.CANCELLED
+    if text == "lost":
+        return JobStatus.LOST
+    match = _EXITED.fullmatch(text)
+    if match is not None:
+        code = int(match[1])
+        if -(2**31) <= code < 2**31:
+            return JobStatus.exited(code)
+    raise ProtocolError(f"status {text[:80]!r}")
+
+
+def parse_statuses(output: bytes, count: int) -> list[JobStatus]:
+    """The statuses of a [`status_script`] run over `count` jobs.
+
+    Raises:
+        ProtocolError: when the output is not `count` valid status lines.
+    """
+    lines = output.decode("utf-8", "replace").splitlines()
+    if len(lines) != count:
+        raise ProtocolError(f"{len(lines)} status lines for {count} jobs")
+    return [parse_status(line) for line in lines]
+
+
+def cancel_script(job: JobId) -> str:
+    """A script that cancels `job` as the seeds do, to its end:
+
+    - no-op (exit 0) when `cancelled` or `exit_code` already exists: a recycled pid
+      is never signalled, an exited job is never marked cancelled;
+    - exit 3 when the run directory does not exist;
+    - otherwise writes `cancelling`, stops the container if any
+      (`<engine> stop -t 30 <name>`), SIGTERMs the group, waits up to 10 s, SIGKILLs
+      it, waits up to 10 s for it to be gone, then writes `cancelled`;
+    - exit 5 with a message when the group survives: `cancelling` stays, and a later
+      cancel retries.
+    """
+    container = ""
+    if job.container is not None:
+        container = (
+            f"{quote(job.container.engine)} stop -t 30 {quote(job.container.name)}"
+            " >/dev/null 2>&1 || :\n"
+        )
+    term_ticks = CANCEL_TERM_WAIT_S * _TICKS_PER_S
+    kill_ticks = CANCEL_KILL_WAIT_S * _TICKS_PER_S
+    return (
+        GROUP_SIGNAL
+        + f"""
+rw_dir={quote(job.dir)}
+rw_pid={_pid(job)}
+rw_gone() {{
+  rw_i=0
+  while rw_alive "$rw_pid"; do
+    rw_i=$((rw_i + 1))
+    [ "$rw_i" -gt "$1" ] && return 1
+    rw_nap
+  done
+  return 0
+}}
+if [ -e "$rw_dir/{CANCEL_FILE}" ] || [ -e "$rw_dir/{EXIT_FILE}" ]; then exit 0; fi
+if [ ! -d "$rw_dir" ]; then printf '%s does not exist\\n' "$rw_dir" >&2; exit 3; fi
+: > "$rw_dir/{CANCELLING_FILE}" || exit 4
+{container}rw_signal "$rw_pid" TERM
+if ! rw_gone {term_ticks}; then
+  rw_signal "$rw_pid" KILL
+  if ! rw_gone {kill_ticks}; then
+    printf 'process group %s survived SIGKILL\\n' "$rw_pid" >&2
+    exit 5
+  fi
+fi
+: > "$rw_dir/{CANCEL_FILE}" || exit 4
+"""
+    )
+
+
+def check_owner(owner: str) -> str:
+    """Returns `owner` when it is one non-empty line without NUL, else raises
+    [`InvalidArgument`]."""
+    if not owner or any(c in owner for c in "\n\r\0"):
+        raise InvalidArgument("a claim owner is one non-empty line")
+    return owner
+
+
+def claim_script(dir: str, owner: str) -> str:
+    """A script that claims `dir` for `owner`: creates it and its parents, then
+    `.claim` exclusively (a hard link of a complete temporary file, so a reader never
+    sees a partial owner). Prints `claimed` when the claim is `owner`'s (new or
+    already), `taken` when another owner holds it; then nothing was changed."""
+    check_owner(owner)
+    token = _secrets.token_hex(6)
+    return f"""
+rw_dir={quote(dir)}
+rw_owner={quote(owner)}
+mkdir -p -- "$rw_dir" || exit 3
+rw_tmp="$rw_dir/{CLAIM_FILE}.tmp.$$.{token}"
+printf '%s\\n' "$rw_owner" > "$rw_tmp" || exit 3
+if ln -- "$rw_tmp" "$rw_dir/{CLAIM_FILE}" 2>/dev/null; then
+  rm -f -- "$rw_tmp"; echo claimed; exit 0
+fi
+if [ ! -e "$rw_dir/{CLAIM_FILE}" ] &&
+  (set -C; cat -- "$rw_tmp" > "$rw_dir/{CLAIM_FILE}") 2>/dev/null; then
+  rm -f -- "$rw_tmp"; echo claimed; exit 0
+fi
+rm -f -- "$rw_tmp"
+rw_cur=; IFS= read -r rw_cur < "$rw_dir/{CLAIM_FILE}" || :
+if [ "$rw_cur" = "$rw_owner" ]; then echo claimed; else echo taken; fi
+"""
+
+
+def parse_claim(output: bytes) -> bool:
+    """Whether a [`claim_script`] run claimed its directory.
+
+    Raises:
+        ProtocolError: for any answer but `claimed` or `taken`.
+    """
+    text = output.decode("utf-8", "replace").strip()
+    if text == "claimed":
+        return True
+    if text == "taken":
+        return False
+    raise ProtocolError(f"claim answered {text[:80]!r}")
+
+
+def read_range_script(path: str, offset: int, limit: int) -> str:
+    """A script printing at most `limit` bytes of `path` from byte `offset`: nothing
+    for a missing file; exit 3 for something that exists but is not a readable
+    regular file."""
+    if offset < 0 or limit < 0:
+        raise InvalidArgument("offset and limit are non-negative")
+    return f"""
+rw_path={quote(path)}
+[ -e "$rw_path" ] || exit 0
+if [ ! -f "$rw_path" ] || [ ! -r "$rw_path" ]; then
+  printf 'cannot read %s\\n' "$rw_path" >&2; exit 3
+fi
+tail -c +{offset + 1} -- "$rw_path" | head -c {limit}
+"""
+
+
+def put_file_script(path: str, parent: str, content: str) -> str:
+    """A script that replaces `path` (in the directory `parent`, created if needed)
+    with `content` through a rename from a temporary name unique to this writer
+    (shell pid and a random token), so a reader sees the old or the new content,
+    never a part."""
+    token = _secrets.token_hex(6)
+    return f"""
+rw_path={quote(path)}
+mkdir -p -- {quote(parent)} || exit 3
+rw_tmp="$rw_path.rw-tmp.$$.{token}"
+if printf '%s' {quote(content)} > "$rw_tmp" && mv -f -- "$rw_tmp" "$rw_path"; then exit 0; fi
+rm -f -- "$rw_tmp"
+exit 3
+"""
+
+
+_PATTERN_SPECIALS = re.compile(r"[\[\]\\/]")
+
+
+def check_exclude(pattern: str) -> str:
+    """Returns `pattern` when it is a name pattern in the executors' glob syntax: `*`
+    (any run of characters) and `?` (one character), every other character literal,
+    no `/`, `[`, `]` or `\\`, not empty. Raises [`InvalidArgument`] otherwise."""
+    if not pattern or "\0" in pattern or _PATTERN_SPECIALS.search(pattern):
+        raise InvalidArgument(
+            f"exclude pattern {pattern[:80]!r}: use a name with only * and ? as wildcards"
+        )
+    return pattern
+
+
+def _find_args(excludes: Sequence[str]) -> str:
+    if not excludes:
+        return ""
+    names = " -o ".join(f"-name {quote(check_exclude(p))}" for p in excludes)
+    return f"\\( {names} \\) -prune -o"
+
+
+def _entries_loop(root: str, entries: Sequence[str], body: str) -> str:
+    words = " ".join(quote(e) for e in entries)
+    return f"""
+rw_root={quote(root)}
+if [ ! -d "$rw_root" ]; then printf '%s does not exist\\n' "$rw_root" >&2; exit 3; fi
+cd -- "$rw_root" || exit 3
+rw_main=$$
+for rw_e in {words}; do
+  [ -e "./$rw_e" ] || [ -h "./$rw_e" ] || continue
+{body}
+done
+"""
+
+
+def manifest_script(root: str, entries: Sequence[str], exclude: Sequence[str]) -> str:
+    """A script printing `<sha256 hex>  ./<path>` NUL-terminated records for every
+    regular file under `entries` of `root`, names matching an `exclude` pattern left
+    out at any depth, symbolic links not followed. Exit 3 when `root` is not a
+    directory. Uses `sha256sum -z` where it exists (GNU), else one `sha256sum` a
+    file (busybox)."""
+    if not entries:
+        return "exit 0\n"
+    prune = _find_args(exclude)
+    body = f"""
+  if [ -n "$rw_z" ]; then
+    {{ find "./$rw_e" {prune} -type f -print0 || kill -s TERM "$rw_main"; }} |
+      xargs -0 -r sha256sum -z -- || exit 4
+  else
+    find "./$rw_e" {prune} -type f -exec sh -c '
+      for f do h=$(sha256sum < "$f") || exit 4; printf "%s  %s\\0" "${{h%% *}}" "$f"; done
+    ' rw {{}} + || exit 4
+  fi"""
+    head = "if printf '' | sha256sum -z >/dev/null 2>&1; then rw_z=1; else rw_z=; fi\n"
+    return head + _entries_loop(root, entries, body)
+
+
+def archive_script(root: str, entries: Sequence[str], exclude: Sequence[str]) -> str:
+    """A script writing to stdout a tar stream of `entries` of `root` (directories,
+    files and symbolic links, links not followed), names matching an `exclude`
+    pattern left out at any depth. Exit 3 when `root` is not a directory. Needs GNU
+    tar (`--null -T -`)."""
+    if not entries:
+        return "exit 0\n"
+    prune = _find_args(exclude)
+    words = " ".join(quote(e) for e in entries)
+    return f"""
+rw_root={quote(root)}
+if [ ! -d "$rw_root" ]; then printf '%s does not exist\\n' "$rw_root" >&2; exit 3; fi
+cd -- "$rw_root" || exit 3
+rw_main=$$
+for rw_e in {words}; do
+  [ -e "./$rw_e" ] || [ -h "./$rw_e" ] || continue
+  find "./$rw_e" {prune} -print0 || kill -s TERM "$rw_main"
+done | tar --null --no-recursion -T - -cf - || exit 4
+"""
+
+
+def unpack_script(remote: str) -> str:
+    """A script that creates `remote` and unpacks the tar stream on its stdin there,
+    without restoring owners."""
+    return f"""
+rw_dest={quote(remote)}
+mkdir -p -- "$rw_dest" || exit 3
+tar -xf - -o -C "$rw_dest" || exit 4
+"""
+
+
+def wrapper_script(dir: str, script: str) -> str:
+    """The job wrapper, run as `sh -c` by the session leader of the job: writes its own
+    pid to `job.pid` first, runs `script` in a child `sh`, then writes the script's
+    exit code to `exit_code` last (both through a temporary name and a rename)."""
+    return f"""cd -- {quote(dir)} || exit 126
+printf '%s\\n' "$$" > "{PID_FILE}.tmp.$$" && mv -f -- "{PID_FILE}.tmp.$$" {PID_FILE}
+sh -c {quote(script)}
+rw_code=$?
+printf '%s\\n' "$rw_code" > "{EXIT_FILE}.tmp.$$" && mv -f -- "{EXIT_FILE}.tmp.$$" {EXIT_FILE}
+exit "$rw_code"
+"""
+
+
+def launcher_script(
+    dir: str, script: str, env: Mapping[str, str], secret_names: Sequence[str]
+) -> str:
+    """The launcher of a job: enters `dir` (created when missing), clears stale
+    `exit_code`, `cancelling`, `cancelled` and `job.pid`, exports `env` (non-secret, so
+    on its command line), then
+    reads one line per name of `secret_names` from its standard input and exports
+    each (values never on a command line or in a file), and starts the
+    [`wrapper_script`] with `setsid` in its own session, stdin from /dev/null, stdout
+    and stderr appended to `job.log`, SIGHUP ignored (like `nohup`).
+
+    The wrapper's parent is a small background subshell that only waits for it, so
+    the job's session leader is reaped even on a host whose init does not reap
+    orphans; the launcher itself returns at once, printing the job's pid once the
+    wrapper wrote `job.pid` (within 10 s, else exit 6).
+
+    The caller validates names and values (`schemas.check_env_name`,
+    `check_secret_value`).
+    """
+    exports = "".join(f"{name}={quote(value)}; export {name}\n" for name, value in env.items())
+    reads = "".join(
+        f"IFS= read -r rw_v || {{ echo 'the secrets ended early' >&2; exit 4; }}\n"
+        f'{name}=$rw_v; export {name}\n'
+        for name in secret_names
+    )
+    return f"""rw_sh=$(command -v sh) || exit 5
+rw_setsid=$(command -v setsid) || {{ echo 'setsid is not installed on the target' >&2; exit 5; }}
+mkdir -p -- {quote(dir)} && cd -- {quote(dir)} || exit 3
+rm -f -- {EXIT_FILE} {CANCELLING_FILE} {CANCEL_FILE} {PID_FILE} || exit 3
+{exports}{reads}rw_v=
+( trap '' HUP; "$rw_setsid" "$rw_sh" -c {quote(wrapper_script(dir, script))} \\
+    </dev/null >>{JOB_LOG} 2>&1 & wait $! ) </dev/null >/dev/null 2>&1 &
+rw_i=0
+while [ ! -s {PID_FILE} ]; do
+  rw_i=$((rw_i + 1))
+  if [ "$rw_i" -gt 200 ]; then echo 'the job did not start within 10 s' >&2; exit 6; fi
+  sleep 0.05 2>/dev/null || sleep 1
+done
+IFS= read -r rw_pid < {PID_FILE} && printf '%s\\n' "$rw_pid"
+"""

@@ -1,0 +1,288 @@
+"""The one narrow seam between the script-driven executor and a target: run a POSIX
+`sh` script there, with bytes on its stdin, and get its exit code, stdout and
+stderr; or stream a tar archive in or out. [`LocalTransport`] runs scripts on this
+machine; the SSH transport runs them on a remote shell.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import IO, Final, Protocol
+
+from .errors import CommandError, SpawnError
+
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "MAX_SCRIPT_BYTES",
+    "Completed",
+    "LocalTransport",
+    "Transport",
+    "error_line",
+]
+
+DEFAULT_TIMEOUT_S: Final = 120.0
+"""Deadline of a small operation's script, in seconds: no call waits for ever."""
+MAX_SCRIPT_BYTES: Final = 120 * 1024
+"""Largest script a transport takes: Linux caps one argument at 128 KiB."""
+
+
+@dataclass(frozen=True)
+class Completed:
+    """A script that ran to its end."""
+
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+
+
+def error_line(stderr: bytes, exit_code: int, limit: int = 500) -> str:
+    """A script's error output as one bounded line for a person: control characters
+    dropped, lines joined with `; `, cut to `limit` characters; `exit status N` when
+    it wrote nothing."""
+    text = stderr.decode("utf-8", "replace")
+    parts = ["".join(c for c in line if c.isprintable()).strip() for line in text.splitlines()]
+    joined = "; ".join(p for p in parts if p)
+    if not joined:
+        return f"exit status {exit_code}"
+    return joined if len(joined) <= limit else joined[: limit - 3] + "..."
+
+
+class Transport(Protocol):
+    """Runs scripts on one target. Implementations are used by one thread at a time
+    per instance, and open lazily: the first call connects."""
+
+    def run(
+        self,
+        script: str,
+        *,
+        action: str,
+        stdin: bytes = b"",
+        timeout_s: float | None = DEFAULT_TIMEOUT_S,
+    ) -> Completed:
+        """Runs `script` to its end, `stdin` on its standard input then EOF.
+
+        Raises:
+            CommandError: when it does not end within `timeout_s` (then it is killed).
+            ExecError: when the target cannot be reached.
+        """
+        ...
+
+    def run_to_end(self, script: str, *, action: str, pgid: int | None = None) -> Completed:
+        """Runs `script` to its end, with no deadline, and is never interrupted midway
+        (a Ctrl-C reaching this process is delivered once the script ended). While it
+        runs, members of the process group `pgid` that are this process's children
+        are reaped. Used by cancel."""
+        ...
+
+    def send(
+        self, script: str, *, action: str, source: Callable[[IO[bytes]], None]
+    ) -> Completed:
+        """Runs `script` with what `source` writes on its standard input (a stream:
+        an archive to unpack), then EOF."""
+        ...
+
+    def receive(
+        self, script: str, *, action: str, sink: Callable[[IO[bytes]], None]
+    ) -> Completed:
+        """Runs `script` and hands its standard output, as a stream, to `sink`; what
+        the sink leaves unread is drained."""
+        ...
+
+    def reap(self, pgid: int) -> None:
+        """Reaps the members of process group `pgid` that are this process's children
+        (nothing for a remote target)."""
+        ...
+
+    def close(self) -> None:
+        """Releases every resource; the next call opens again."""
+        ...
+
+
+class LocalTransport:
+    """Runs scripts with this machine's `sh`, each in its own session, so a Ctrl-C at
+    the terminal never reaches a script half way (cancel must run to its end)."""
+
+    def __init__(
+        self, env: Mapping[str, str] | None = None, shell: Sequence[str] = ("sh",)
+    ) -> None:
+        """`env` is the scripts' environment (default: this process's); `shell` the
+        command that runs a script given after `-c` (default `sh`; the tests also use
+        `busybox sh`)."""
+        self._env = dict(env) if env is not None else None
+        self._shell = list(shell)
+        self._groups: set[int] = set()
+        self._lock = threading.Lock()
+
+    def _popen(
+        self, script: str, *, stdin: int, env: Mapping[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        if len(script.encode()) > MAX_SCRIPT_BYTES:
+            raise CommandError("run", f"script of {len(script)} bytes is too long")
+        try:
+            proc = subprocess.Popen(
+                [*self._shell, "-c", script],
+                stdin=stdin,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                env=dict(env) if env is not None else self._env,
+                close_fds=True,
+            )
+        except OSError as error:
+            raise SpawnError("sh", error) from error
+        with self._lock:
+            self._groups.add(proc.pid)
+        return proc
+
+    def run(
+        self,
+        script: str,
+        *,
+        action: str,
+        stdin: bytes = b"",
+        timeout_s: float | None = DEFAULT_TIMEOUT_S,
+        env: Mapping[str, str] | None = None,
+    ) -> Completed:
+        """As [`Transport.run`]; `env`, when given, is the script's whole environment
+        (spawn passes the job's filtered one)."""
+        proc = self._popen(
+            script, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL, env=env
+        )
+        try:
+            out, err = proc.communicate(stdin or None, timeout=timeout_s)
+        except subprocess.TimeoutExpired as error:
+            self._kill(proc)
+            raise CommandError(action, f"timed out after {timeout_s} s") from error
+        except BaseException:
+            self._kill(proc)
+            raise
+        finally:
+            self._reap_scripts()
+        return Completed(proc.returncode, out, err)
+
+    def run_to_end(self, script: str, *, action: str, pgid: int | None = None) -> Completed:
+        proc = self._popen(script, stdin=subprocess.DEVNULL)
+        interrupted: BaseException | None = None
+        out = err = b""
+        while True:
+            try:
+                out, err = proc.communicate(timeout=0.1)
+                break
+            except subprocess.TimeoutExpired:
+                if pgid is not None:
+                    self.reap(pgid)
+            except KeyboardInterrupt as error:  # finish the cancel first, then raise
+                interrupted = error
+        if pgid is not None:
+            self.reap(pgid)
+        self._reap_scripts()
+        if interrupted is not None:
+            raise interrupted
+        return Completed(proc.returncode, out, err)
+
+    def send(
+        self, script: str, *, action: str, source: Callable[[IO[bytes]], None]
+    ) -> Completed:
+        proc = self._popen(script, stdin=subprocess.PIPE)
+        assert proc.stdin is not None
+        outputs = _Drain(proc)
+        try:
+            with contextlib.suppress(BrokenPipeError):
+                # A script that ended early closed the pipe: its exit code and stderr
+                # say why, below.
+                source(proc.stdin)
+            with contextlib.suppress(BrokenPipeError):
+                proc.stdin.close()
+        except BaseException:
+            self._kill(proc)
+            raise
+        finally:
+            proc.wait()
+            outputs.join()
+            self._reap_scripts()
+        return Completed(proc.returncode, outputs.stdout, outputs.stderr)
+
+    def receive(
+        self, script: str, *, action: str, sink: Callable[[IO[bytes]], None]
+    ) -> Completed:
+        proc = self._popen(script, stdin=subprocess.DEVNULL)
+        assert proc.stdout is not None
+        outputs = _Drain(proc, stdout=False)
+        try:
+            sink(proc.stdout)
+            while proc.stdout.read(1024 * 1024):
+                pass  # what the sink left unread must not block the script
+        except BaseException:
+            self._kill(proc)
+            raise
+        finally:
+            proc.wait()
+            outputs.join()
+            self._reap_scripts()
+        return Completed(proc.returncode, b"", outputs.stderr)
+
+    def reap(self, pgid: int) -> None:
+        """Reaps every exited child of this process in the process group `pgid`."""
+        while True:
+            try:
+                pid, _ = os.waitpid(-pgid, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+
+    def _reap_scripts(self) -> None:
+        # A launcher leaves a waiting subshell in its own group; once it ends it is
+        # re-parented here (when this process is a subreaper) and must be reaped. A
+        # group with no child of ours left is forgotten.
+        with self._lock:
+            groups = list(self._groups)
+        for pgid in groups:
+            try:
+                while os.waitpid(-pgid, os.WNOHANG)[0] != 0:
+                    pass
+            except ChildProcessError:
+                with self._lock:
+                    self._groups.discard(pgid)
+
+    def _kill(self, proc: subprocess.Popen[bytes]) -> None:
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, 9)
+        deadline = time.monotonic() + 5
+        while proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def close(self) -> None:
+        self._reap_scripts()
+
+
+class _Drain:
+    """Reads a process's stderr (and stdout unless told not to) on threads, so a
+    script writing much to one pipe never blocks while the other is being used."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], *, stdout: bool = True) -> None:
+        self.stdout = b""
+        self.stderr = b""
+        self._threads = [threading.Thread(target=self._err, args=(proc,), daemon=True)]
+        if stdout:
+            self._threads.append(threading.Thread(target=self._out, args=(proc,), daemon=True))
+        for thread in self._threads:
+            thread.start()
+
+    def _err(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stderr is not None
+        self.stderr = proc.stderr.read()
+
+    def _out(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None
+        self.stdout = proc.stdout.read()
+
+    def join(self) -> None:
+        for thread in self._threads:
+            thread.join()

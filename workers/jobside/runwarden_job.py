@@ -1,0 +1,368 @@
+"""The job side of runwarden: what a training loop needs to be stopped gracefully.
+
+STDLIB ONLY. Launch copies this file into the run directory and puts it on the job's
+``PYTHONPATH``; it must import nothing but the standard library, so that any job,
+in any environment, can ``import runwarden_job``.
+
+The contract with runwarden (and with overbrainer, whose file names are kept):
+
+- **Request.** Anyone who wants the job to stop with a checkpoint writes
+  ``snapshot.request`` in the run directory, holding the reason (``requested``,
+  ``deadline``, ``cost`` or ``disk``). launch sets ``RUNWARDEN_SNAPSHOT_REQUEST``
+  to its absolute path. The job calls :func:`snapshot_requested` at the end of
+  every step; an empty or missing file is no request, and any other content is a
+  request (unknown text reads as ``requested``).
+- **Checkpoint, then proof.** On a request the job saves its checkpoint to
+  ``output/checkpoint-<step>`` in the run directory, and only then calls
+  :func:`write_proof`, which refuses to run before that directory exists. The proof,
+  ``snapshot.json``, is replaced atomically (temp file, fsync, rename, directory
+  fsync): a reader sees no file or a complete proof, never a part of one, and a
+  proof that is seen names a checkpoint that exists. Then the job ends; if it does
+  not end in time, runwarden cancels it.
+- **Metrics.** :class:`Metrics` appends one JSON object a line to the file named by
+  ``RUNWARDEN_METRICS``: ``begin`` (``max_steps``), ``log`` (``step`` and values such
+  as ``loss``), ``end`` (``step``). Every line is one ``write`` on an ``O_APPEND``
+  descriptor, so lines of concurrent writers never interleave.
+
+Everything here is safe to call from a job that was not launched by runwarden: the
+request is then looked for in the current directory and metrics are not written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import math
+import numbers
+import os
+import secrets
+import threading
+import time
+from types import TracebackType
+from typing import Final
+
+__all__ = [
+    "METRICS_ENV",
+    "METRICS_FILE",
+    "OUTPUT_DIR",
+    "REASONS",
+    "REQUEST_ENV",
+    "RESUME_ENV",
+    "SNAPSHOT_FILE",
+    "SNAPSHOT_REQUEST",
+    "Metrics",
+    "checkpoint_path",
+    "parse_reason",
+    "request_path",
+    "run_dir",
+    "snapshot_requested",
+    "write_proof",
+]
+
+# These names are the on-target protocol (schemas/protocol.py); they are repeated,
+# not imported, because this file runs where `schemas` is not installed.
+SNAPSHOT_REQUEST: Final = "snapshot.request"
+"""The request file in the run directory; holds the reason."""
+SNAPSHOT_FILE: Final = "snapshot.json"
+"""The proof file in the run directory, written by :func:`write_proof`."""
+OUTPUT_DIR: Final = "output"
+"""Where checkpoints are saved, relative to the run directory."""
+METRICS_FILE: Final = "metrics.jsonl"
+"""The metrics file in the run directory, appended by :class:`Metrics`."""
+
+REQUEST_ENV: Final = "RUNWARDEN_SNAPSHOT_REQUEST"
+"""Environment variable holding the absolute path of ``snapshot.request``."""
+METRICS_ENV: Final = "RUNWARDEN_METRICS"
+"""Environment variable holding the absolute path of ``metrics.jsonl``."""
+RESUME_ENV: Final = "RUNWARDEN_RESUME_FROM"
+"""Environment variable naming a checkpoint directory to resume from, when set."""
+
+REASONS: Final[tuple[str, ...]] = ("requested", "deadline", "cost", "disk")
+"""Every reason a request or a proof may hold; the first is the default."""
+
+_DEFAULT_REASON: Final = REASONS[0]
+_REQUEST_LIMIT: Final = 4 * 1024
+_STEP_MAX: Final = 2**64 - 1
+_RESERVED_KEYS: Final = frozenset({"event", "time"})
+
+
+def request_path() -> str:
+    """The absolute path of the request file: ``$RUNWARDEN_SNAPSHOT_REQUEST`` when set
+    and not empty, else ``snapshot.request`` in the current directory. Never raises
+    except when the current directory no longer exists (``OSError``)."""
+    configured = os.environ.get(REQUEST_ENV)
+    if configured:
+        return os.path.abspath(configured)
+    return os.path.join(os.getcwd(), SNAPSHOT_REQUEST)
+
+
+def run_dir() -> str:
+    """The absolute path of the run directory: the directory of
+    ``$RUNWARDEN_SNAPSHOT_REQUEST`` when set and not empty, else the current
+    directory (a job launched by runwarden starts there). Raises ``OSError`` only when
+    the current directory no longer exists and is needed."""
+    return os.path.dirname(request_path())
+
+
+def parse_reason(text: str | bytes | None) -> str:
+    """The reason ``text`` names, surrounding whitespace ignored; anything else,
+    including empty text, undecodable bytes or ``None``, is ``"requested"``. Never
+    raises: a request is written by anyone, and any request is a request. The result
+    is always one of :data:`REASONS`."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    name = (text or "").strip()
+    return name if name in REASONS else _DEFAULT_REASON
+
+
+def snapshot_requested(*, path: str | None = None) -> str | None:
+    """Whether a snapshot is requested, and why: ``None`` when the request file
+    (``path``, default :func:`request_path`) is missing, empty or cannot be read;
+    otherwise its reason, one of :data:`REASONS` (see :func:`parse_reason`).
+
+    Meant to be called at every step: it costs one ``open`` and one ``read`` of at
+    most 4 KiB, with no ``stat`` beforehand, so a file that appears or vanishes
+    between calls cannot make it fail. Never raises ``OSError``: a file that is
+    missing, a directory, unreadable (permissions) or otherwise broken is no request.
+    A FIFO in its place does not block (it is opened non-blocking)."""
+    target = path if path is not None else request_path()
+    try:
+        # O_NONBLOCK: a FIFO put in place of the file must not stall training.
+        fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        content = os.read(fd, _REQUEST_LIMIT)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    # Only zero bytes is no request (the seeds test `is_empty`); whitespace is one.
+    if not content:
+        return None
+    return parse_reason(content)
+
+
+def _check_step(step: object, name: str = "step") -> int:
+    """``step`` when it is an ``int`` (not a ``bool``) in ``0 ..= 2**64 - 1``, the
+    range a proof may hold; else ``ValueError``."""
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise ValueError(f"{name} must be an int, not {type(step).__name__}")
+    if not 0 <= step <= _STEP_MAX:
+        raise ValueError(f"{name} must be between 0 and 2**64 - 1, not {step}")
+    return step
+
+
+def checkpoint_path(step: int) -> str:
+    """The checkpoint a snapshot at ``step`` is saved to, relative to the run
+    directory: ``output/checkpoint-<step>``, the only path a proof may name.
+
+    Raises ``ValueError`` when ``step`` is not a non-negative ``int`` (a ``bool`` is
+    refused) below 2**64."""
+    return f"{OUTPUT_DIR}/checkpoint-{_check_step(step)}"
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _fsync_directory(directory: str) -> None:
+    """Makes a rename in ``directory`` durable. Filesystems that cannot fsync a
+    directory (``EINVAL``, ``ENOTSUP``, ``EBADF``, ``EACCES`` on some network mounts) are
+    tolerated: the rename itself is already atomic for readers."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError as error:
+        tolerated = {errno.EINVAL, errno.EBADF, errno.EACCES, getattr(errno, "ENOTSUP", -1)}
+        if error.errno not in tolerated:
+            raise
+    finally:
+        os.close(fd)
+
+
+def write_proof(step: int, reason: str, *, directory: str | None = None) -> str:
+    """Writes the proof that a snapshot was saved at ``step`` for ``reason``:
+    ``snapshot.json`` in ``directory`` (default :func:`run_dir`), holding
+    ``{"checkpoint": "output/checkpoint-<step>", "step": step, "time": <unix seconds,
+    float>, "reason": reason}``. Returns the absolute path of the proof.
+
+    Call it only after the checkpoint is saved: a proof never precedes its
+    checkpoint, so the checkpoint directory is required to exist.
+
+    The file is replaced atomically: written to a temp file in the same directory
+    with a name unique to this writer (pid and random), flushed and fsynced, renamed
+    over ``snapshot.json``, and the directory fsynced. A reader sees no proof, the
+    previous one, or this one, never a part. On failure the temp file is removed and
+    any previous proof is left as it was.
+
+    Raises:
+        ValueError: ``step`` is not a non-negative ``int`` below 2**64 (a ``bool`` is
+            refused), or ``reason`` is not one of :data:`REASONS`.
+        FileNotFoundError: ``<directory>/output/checkpoint-<step>`` is not an existing
+            directory.
+        OSError: the proof cannot be written (the directory is missing, read-only,
+            full, ...), or the directory fsync after the rename failed with an I/O
+            error (the proof is then in place but may not survive a crash).
+    """
+    checkpoint = checkpoint_path(step)
+    if not isinstance(reason, str) or reason not in REASONS:
+        raise ValueError(f"reason must be one of {', '.join(REASONS)}, not {reason!r}")
+    base = os.path.abspath(directory) if directory is not None else run_dir()
+    checkpoint_dir = os.path.join(base, *checkpoint.split("/"))
+    if not os.path.isdir(checkpoint_dir):
+        raise FileNotFoundError(
+            errno.ENOENT,
+            f"no checkpoint directory for step {step}: save the checkpoint before "
+            f"writing its proof",
+            checkpoint_dir,
+        )
+    record = {"checkpoint": checkpoint, "step": step, "time": time.time(), "reason": reason}
+    data = (json.dumps(record) + "\n").encode("utf-8")
+    final = os.path.join(base, SNAPSHOT_FILE)
+    temp = os.path.join(base, f".{SNAPSHOT_FILE}.{os.getpid()}.{secrets.token_hex(8)}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(temp, flags, 0o644)
+    try:
+        try:
+            _write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temp, final)
+    except BaseException:
+        # BaseException: a KeyboardInterrupt mid-write must not leave the temp file.
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+    _fsync_directory(base)
+    return final
+
+
+def _json_value(key: str, value: object) -> object:
+    """``value`` as written to a metrics line: ``None``, ``bool``, ``str``, ``int`` or a
+    finite ``float`` (NaN and infinities become ``None``). Numbers of other types
+    (numpy scalars, ``Fraction``, ...) are converted through the ``numbers`` ABCs.
+    Anything else raises ``TypeError`` naming ``key``."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        number = float(value)
+        return number if math.isfinite(number) else None
+    raise TypeError(
+        f"metric {key!r} must be a number, a string, a bool or None, not {type(value).__name__}"
+    )
+
+
+class Metrics:
+    """Appends metrics lines, one JSON object each, to ``path`` (default
+    ``$RUNWARDEN_METRICS``). When neither is given, every method does nothing, so a
+    trainer can always use one.
+
+    Every record has ``"event"`` (``"begin"``, ``"log"`` or ``"end"``) and ``"time"``
+    (unix seconds, float), then the event's own keys and the caller's values. A line
+    is ASCII JSON with no raw newline, ends with ``"\\n"``, and is written with a
+    single ``os.write`` on a descriptor opened ``O_APPEND | O_CREAT``: lines of
+    concurrent writers (threads or processes) never interleave.
+
+    Failure modes: opening the file raises ``OSError`` from the constructor (a
+    misconfiguration, seen before training starts). Writing a line never raises
+    ``OSError``: metrics must not kill a training whose disk is full; a line that
+    cannot be written is lost, counted in :attr:`dropped`, and the error kept in
+    :attr:`last_error`. Bad values raise ``TypeError``/``ValueError``. After
+    :meth:`close`, writes are ignored.
+    """
+
+    def __init__(self, path: str | None = None) -> None:
+        """Opens ``path``, else ``$RUNWARDEN_METRICS`` when set and not empty, for
+        appending (created with mode 0o644 if missing). Raises ``OSError`` when it
+        cannot be opened."""
+        chosen = path if path is not None else (os.environ.get(METRICS_ENV) or None)
+        self.path: str | None = os.path.abspath(chosen) if chosen is not None else None
+        """The file written, or ``None`` when this object writes nothing."""
+        self.dropped: int = 0
+        """Lines that could not be written."""
+        self.last_error: OSError | None = None
+        """The error of the last line that could not be written."""
+        self._lock = threading.Lock()
+        self._fd: int | None = None
+        if self.path is not None:
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+            self._fd = os.open(self.path, flags, 0o644)
+
+    @property
+    def enabled(self) -> bool:
+        """Whether lines are written: a file is open and not closed."""
+        return self._fd is not None
+
+    def begin(self, max_steps: int, **extra: object) -> None:
+        """Records the start of training: ``{"event": "begin", "time": T, "max_steps":
+        max_steps, **extra}``. Raises ``ValueError`` for a negative or non-int
+        ``max_steps`` or a reserved key (``event``, ``time``), ``TypeError`` for a value
+        that is not a JSON scalar."""
+        self._emit("begin", {"max_steps": _check_step(max_steps, "max_steps")}, extra)
+
+    def log(self, step: int, **values: object) -> None:
+        """Records values at ``step`` (e.g. ``loss``, ``learning_rate``): ``{"event":
+        "log", "time": T, "step": step, **values}``. NaN and infinities are written as
+        ``null``. Raises like :meth:`begin`."""
+        self._emit("log", {"step": _check_step(step)}, values)
+
+    def end(self, step: int, **extra: object) -> None:
+        """Records the end of training at ``step`` (e.g. ``reason=...`` after a
+        snapshot): ``{"event": "end", "time": T, "step": step, **extra}``. Raises like
+        :meth:`begin`."""
+        self._emit("end", {"step": _check_step(step)}, extra)
+
+    def _emit(self, event: str, fixed: dict[str, object], values: dict[str, object]) -> None:
+        # Values are checked even when disabled, so a mistake shows without a file.
+        record: dict[str, object] = {"event": event, "time": time.time(), **fixed}
+        for key, value in values.items():
+            if key in _RESERVED_KEYS or key in fixed:
+                raise ValueError(f"metric key {key!r} is reserved")
+            record[key] = _json_value(key, value)
+        if self._fd is None:
+            return
+        # ensure_ascii and allow_nan=False: the line is plain JSON without a raw
+        # newline, whatever the strings hold.
+        line = (json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n").encode()
+        with self._lock:
+            if self._fd is None:
+                return
+            try:
+                written = os.write(self._fd, line)
+                if written < len(line):
+                    # Only a full disk or a quota cuts a regular-file append short;
+                    # finishing the line keeps the file one record a line.
+                    _write_all(self._fd, line[written:])
+            except OSError as error:
+                self.dropped += 1
+                self.last_error = error
+
+    def close(self) -> None:
+        """Closes the file; later writes are ignored. Idempotent; never raises."""
+        with self._lock:
+            fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def __enter__(self) -> Metrics:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()

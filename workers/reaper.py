@@ -1,0 +1,87 @@
+"""Reaping orphans: a job's processes must not linger as zombies, because a zombie
+still counts as a live member of its process group (`kill -0` finds it), so cancel
+would wait for it in vain and status would say running.
+
+A job's session leader is reaped by the small subshell that started it (see
+`launcher_script`). Processes of the job that outlive their parent are re-parented
+to the nearest *child subreaper* ancestor, or to init. Init reaps on an ordinary
+host, but not on every machine (some container and VM inits do not): a process that
+starts jobs and must see them end (the worker, the test suite) declares itself a
+subreaper with [`become_subreaper`] and reaps its jobs' groups (see
+`LocalTransport.reap`).
+
+`python -m workers.reaper -- CMD...` runs CMD under a subreaper that reaps every
+orphan, and exits with CMD's exit code: the test command runs pytest under it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import signal
+import subprocess
+import sys
+from typing import Final
+
+__all__ = ["become_subreaper", "is_subreaper", "main"]
+
+_PR_SET_CHILD_SUBREAPER: Final = 36
+_PR_GET_CHILD_SUBREAPER: Final = 37
+
+
+def _prctl(option: int, arg: int | ctypes.c_int) -> int:
+    libc_name = ctypes.util.find_library("c")
+    if not sys.platform.startswith("linux") or libc_name is None:
+        return -1
+    libc = ctypes.CDLL(libc_name, use_errno=True)
+    result: int = libc.prctl(option, arg, 0, 0, 0)
+    return result
+
+
+def become_subreaper() -> bool:
+    """Makes this process a child subreaper (Linux `PR_SET_CHILD_SUBREAPER`): orphans
+    of its descendants are re-parented to it rather than to init. Returns whether it
+    worked (False off Linux). The caller must then reap them."""
+    return _prctl(_PR_SET_CHILD_SUBREAPER, 1) == 0
+
+
+def is_subreaper() -> bool:
+    """Whether this process is a child subreaper."""
+    value = ctypes.c_int(0)
+    if _prctl(_PR_GET_CHILD_SUBREAPER, ctypes.addressof(value)) != 0:
+        return False
+    return value.value != 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the command after `--` as a child of a subreaper that reaps every orphan
+    until the command exits; returns its exit code (128 + signal when killed).
+    SIGINT and SIGTERM are passed on to the command."""
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["--"]:
+        args = args[1:]
+    if not args:
+        print("usage: python -m workers.reaper -- CMD [ARG...]", file=sys.stderr)
+        return 2
+    become_subreaper()
+    child = subprocess.Popen(args)
+
+    def forward(signum: int, _frame: object) -> None:
+        child.send_signal(signum)
+
+    signal.signal(signal.SIGINT, forward)
+    signal.signal(signal.SIGTERM, forward)
+    while True:
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:
+            return 1
+        if pid == child.pid:
+            child.returncode = os.waitstatus_to_exitcode(status)
+            code = child.returncode
+            return 128 - code if code < 0 else code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
