@@ -262,13 +262,19 @@ def read_range_script(path: str, offset: int, limit: int) -> str:
     regular file."""
     if offset < 0 or limit < 0:
         raise InvalidArgument("offset and limit are non-negative")
+    # One process fewer from the start of the file: a poll over SSH pays per fork.
+    read = (
+        f'head -c {limit} -- "$rw_path"'
+        if offset == 0
+        else f'tail -c +{offset + 1} -- "$rw_path" | head -c {limit}'
+    )
     return f"""
 rw_path={quote(path)}
 [ -e "$rw_path" ] || exit 0
 if [ ! -f "$rw_path" ] || [ ! -r "$rw_path" ]; then
   printf 'cannot read %s\\n' "$rw_path" >&2; exit 3
 fi
-tail -c +{offset + 1} -- "$rw_path" | head -c {limit}
+{read}
 """
 
 
@@ -280,7 +286,7 @@ def put_file_script(path: str, parent: str, content: str) -> str:
     token = _secrets.token_hex(6)
     return f"""
 rw_path={quote(path)}
-mkdir -p -- {quote(parent)} || exit 3
+[ -d {quote(parent)} ] || mkdir -p -- {quote(parent)} || exit 3
 rw_tmp="$rw_path.rw-tmp.$$.{token}"
 if printf '%s' {quote(content)} > "$rw_tmp" && mv -f -- "$rw_tmp" "$rw_path"; then exit 0; fi
 rm -f -- "$rw_tmp"

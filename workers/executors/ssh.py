@@ -1,0 +1,559 @@
+"""`SshExecutor`: the executor contract over SSH (paramiko), with the same shared
+scripts as the local executor.
+
+- One connection per destination and process, from a pool that a forked child
+  never inherits (a Celery prefork child opens its own), with keepalives; a dead
+  connection is detected and re-opened, and idempotent operations are retried once.
+- Small operations run on persistent remote `sh` processes (one round trip, no
+  session setup); `spawn` and transfers use their own exec channels.
+- Host keys are checked strictly against known_hosts (hashed entries and the
+  `[host]:port` form too); an unknown and a changed key are distinct errors; a key
+  is never added. Keys come from files and the agent; nothing ever prompts.
+- Every failure is an `ExecError`; paramiko and socket errors are translated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets as _secrets
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO, Any, Final
+
+import paramiko
+
+from .errors import CommandError, SshError
+from .scripts import quote
+from .shell import ScriptExecutor
+from .ssh_config import SshDestination, resolve_destination
+from .transport import DEFAULT_TIMEOUT_S, MAX_SCRIPT_BYTES, Completed
+
+__all__ = [
+    "MAX_SHELLS",
+    "WINDOW_SIZE",
+    "SshConnection",
+    "SshExecutor",
+    "SshTransport",
+    "connection_pool",
+]
+
+WINDOW_SIZE: Final = 16 * 1024 * 1024
+"""SSH channel window, in bytes: large enough that a transfer never waits for the
+window on a fast link."""
+MAX_PACKET: Final = 32 * 1024
+MAX_SHELLS: Final = 4
+"""Persistent shells per connection: concurrent small operations beyond this wait."""
+_CHUNK: Final = 1024 * 1024
+_NOT_IDEMPOTENT: Final = frozenset({"spawn", "upload"})
+
+
+def _connect_error(destination: SshDestination, error: BaseException) -> SshError:
+    """Translates a paramiko or socket error raised while connecting."""
+    where = str(destination)
+    if isinstance(error, paramiko.BadHostKeyException):
+        return SshError(
+            "host_key",
+            f"the host key of {where} CHANGED (known_hosts has another key): refusing to "
+            "connect; if the server was reinstalled, replace its known_hosts entry",
+        )
+    if isinstance(error, paramiko.PasswordRequiredException):
+        return SshError(
+            "auth",
+            f"the private key for {where} is encrypted and no SSH agent offers it: "
+            "load it with ssh-add (runwarden never prompts)",
+        )
+    if isinstance(error, paramiko.AuthenticationException):
+        return SshError("auth", f"{where} refused every key offered: {error}")
+    if isinstance(error, paramiko.SSHException) and "not found in known_hosts" in str(error):
+        return SshError(
+            "host_key",
+            f"the host key of {where} is unknown: add it to known_hosts "
+            f"({destination.known_hosts_name}) after checking it; runwarden never adds one",
+        )
+    if isinstance(error, (TimeoutError, socket.timeout)):
+        return SshError("connect", f"cannot reach {where}: timed out")
+    if isinstance(error, (OSError, paramiko.SSHException, EOFError)):
+        return SshError("connect", f"cannot connect to {where}: {error}")
+    return SshError("connect", f"cannot connect to {where}: {error!r}")
+
+
+class _RejectUnknown(paramiko.MissingHostKeyPolicy):
+    """paramiko's `RejectPolicy` with the wording our translation expects."""
+
+    def missing_host_key(
+        self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
+    ) -> None:
+        raise paramiko.SSHException(f"{hostname} not found in known_hosts")
+
+
+class _Shell:
+    """A persistent remote `sh` reading commands from its standard input on one
+    channel. Each command is evaluated in a subshell (so `exit`, a syntax error or a
+    `cd` never reach the shell itself), its stdout passed through as bytes, its
+    stderr captured, then two random markers frame stderr and the exit status."""
+
+    def __init__(self, transport: paramiko.Transport, timeout_s: float) -> None:
+        self.channel = transport.open_session(timeout=timeout_s)
+        self.channel.exec_command("exec sh")
+        self.channel.sendall(b"exec 3>&1\n")
+
+    def run(self, script: str, timeout_s: float | None) -> Completed:
+        token = _secrets.token_hex(16).encode()
+        head, tail = b"\x01rw-" + token + b"-e\x01", b"\x01rw-" + token + b"-x\x01"
+        command = (
+            f"rw_e=$(eval {quote(script)} </dev/null 2>&1 1>&3 3>&-); rw_c=$?; "
+            f"printf '%s%s%s %d\\n' '{head.decode()}' \"$rw_e\" '{tail.decode()}' \"$rw_c\"\n"
+        )
+        self.channel.settimeout(timeout_s)
+        self.channel.sendall(command.encode())
+        buffer = bytearray()
+        searched = 0
+        while True:
+            chunk = self.channel.recv(_CHUNK)
+            if not chunk:
+                raise SshError("terminated", "the remote shell ended")
+            buffer += chunk
+            end = buffer.find(tail, max(0, searched - len(tail)))
+            searched = len(buffer)
+            if end >= 0:
+                newline = buffer.find(b"\n", end)
+                if newline >= 0:
+                    break
+        start = buffer.rfind(head, 0, end)
+        if start < 0:
+            raise SshError("terminated", "the remote shell answered out of frame")
+        try:
+            code = int(buffer[end + len(tail) : newline].strip())
+        except ValueError as error:
+            raise SshError("terminated", "the remote shell answered out of frame") from error
+        if len(buffer) > newline + 1:
+            raise SshError("terminated", "the remote shell answered more than asked")
+        return Completed(code, bytes(buffer[:start]), bytes(buffer[start + len(head) : end]))
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.channel.close()
+
+
+class SshConnection:
+    """One SSH connection to `destination`, through its ProxyJump hops. The
+    constructor only stores; [`open`] connects and is idempotent; operations open
+    lazily; [`close`] releases everything (shells, channels, hops)."""
+
+    def __init__(self, destination: SshDestination) -> None:
+        self.destination = destination
+        self._clients: list[paramiko.SSHClient] = []
+        self._transport: paramiko.Transport | None = None
+        self._shells: list[_Shell] = []
+        self._shell_count = 0
+        self._lock = threading.Condition()
+        self._opening = threading.Lock()
+
+    @property
+    def is_open(self) -> bool:
+        transport = self._transport
+        return transport is not None and transport.is_active()
+
+    def open(self) -> paramiko.Transport:
+        """Connects (every hop host-key checked) unless already connected; returns the
+        transport.
+
+        Raises:
+            SshError: `connect`, `host_key` or `auth`, naming the destination.
+        """
+        with self._opening:
+            if self._transport is not None and self._transport.is_active():
+                return self._transport
+            self.close()
+            sock: paramiko.Channel | None = None
+            try:
+                for hop in (*self.destination.jumps, self.destination):
+                    client = self._client(hop, sock)
+                    self._clients.append(client)
+                    transport = client.get_transport()
+                    assert transport is not None
+                    if hop is not self.destination:
+                        nxt = self._next(hop)
+                        sock = transport.open_channel(
+                            "direct-tcpip",
+                            (nxt.host, nxt.port),
+                            ("127.0.0.1", 0),
+                            timeout=hop.connect_timeout_s,
+                        )
+            except SshError:
+                self.close()
+                raise
+            except (paramiko.SSHException, OSError, EOFError) as error:
+                self.close()
+                raise _connect_error(self.destination, error) from error
+            transport = self._clients[-1].get_transport()
+            assert transport is not None
+            transport.set_keepalive(max(1, int(self.destination.keepalive_s)))
+            self._transport = transport
+            return transport
+
+    def _next(self, hop: SshDestination) -> SshDestination:
+        chain = (*self.destination.jumps, self.destination)
+        return chain[chain.index(hop) + 1]
+
+    @staticmethod
+    def _client(hop: SshDestination, sock: paramiko.Channel | None) -> paramiko.SSHClient:
+        client = paramiko.SSHClient()
+        for path in hop.known_hosts:
+            if path.exists():
+                try:
+                    client.load_system_host_keys(str(path))
+                except (OSError, paramiko.SSHException) as error:
+                    raise SshError(
+                        "host_key", f"cannot read known_hosts {path}: {error}"
+                    ) from error
+        client.set_missing_host_key_policy(_RejectUnknown())
+
+        def factory(sock: socket.socket | paramiko.Channel, **options: Any) -> paramiko.Transport:
+            transport = paramiko.Transport(
+                sock,
+                default_window_size=WINDOW_SIZE,
+                default_max_packet_size=MAX_PACKET,
+                **options,
+            )
+            transport.use_compression(False)
+            return transport
+
+        try:
+            client.connect(
+                hop.host,
+                port=hop.port,
+                username=hop.user,
+                # paramiko takes a list too; its stubs say str only.
+                key_filename=[str(p) for p in hop.identity_files] or None,  # type: ignore[arg-type]
+                look_for_keys=not hop.identity_files,
+                allow_agent=True,
+                timeout=hop.connect_timeout_s,
+                banner_timeout=hop.connect_timeout_s,
+                auth_timeout=hop.connect_timeout_s,
+                channel_timeout=hop.connect_timeout_s,
+                sock=sock,
+                transport_factory=factory,  # type: ignore[arg-type]
+                passphrase=None,
+            )
+        except (paramiko.SSHException, OSError, EOFError) as error:
+            client.close()
+            raise _connect_error(hop, error) from error
+        return client
+
+    @contextlib.contextmanager
+    def shell(self, timeout_s: float | None) -> Iterator[_Shell]:
+        """A persistent shell for one command, from the idle ones or a new one (at
+        most [`MAX_SHELLS`] at once; beyond, waits). A shell whose command failed is
+        closed, never reused."""
+        with self._lock:
+            while not self._shells and self._shell_count >= MAX_SHELLS:
+                self._lock.wait()
+            if self._shells:
+                shell = self._shells.pop()
+            else:
+                self._shell_count += 1
+                shell = None
+        try:
+            if shell is None:
+                shell = _Shell(self.open(), self.destination.connect_timeout_s)
+            yield shell
+        except BaseException:
+            if shell is not None:
+                shell.close()
+            with self._lock:
+                self._shell_count -= 1
+                self._lock.notify()
+            raise
+        with self._lock:
+            self._shells.append(shell)
+            self._lock.notify()
+
+    def exec_channel(self) -> paramiko.Channel:
+        """A new session channel on this connection, with the large window."""
+        transport = self.open()
+        try:
+            return transport.open_session(
+                window_size=WINDOW_SIZE,
+                max_packet_size=MAX_PACKET,
+                timeout=self.destination.connect_timeout_s,
+            )
+        except (paramiko.SSHException, OSError, EOFError) as error:
+            raise SshError("disconnected", f"cannot open a channel: {error}") from error
+
+    def close(self) -> None:
+        """Closes shells, the connection and its hops; idempotent."""
+        with self._lock:
+            shells, self._shells = self._shells, []
+            self._shell_count = 0
+            self._lock.notify_all()
+        for shell in shells:
+            shell.close()
+        for client in reversed(self._clients):
+            with contextlib.suppress(Exception):
+                client.close()
+        self._clients = []
+        self._transport = None
+
+
+class _Pool:
+    """Connections by destination, for this process only: after a fork the child
+    starts empty (it must never use its parent's transport, whose thread did not
+    survive the fork) and leaves the parent's sockets alone."""
+
+    def __init__(self) -> None:
+        self._pid = os.getpid()
+        self._connections: dict[SshDestination, SshConnection] = {}
+        self._lock = threading.Lock()
+
+    def get(self, destination: SshDestination) -> SshConnection:
+        with self._lock:
+            if self._pid != os.getpid():
+                self._forget()
+            connection = self._connections.get(destination)
+            if connection is None:
+                connection = SshConnection(destination)
+                self._connections[destination] = connection
+            return connection
+
+    def _forget(self) -> None:
+        self._pid = os.getpid()
+        self._connections = {}
+        self._lock = threading.Lock()
+
+    def close_all(self) -> None:
+        with self._lock:
+            connections, self._connections = list(self._connections.values()), {}
+        for connection in connections:
+            connection.close()
+
+
+_POOL = _Pool()
+os.register_at_fork(after_in_child=_POOL._forget)
+
+
+def connection_pool() -> _Pool:
+    """The connection pool of this process."""
+    return _POOL
+
+
+def _translate(error: BaseException) -> SshError:
+    if isinstance(error, SshError):
+        return error
+    if isinstance(error, (TimeoutError, socket.timeout)):
+        return SshError("disconnected", "the connection stopped answering")
+    return SshError("disconnected", f"the connection broke: {error}")
+
+
+class SshTransport:
+    """The [`Transport`](transport.Transport) of an SSH target: small scripts on
+    persistent shells, stdin-fed and streaming scripts on exec channels."""
+
+    def __init__(self, destination: SshDestination, retries: int = 1) -> None:
+        self.destination = destination
+        self.retries = retries
+
+    @property
+    def connection(self) -> SshConnection:
+        return _POOL.get(self.destination)
+
+    def _attempt(self, action: str, call: Callable[[SshConnection], Completed]) -> Completed:
+        attempts = 1 if action in _NOT_IDEMPOTENT else 1 + self.retries
+        for attempt in range(attempts):
+            connection = self.connection
+            try:
+                return call(connection)
+            except SshError as error:
+                if error.kind in ("connect", "host_key", "auth") or attempt + 1 == attempts:
+                    raise
+                connection.close()
+                time.sleep(0.05 * (attempt + 1))
+            except (paramiko.SSHException, OSError, EOFError) as error:
+                connection.close()
+                if attempt + 1 == attempts:
+                    raise _translate(error) from error
+        raise AssertionError("unreachable")
+
+    def run(
+        self,
+        script: str,
+        *,
+        action: str,
+        stdin: bytes = b"",
+        timeout_s: float | None = DEFAULT_TIMEOUT_S,
+    ) -> Completed:
+        if len(script.encode()) > MAX_SCRIPT_BYTES:
+            raise CommandError(action, f"script of {len(script)} bytes is too long")
+        if stdin:
+            return self._attempt(action, lambda c: self._exec(c, script, stdin, timeout_s))
+
+        def on_shell(connection: SshConnection) -> Completed:
+            with connection.shell(timeout_s) as shell:
+                try:
+                    return shell.run(script, timeout_s)
+                except TimeoutError as error:
+                    if connection.is_open:
+                        raise CommandError(action, f"timed out after {timeout_s} s") from error
+                    raise _translate(error) from error
+
+        return self._attempt(action, on_shell)
+
+    def run_to_end(self, script: str, *, action: str, pgid: int | None = None) -> Completed:
+        # The remote script runs to its end whatever happens here: an interrupt of
+        # this process does not stop it, and a retry after a broken connection runs
+        # the idempotent script again.
+        return self.run(script, action=action, timeout_s=None)
+
+    def _exec(
+        self, connection: SshConnection, script: str, stdin: bytes, timeout_s: float | None
+    ) -> Completed:
+        channel = connection.exec_channel()
+        try:
+            channel.exec_command("sh -c " + quote(script))
+            channel.sendall(stdin)
+            channel.shutdown_write()
+            return _drain(channel, timeout_s)
+        finally:
+            channel.close()
+
+    def send(self, script: str, *, action: str, source: Callable[[IO[bytes]], None]) -> Completed:
+        def call(connection: SshConnection) -> Completed:
+            channel = connection.exec_channel()
+            try:
+                channel.exec_command("sh -c " + quote(script))
+                writer = _ChannelWriter(channel)
+                source(writer)  # type: ignore[arg-type]
+                channel.shutdown_write()
+                return _drain(channel, None)
+            finally:
+                channel.close()
+
+        return self._attempt(action, call)
+
+    def receive(self, script: str, *, action: str, sink: Callable[[IO[bytes]], None]) -> Completed:
+        def call(connection: SshConnection) -> Completed:
+            channel = connection.exec_channel()
+            try:
+                channel.exec_command("sh -c " + quote(script))
+                channel.shutdown_write()
+                errors = _StderrDrain(channel)
+                reader = channel.makefile("rb", _CHUNK)
+                sink(reader)  # type: ignore[arg-type]
+                while reader.read(_CHUNK):
+                    pass
+                errors.join()
+                return Completed(channel.recv_exit_status(), b"", errors.data)
+            finally:
+                channel.close()
+
+        return self._attempt(action, call)
+
+    def reap(self, pgid: int) -> None:
+        """Nothing to reap here: remote processes belong to the remote host."""
+
+    def close(self) -> None:
+        """Closes this destination's pooled connection (other executors of the same
+        destination re-open it lazily)."""
+        self.connection.close()
+
+
+class _ChannelWriter:
+    """A minimal writable file over a channel, for `tarfile`."""
+
+    def __init__(self, channel: paramiko.Channel) -> None:
+        self._channel = channel
+
+    def write(self, data: bytes) -> int:
+        self._channel.sendall(data)
+        return len(data)
+
+    def flush(self) -> None:
+        """Nothing buffered here."""
+
+
+class _StderrDrain:
+    def __init__(self, channel: paramiko.Channel) -> None:
+        self.data = b""
+        self._channel = channel
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        chunks = []
+        while True:
+            chunk = self._channel.recv_stderr(_CHUNK)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        self.data = b"".join(chunks)
+
+    def join(self) -> None:
+        self._thread.join()
+
+
+def _drain(channel: paramiko.Channel, timeout_s: float | None) -> Completed:
+    """Reads stdout and stderr together until the command exits and both end, within
+    `timeout_s` seconds (never an unbounded wait for the exit status)."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    out: list[bytes] = []
+    err: list[bytes] = []
+    channel.setblocking(False)
+    while True:
+        progressed = False
+        while channel.recv_ready():
+            out.append(channel.recv(_CHUNK))
+            progressed = True
+        while channel.recv_stderr_ready():
+            err.append(channel.recv_stderr(_CHUNK))
+            progressed = True
+        idle = not channel.recv_ready() and not channel.recv_stderr_ready()
+        if idle and channel.exit_status_ready() and (channel.eof_received or channel.closed):
+            break
+        if deadline is not None and time.monotonic() > deadline:
+            raise CommandError("run", f"timed out after {timeout_s} s")
+        if channel.closed and not channel.recv_ready() and not channel.recv_stderr_ready():
+            if not channel.exit_status_ready():
+                raise SshError("disconnected", "the channel closed before the command ended")
+            break
+        if not progressed:
+            time.sleep(0.001)
+    return Completed(channel.recv_exit_status(), b"".join(out), b"".join(err))
+
+
+class SshExecutor(ScriptExecutor):
+    """Runs jobs in run directories under `workdir` on the SSH target `destination`.
+
+    A remote job gets the SSH server's non-interactive environment (no login shell,
+    no startup file), then its `env`, then its secrets, which travel on the
+    launcher's standard input only."""
+
+    def __init__(self, destination: SshDestination, workdir: str) -> None:
+        self.destination = destination
+        super().__init__(SshTransport(destination), workdir)
+
+    @classmethod
+    def connect(
+        cls,
+        text: str,
+        workdir: str,
+        *,
+        port: int | None = None,
+        identity: Path | None = None,
+        known_hosts: Path | None = None,
+        ssh_config: Path | None = None,
+    ) -> SshExecutor:
+        """An executor for the destination `text` (see `resolve_destination`); opens
+        nothing yet.
+
+        Raises:
+            InvalidArgument: for a malformed destination or config.
+        """
+        destination = resolve_destination(
+            text, port=port, identity=identity, known_hosts=known_hosts, ssh_config=ssh_config
+        )
+        return cls(destination, workdir)
+
