@@ -92,7 +92,12 @@ def next_run_id(run_id: str) -> str:
     else:
         base, n = run_id, 2
     suffix = f"-{n}"
-    return validate_run_id(base[: RUN_ID_MAX_LEN - len(suffix)] + suffix)
+    candidate = validate_run_id(base[: RUN_ID_MAX_LEN - len(suffix)].rstrip("-._") + suffix)
+    if candidate == run_id:
+        # Only when cutting `base` to fit dropped the very suffix that was counted:
+        # count on from the id itself.
+        return next_run_id(run_id[: RUN_ID_MAX_LEN - 4].rstrip("-._") + "-2")
+    return candidate
 
 
 def check_pid(pid: int) -> int:

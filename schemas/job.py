@@ -16,6 +16,7 @@ from pydantic import (
     ConfigDict,
     Field,
     SecretStr,
+    StrictInt,
     field_validator,
     model_serializer,
     model_validator,
@@ -69,7 +70,8 @@ def check_secret_value(name: str, value: str) -> None:
 class Container(BaseModel):
     """A container running the job, stopped by cancel (`<engine> stop -t 30 <name>`)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # Unknown fields are ignored, as serde does: a record from a newer tool reads.
+    model_config = ConfigDict(frozen=True, extra="ignore")
 
     engine: Literal["docker", "podman"]
     name: str
@@ -85,7 +87,7 @@ class Container(BaseModel):
 class JobId(BaseModel):
     """Handle of a started job, enough to find it again from any process."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="ignore")
 
     dir: str
     """Run directory on the target, absolute."""
@@ -109,7 +111,9 @@ class JobCommand(BaseModel):
     are set on top of the target's environment, secrets last.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # A rejected secret must not appear in the error pydantic raises (it would be
+    # logged, or stored as a task's failure).
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
     dir: str
     """Run directory on the target, absolute. The job runs there."""
@@ -140,6 +144,23 @@ class JobCommand(BaseModel):
                 raise ValueError(f"{name} cannot hold a NUL byte")
         return env
 
+    @model_validator(mode="before")
+    @classmethod
+    def _wrap_secrets(cls, data: Any) -> Any:
+        # Pydantic attaches a field's input to every error about that field; wrapping
+        # each value in SecretStr before the field is validated makes that input
+        # masked, so no error (message, JSON, input) can carry a raw secret. A value
+        # that is not a string becomes one that fails the check below by name.
+        if isinstance(data, dict) and isinstance(data.get("secrets"), dict):
+            data = dict(data)
+            data["secrets"] = {
+                name: value
+                if isinstance(value, SecretStr)
+                else SecretStr(value if isinstance(value, str) else "\0")
+                for name, value in data["secrets"].items()
+            }
+        return data
+
     @field_validator("secrets")
     @classmethod
     def _secrets(cls, secrets: dict[str, SecretStr]) -> dict[str, SecretStr]:
@@ -160,7 +181,7 @@ class JobStatus(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     kind: _Kind
-    code: int | None = None
+    code: StrictInt | None = None
 
     RUNNING: ClassVar[JobStatus]
     CANCELLED: ClassVar[JobStatus]

@@ -124,6 +124,21 @@ Proof = Annotated[ProofNone | ProofSaved | ProofInvalid, Field(discriminator="ki
 """What a run directory's `snapshot.json` says."""
 
 
+class _NotStrictJson(ValueError):
+    """JSON that Python accepts but serde_json (the seeds' parser) refuses."""
+
+
+def _reject_constant(name: str) -> object:
+    raise _NotStrictJson(f"{name} is not JSON")
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        raise _NotStrictJson("a key is repeated")
+    return result
+
+
 def parse_proof(content: bytes) -> ProofNone | ProofSaved | ProofInvalid:
     """Reads the proof `content` of a `snapshot.json` (at most its first 64 KiB, as
     read from the target). Never raises, whatever the bytes.
@@ -132,7 +147,8 @@ def parse_proof(content: bytes) -> ProofNone | ProofSaved | ProofInvalid:
     - Content that is not one JSON object with a string `checkpoint` and a
       non-negative integer `step` (below 2**64) is invalid; a JSON syntax error says
       its line and column. `reason`, when present, is a string or null; `time` and
-      other fields are ignored.
+      other fields are ignored. JSON that serde_json would refuse (NaN, Infinity,
+      repeated keys, lone surrogate escapes) is invalid here too.
     - The checkpoint must be exactly `output/checkpoint-<step>`: it names local
       directories later, so nothing else (absolute, `..`, `.`, doubled slashes,
       another step) is accepted.
@@ -145,7 +161,15 @@ def parse_proof(content: bytes) -> ProofNone | ProofSaved | ProofInvalid:
     except UnicodeDecodeError as error:
         return ProofInvalid(why=f"{SNAPSHOT_FILE} is not UTF-8 (byte {error.start})")
     try:
-        written = json.loads(text)
+        written = json.loads(
+            text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys
+        )
+        # serde_json refuses lone surrogate escapes anywhere; so does the UTF-8 codec.
+        json.dumps(written, ensure_ascii=False).encode("utf-8")
+    except _NotStrictJson as error:
+        return ProofInvalid(why=f"{SNAPSHOT_FILE} is not valid ({error})")
+    except UnicodeEncodeError:
+        return ProofInvalid(why=f"{SNAPSHOT_FILE} is not valid (a lone surrogate escape)")
     except json.JSONDecodeError as error:
         return ProofInvalid(
             why=f"{SNAPSHOT_FILE} is not valid (line {error.lineno}, column {error.colno})"

@@ -16,6 +16,7 @@ from typing import Protocol, runtime_checkable
 from schemas import JobCommand, JobId, JobStatus
 
 from .digest import FileDigest
+from .errors import ProtocolError
 from .lines import LineStream
 
 __all__ = ["Executor"]
@@ -69,11 +70,18 @@ class Executor(Protocol):
 
     def status(self, job: JobId) -> JobStatus:
         """What `job` is doing now, decided by one script on the target in the seeds'
-        order (see `scripts.status_script`)."""
+        order (see `scripts.status_script`).
+
+        Raises:
+            ProtocolError: when the run directory answers garbage (an `exit_code`
+                that is not a number).
+        """
         ...
 
-    def statuses(self, jobs: Sequence[JobId]) -> list[JobStatus]:
-        """The statuses of all `jobs` of this target, in order, through one script."""
+    def statuses(self, jobs: Sequence[JobId]) -> list[JobStatus | ProtocolError]:
+        """The statuses of all `jobs` of this target, in order, through one script; a
+        job whose run directory answers garbage (an `exit_code` that is not a number)
+        gets a `ProtocolError` in its place, never hiding the others."""
         ...
 
     def cancel(self, job: JobId) -> None:

@@ -10,11 +10,11 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Iterator
-from typing import Protocol
+from typing import Literal, Protocol
 
 from schemas.protocol import MAX_TAIL_READ
 
-__all__ = ["LineStream", "Reader", "complete_lines", "utf8_cut"]
+__all__ = ["LineStream", "Reader", "Skip", "complete_lines", "utf8_cut"]
 
 _LINE_END = re.compile(rb"\r\n|\r|\n")
 
@@ -53,35 +53,51 @@ def utf8_cut(data: bytes) -> int:
     return cut if cut > 0 else end
 
 
+Skip = Literal["", "lf", "eol"]
+"""What to drop at the start of the next read: nothing; a `\n` completing a `\r`
+that ended the previous read; or the line end of a line that was emitted cut at
+the cap (`\n`, `\r\n` or `\r`)."""
+
+
 def complete_lines(
-    data: bytes, *, full: bool, skip_lf: bool = False
-) -> tuple[list[str], int, bool]:
+    data: bytes, *, cap: int | None = None, skip: Skip = ""
+) -> tuple[list[str], int, Skip]:
     """Splits `data`, read from a file at some offset, into complete lines.
 
-    Returns `(lines, consumed, ends_with_cr)`: the lines without their ends, decoded
-    as UTF-8 (invalid bytes replaced), the number of bytes of `data` they used (the
-    next read starts there), and whether the last end consumed was a lone `\\r` at
-    the very end of `data` (a `\\n` starting the next read then belongs to it: pass
-    `skip_lf=True`).
+    Returns `(lines, consumed, skip)`: the lines without their ends, decoded as
+    UTF-8 (invalid bytes replaced), the number of bytes of `data` they used (the next
+    read starts there), and what the next read must drop first (see [`Skip`]).
 
-    `full` says that `data` is as long as the read cap: when it then holds no line
-    end at all, its first bytes (cut at a UTF-8 boundary) are emitted as one line.
+    A line longer than `cap` bytes (read `cap + 1` bytes to know) is emitted cut at
+    `cap`, backed off to a UTF-8 boundary, when `data` holds no complete line; that
+    line's own end, when it comes, is dropped. Lines of at most `cap` bytes always
+    come out whole. `cap=None` never cuts.
     """
     lines: list[str] = []
     start = 0
-    if skip_lf and data[:1] == b"\n":
-        start = 1
-    ends_with_cr = False
+    if skip:
+        match = _LINE_END.match(data)
+        if skip == "lf":
+            start = 1 if data[:1] == b"\n" else 0
+        elif match is not None:
+            start = match.end()
+            if match[0] == b"\r" and start == len(data):
+                return lines, start, "lf"
+    dropped = start
+    next_skip: Skip = ""
     size = len(data)
     for match in _LINE_END.finditer(data, start):
         lines.append(data[start : match.start()].decode("utf-8", "replace"))
         start = match.end()
-        ends_with_cr = match[0] == b"\r" and start == size
-    if not lines and full and start < size:
-        cut = start + utf8_cut(data[start:])
+        next_skip = "lf" if match[0] == b"\r" and start == size else ""
+    if not lines and cap is not None and size - start > cap:
+        cut = start + utf8_cut(data[start : start + cap])
         lines.append(data[start:cut].decode("utf-8", "replace"))
-        start = cut
-    return lines, start, ends_with_cr
+        return lines, cut, "eol"
+    if not lines:
+        # Nothing but (perhaps) the dropped line end: a skip still pending stays.
+        return lines, start, "" if dropped else skip
+    return lines, start, next_skip
 
 
 class LineStream:
@@ -106,7 +122,7 @@ class LineStream:
         """Byte offset of the next read: just past the last line yielded."""
         self.max_read = max_read
         self.poll_s = poll_s
-        self._skip_lf = False
+        self._skip: Skip = ""
 
     def poll(self) -> list[str]:
         """The complete lines written since the last poll (possibly none); advances
@@ -115,12 +131,10 @@ class LineStream:
         Raises:
             ExecError: when the file cannot be read.
         """
-        data = self.reader.read_from(self.path, self.offset, self.max_read)
-        lines, consumed, ends_with_cr = complete_lines(
-            data, full=len(data) >= self.max_read, skip_lf=self._skip_lf
-        )
-        if consumed:
-            self._skip_lf = ends_with_cr
+        # One byte more than the cap tells a line of exactly the cap (complete, its
+        # end follows) from a longer one (cut).
+        data = self.reader.read_from(self.path, self.offset, self.max_read + 1)
+        lines, consumed, self._skip = complete_lines(data, cap=self.max_read, skip=self._skip)
         self.offset += consumed
         return lines
 

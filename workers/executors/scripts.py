@@ -146,16 +146,24 @@ def parse_status(line: str) -> JobStatus:
     raise ProtocolError(f"status {text[:80]!r}")
 
 
-def parse_statuses(output: bytes, count: int) -> list[JobStatus]:
-    """The statuses of a [`status_script`] run over `count` jobs.
+def parse_statuses(output: bytes, count: int) -> list[JobStatus | ProtocolError]:
+    """The statuses of a [`status_script`] run over `count` jobs, in order. A line
+    that does not parse (a garbage `exit_code` file in one run directory) gives that
+    job a [`ProtocolError`], and the others their status.
 
     Raises:
-        ProtocolError: when the output is not `count` valid status lines.
+        ProtocolError: when the output is not `count` lines.
     """
     lines = output.decode("utf-8", "replace").splitlines()
     if len(lines) != count:
         raise ProtocolError(f"{len(lines)} status lines for {count} jobs")
-    return [parse_status(line) for line in lines]
+    results: list[JobStatus | ProtocolError] = []
+    for line in lines:
+        try:
+            results.append(parse_status(line))
+        except ProtocolError as error:
+            results.append(error)
+    return results
 
 
 def cancel_script(job: JobId) -> str:

@@ -159,9 +159,12 @@ class ScriptExecutor:
         return _checked(self._transport.run(script, action="read"), "read").stdout
 
     def status(self, job: JobId) -> JobStatus:
-        return self.statuses([job])[0]
+        result = self.statuses([job])[0]
+        if isinstance(result, ProtocolError):
+            raise result
+        return result
 
-    def statuses(self, jobs: Sequence[JobId]) -> list[JobStatus]:
+    def statuses(self, jobs: Sequence[JobId]) -> list[JobStatus | ProtocolError]:
         if not jobs:
             return []
         for job in jobs:

@@ -44,7 +44,18 @@ __all__ = [
 WINDOW_SIZE: Final = 16 * 1024 * 1024
 """SSH channel window, in bytes: large enough that a transfer never waits for the
 window on a fast link."""
-MAX_PACKET: Final = 32 * 1024
+MAX_PACKET: Final = 256 * 1024
+"""Largest SSH packet we accept, in bytes: 8x OpenSSH's default, which more than
+doubles paramiko's receive rate (fewer packets to decrypt and parse in Python)."""
+PREFERRED_CIPHERS: Final = (
+    # AES-GCM first: an AEAD cipher needs no separate HMAC pass, the costliest part of
+    # paramiko's packet handling; the rest are paramiko's defaults, for old servers.
+    "aes128-gcm@openssh.com",
+    "aes256-gcm@openssh.com",
+    "aes128-ctr",
+    "aes192-ctr",
+    "aes256-ctr",
+)
 MAX_SHELLS: Final = 4
 """Persistent shells per connection: concurrent small operations beyond this wait."""
 _CHUNK: Final = 1024 * 1024
@@ -219,6 +230,10 @@ class SshConnection:
                 default_window_size=WINDOW_SIZE,
                 default_max_packet_size=MAX_PACKET,
                 **options,
+            )
+            supported = set(transport.get_security_options().ciphers)
+            transport.get_security_options().ciphers = tuple(
+                c for c in PREFERRED_CIPHERS if c in supported
             )
             transport.use_compression(False)
             return transport
