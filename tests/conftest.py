@@ -21,7 +21,10 @@ import pytest
 
 from workers.executors import LocalExecutor, LocalTransport, ScriptExecutor
 from workers.executors.base import Executor
+from workers.executors.ssh import SshExecutor
 from workers.reaper import become_subreaper
+
+from .sshd import SshServer, running_sshd
 
 ROOT = Path(__file__).resolve().parent.parent
 JOBSIDE = ROOT / "workers" / "jobside"
@@ -96,19 +99,53 @@ _SPAWNERS = {
     "shell": "from workers.executors import ScriptExecutor, LocalTransport\n"
     "executor = ScriptExecutor(LocalTransport(), sys.argv[1])\n",
 }
-_FACTORIES = {"local": _local, "shell": _shell}
 
 
-@pytest.fixture(params=["local", "shell"])
+@pytest.fixture(scope="session")
+def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshServer]:
+    """One real OpenSSH server on loopback for the session: key auth, strict
+    known_hosts, run under a reaper (see tests/sshd.py)."""
+    with running_sshd(tmp_path_factory.mktemp("sshd")) as server:
+        yield server
+
+
+def ssh_executor(server: SshServer, workdir: Path | str) -> SshExecutor:
+    """An SSH executor for `server`, host key checked against its known_hosts."""
+    return SshExecutor.connect(
+        server.destination,
+        str(workdir),
+        identity=server.client_key,
+        known_hosts=server.known_hosts,
+    )
+
+
+@pytest.fixture(params=["local", "shell", "ssh"])
 def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Target]:
-    """Each executor of the contract: `local` (LocalExecutor, native file access) and
-    `shell` (every operation through the shared scripts, as over SSH)."""
+    """Each executor of the contract: `local` (LocalExecutor, native file access),
+    `shell` (every operation through the shared scripts, over a local transport), and
+    `ssh` (SshExecutor against a real sshd on loopback)."""
     kind: str = request.param
     workdir = tmp_path / "work"
     workdir.mkdir()
-    factory = _FACTORIES[kind]
+    factory: Callable[[Path], Executor]
+    if kind == "ssh":
+        server: SshServer = request.getfixturevalue("sshd")
+
+        def factory(path: Path) -> Executor:
+            return ssh_executor(server, path)
+
+        spawner = (
+            "from pathlib import Path\n"
+            "from workers.executors.ssh import SshExecutor\n"
+            f"executor = SshExecutor.connect({server.destination!r}, sys.argv[1], "
+            f"identity=Path({str(server.client_key)!r}), "
+            f"known_hosts=Path({str(server.known_hosts)!r}))\n"
+        )
+    else:
+        factory = _local if kind == "local" else _shell
+        spawner = _SPAWNERS[kind]
     executor = factory(workdir)
-    yield Target(kind, executor, workdir, lambda: factory(workdir), _SPAWNERS[kind])
+    yield Target(kind, executor, workdir, lambda: factory(workdir), spawner)
     executor.close()
 
 

@@ -81,7 +81,7 @@ def spawn(target: Target, script: str, name: str = "run", **kw: object) -> JobId
 
 
 def test_status_of_running_then_exited(target: Target) -> None:
-    job = spawn(target, "sleep 0.5; exit 3")
+    job = spawn(target, "sleep 2; exit 3")
     assert target.executor.status(job) == JobStatus.RUNNING
     assert wait_for(lambda: finished(target, job)) == JobStatus.exited(3)
     run = Path(job.dir)
@@ -246,7 +246,7 @@ def test_cancel_a_missing_run_directory_is_an_error(target: Target) -> None:
 
 def test_an_abandoned_cancelling_marker(target: Target) -> None:
     # A cancel killed right after writing `cancelling`: the job then ends normally.
-    job = spawn(target, "sleep 0.6; exit 0")
+    job = spawn(target, "sleep 2; exit 0")
     (Path(job.dir) / CANCELLING_FILE).touch()
     assert target.executor.status(job) == JobStatus.RUNNING
     assert wait_for(lambda: finished(target, job)) == JobStatus.exited(0)

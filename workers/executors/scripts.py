@@ -414,10 +414,12 @@ def launcher_script(
     [`wrapper_script`] with `setsid` in its own session, stdin from /dev/null, stdout
     and stderr appended to `job.log`, SIGHUP ignored (like `nohup`).
 
-    The wrapper's parent is a small background subshell that only waits for it, so
-    the job's session leader is reaped even on a host whose init does not reap
-    orphans; the launcher itself returns at once, printing the job's pid once the
-    wrapper wrote `job.pid` (within 10 s, else exit 6).
+    The wrapper's parent is a small background `sh` that only waits for it, so the
+    job's session leader is reaped even on a host whose init does not reap orphans.
+    It is exec'd, not forked: a forked subshell would keep the caller's saved
+    descriptors (dash holds them at 10+), pipes the caller waits on among them. The
+    launcher itself returns at once, printing the job's pid once the wrapper wrote
+    `job.pid` (within 10 s, else exit 6).
 
     The caller validates names and values (`schemas.check_env_name`,
     `check_secret_value`).
@@ -433,8 +435,8 @@ rw_setsid=$(command -v setsid) || {{ echo 'setsid is not installed on the target
 mkdir -p -- {quote(dir)} && cd -- {quote(dir)} || exit 3
 rm -f -- {EXIT_FILE} {CANCELLING_FILE} {CANCEL_FILE} {PID_FILE} || exit 3
 {exports}{reads}rw_v=
-( trap '' HUP; "$rw_setsid" "$rw_sh" -c {quote(wrapper_script(dir, script))} \\
-    </dev/null >>{JOB_LOG} 2>&1 & wait $! ) </dev/null >/dev/null 2>&1 &
+"$rw_sh" -c 'trap "" HUP; "$1" "$2" -c "$3" </dev/null >>{JOB_LOG} 2>&1 & wait $!' \\
+  rw-reaper "$rw_setsid" "$rw_sh" {quote(wrapper_script(dir, script))} </dev/null >/dev/null 2>&1 &
 rw_i=0
 while [ ! -s {PID_FILE} ]; do
   rw_i=$((rw_i + 1))

@@ -103,7 +103,7 @@ class _RejectUnknown(paramiko.MissingHostKeyPolicy):
 
 class _Shell:
     """A persistent remote `sh` reading commands from its standard input on one
-    channel. Each command is evaluated in a subshell (so `exit`, a syntax error or a
+    channel. Each command runs in its own `sh -c` (so `exit`, a syntax error or a
     `cd` never reach the shell itself), its stdout passed through as bytes, its
     stderr captured, then two random markers frame stderr and the exit status."""
 
@@ -115,8 +115,11 @@ class _Shell:
     def run(self, script: str, timeout_s: float | None) -> Completed:
         token = _secrets.token_hex(16).encode()
         head, tail = b"\x01rw-" + token + b"-e\x01", b"\x01rw-" + token + b"-x\x01"
+        # The script runs in a freshly exec'd `sh -c`: a forked subshell would carry
+        # the shell's saved descriptors (dash keeps them at 10+), and anything the
+        # script leaves in the background would hold the capture pipe open.
         command = (
-            f"rw_e=$(eval {quote(script)} </dev/null 2>&1 1>&3 3>&-); rw_c=$?; "
+            f"rw_e=$(sh -c {quote(script)} </dev/null 2>&1 1>&3 3>&-); rw_c=$?; "
             f"printf '%s%s%s %d\\n' '{head.decode()}' \"$rw_e\" '{tail.decode()}' \"$rw_c\"\n"
         )
         self.channel.settimeout(timeout_s)
