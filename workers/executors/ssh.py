@@ -185,13 +185,14 @@ class SshConnection:
             self.close()
             sock: paramiko.Channel | None = None
             try:
-                for hop in (*self.destination.jumps, self.destination):
+                route = self.destination.route
+                for index, hop in enumerate(route):
                     client = self._client(hop, sock)
                     self._clients.append(client)
                     transport = client.get_transport()
                     assert transport is not None
-                    if hop is not self.destination:
-                        nxt = self._next(hop)
+                    if index + 1 < len(route):
+                        nxt = route[index + 1]
                         sock = transport.open_channel(
                             "direct-tcpip",
                             (nxt.host, nxt.port),
@@ -209,10 +210,6 @@ class SshConnection:
             transport.set_keepalive(max(1, int(self.destination.keepalive_s)))
             self._transport = transport
             return transport
-
-    def _next(self, hop: SshDestination) -> SshDestination:
-        chain = (*self.destination.jumps, self.destination)
-        return chain[chain.index(hop) + 1]
 
     @staticmethod
     def _client(hop: SshDestination, sock: paramiko.Channel | None) -> paramiko.SSHClient:

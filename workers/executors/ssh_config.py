@@ -53,6 +53,16 @@ class SshDestination:
     """The ssh config alias it was resolved from, for messages."""
 
     @property
+    def route(self) -> tuple[SshDestination, ...]:
+        """Every host to connect through, in order, this one last: each jump's own
+        route first (a hop's ProxyJump is honoured, as OpenSSH does)."""
+        hops: list[SshDestination] = []
+        for jump in self.jumps:
+            hops.extend(jump.route)
+        hops.append(self)
+        return tuple(hops)
+
+    @property
     def known_hosts_name(self) -> str:
         """The name known_hosts files use: `host`, or `[host]:port` off port 22."""
         return self.host if self.port == 22 else f"[{self.host}]:{self.port}"
