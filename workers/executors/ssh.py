@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Any, Final
+from typing import IO, Any, Final, NoReturn
 
 import paramiko
 
@@ -92,12 +92,13 @@ def _connect_error(destination: SshDestination, error: BaseException) -> SshErro
     return SshError("connect", f"cannot connect to {where}: {error!r}")
 
 
-class _RejectUnknown(paramiko.MissingHostKeyPolicy):
-    """paramiko's `RejectPolicy` with the wording our translation expects."""
+class _RejectUnknown(paramiko.RejectPolicy):
+    """paramiko's `RejectPolicy` (an unknown host is refused, never added), raising
+    the wording our translation expects."""
 
     def missing_host_key(
         self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
-    ) -> None:
+    ) -> NoReturn:
         raise paramiko.SSHException(f"{hostname} not found in known_hosts")
 
 
@@ -403,7 +404,9 @@ class SshTransport:
     ) -> Completed:
         if len(script.encode()) > MAX_SCRIPT_BYTES:
             raise CommandError(action, f"script of {len(script)} bytes is too long")
-        if stdin:
+        if stdin or action == "spawn":
+            # A launcher gets a channel of its own: its stdin carries the secrets, and
+            # nothing of the job can ever touch a shared shell.
             return self._attempt(action, lambda c: self._exec(c, script, stdin, timeout_s))
 
         def on_shell(connection: SshConnection) -> Completed:
@@ -461,7 +464,7 @@ class SshTransport:
                 while reader.read(_CHUNK):
                     pass
                 errors.join()
-                return Completed(channel.recv_exit_status(), b"", errors.data)
+                return Completed(_exit_status(channel), b"", errors.data)
             finally:
                 channel.close()
 
@@ -508,6 +511,14 @@ class _StderrDrain:
 
     def join(self) -> None:
         self._thread.join()
+
+
+def _exit_status(channel: paramiko.Channel, timeout_s: float = 30.0) -> int:
+    """The exit status of a command whose output has ended, waited for at most
+    `timeout_s` seconds (a server that never sends it is a broken connection)."""
+    if not channel.status_event.wait(timeout_s):
+        raise SshError("disconnected", "the server never sent the command's exit status")
+    return channel.recv_exit_status()
 
 
 def _drain(channel: paramiko.Channel, timeout_s: float | None) -> Completed:
