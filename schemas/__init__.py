@@ -28,6 +28,7 @@ from .job import (
 )
 from .paths import join_run_path, safe_relpath
 from .run import TERMINAL_STATES, Outcome, RunLimits, RunRecord, RunState, decide_outcome
+from .settings import Settings
 from .snapshot import (
     END_TIMEOUT_S,
     PROOF_TIMEOUT_S,
@@ -69,6 +70,7 @@ __all__ = [
     "RunRecord",
     "RunState",
     "SchemaError",
+    "Settings",
     "Snapshot",
     "SnapshotReason",
     "StopLimits",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import secrets as _secrets
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Final
 
 from schemas import JobId, JobStatus, check_pid
@@ -21,7 +22,9 @@ from schemas.protocol import (
     CLAIM_FILE,
     EXIT_FILE,
     JOB_LOG,
+    METRICS_FILE,
     PID_FILE,
+    SNAPSHOT_REQUEST,
 )
 
 from .errors import InvalidArgument, ProtocolError
@@ -29,15 +32,19 @@ from .errors import InvalidArgument, ProtocolError
 __all__ = [
     "CANCEL_KILL_WAIT_S",
     "CANCEL_TERM_WAIT_S",
+    "FOLLOW_CHUNK_BYTES",
     "GROUP_SIGNAL",
+    "FollowUpdate",
     "archive_script",
     "cancel_script",
     "check_exclude",
     "check_owner",
     "claim_script",
+    "follow_script",
     "launcher_script",
     "manifest_script",
     "parse_claim",
+    "parse_follow",
     "parse_status",
     "parse_statuses",
     "put_file_script",
@@ -445,3 +452,136 @@ while [ ! -s {PID_FILE} ]; do
 done
 IFS= read -r rw_pid < {PID_FILE} && printf '%s\\n' "$rw_pid"
 """
+
+
+FOLLOW_CHUNK_BYTES: Final = 256 * 1024
+"""Most new bytes of one file a follow tick reads for one run; the rest comes next
+tick."""
+
+
+def follow_script(
+    entries: Sequence[tuple[JobId, int, int]], token: str, chunk: int = FOLLOW_CHUNK_BYTES
+) -> str:
+    """One script for a whole target's follow tick: for each `(job, log_offset,
+    metrics_offset)` it prints, each record introduced by `token` (random, so no
+    file content can forge one):
+
+    - `S <i> <status>`: the job's status, as [`status_script`] decides it;
+    - `Q <i> <reason>` when `snapshot.request` holds a reason (first line, at most
+      32 bytes), `Q <i>` with nothing when there is no request;
+    - `L <i> <n>` then the bytes of `job.log` from its offset, and `M <i> <n>` then
+      those of `metrics.jsonl`, at most `chunk` bytes each, only for files that grew
+      past their offset (`n` is the file's size).
+
+    Sizes come from one `find -printf` (GNU) for the whole batch, else one `wc -c`
+    per file: a tick over idle runs starts no process per run.
+    """
+    if not token.isalnum():
+        raise InvalidArgument("the follow token is alphanumeric")
+    rows = []
+    for index, (job, log_offset, metrics_offset) in enumerate(entries):
+        if log_offset < 0 or metrics_offset < 0:
+            raise InvalidArgument("offsets are non-negative")
+        rows.append(
+            f"rw_one {index} {quote(job.dir)} {_pid(job)} {log_offset} {metrics_offset}"
+        )
+    body = "\n".join(rows)
+    return (
+        GROUP_SIGNAL
+        + _status_function()
+        + f"""
+rw_t={token}
+rw_chunk={chunk}
+if find / -maxdepth 0 -printf '' >/dev/null 2>&1; then rw_gnu=1; else rw_gnu=; fi
+rw_size() {{
+  if [ -n "$rw_gnu" ]; then find "$1" -maxdepth 0 -printf '%s\\n' 2>/dev/null
+  else wc -c < "$1" 2>/dev/null; fi
+}}
+rw_read() {{
+  # $1 tag, $2 index, $3 file, $4 offset
+  [ -f "$3" ] || return 0
+  rw_n=$(rw_size "$3") || return 0
+  rw_n=${{rw_n:-0}}
+  [ "$rw_n" -gt "$4" ] 2>/dev/null || return 0
+  printf '%s %s %s %s\\n' "$rw_t" "$1" "$2" "$rw_n"
+  tail -c +$(($4 + 1)) -- "$3" | head -c "$rw_chunk"
+}}
+rw_one() {{
+  printf '%s S %s %s\\n' "$rw_t" "$1" "$(rw_status "$2" "$3")"
+  rw_q=
+  if [ -f "$2/{SNAPSHOT_REQUEST}" ]; then
+    IFS= read -r rw_q < "$2/{SNAPSHOT_REQUEST}" || :
+    [ -n "$rw_q" ] || rw_q=requested
+  fi
+  printf '%s Q %s %.32s\\n' "$rw_t" "$1" "$rw_q"
+  rw_read L "$1" "$2/{JOB_LOG}" "$4"
+  rw_read M "$1" "$2/{METRICS_FILE}" "$5"
+}}
+{body}
+printf '%s E\\n' "$rw_t"
+"""
+    )
+
+
+@dataclass(frozen=True)
+class FollowUpdate:
+    """What one follow tick found for one run."""
+
+    status: JobStatus | ProtocolError
+    request: str | None
+    """The reason in `snapshot.request`, or None when there is none."""
+    log: bytes = b""
+    log_size: int = 0
+    metrics: bytes = b""
+    metrics_size: int = 0
+
+
+def parse_follow(output: bytes, token: str, count: int) -> list[FollowUpdate]:
+    """The updates of a [`follow_script`] run over `count` runs, in order.
+
+    Raises:
+        ProtocolError: when the output is cut short (no end record) or malformed.
+    """
+    marker = token.encode()
+    parts = output.split(marker)
+    if parts[0].strip():
+        raise ProtocolError("follow output before its first record")
+    status: dict[int, JobStatus | ProtocolError] = {}
+    request: dict[int, str | None] = {}
+    files: dict[tuple[str, int], tuple[bytes, int]] = {}
+    ended = False
+    for part in parts[1:]:
+        head, _, payload = part.partition(b"\n")
+        words = head.decode("utf-8", "replace").split(" ")
+        try:
+            kind = words[1]
+            if kind == "E":
+                ended = True
+                continue
+            index = int(words[2])
+            if not 0 <= index < count:
+                raise ProtocolError(f"follow record for run {index} of {count}")
+            if kind == "S":
+                try:
+                    status[index] = parse_status(" ".join(words[3:]))
+                except ProtocolError as error:
+                    status[index] = error
+            elif kind == "Q":
+                reason = " ".join(words[3:]).strip()
+                request[index] = reason or None
+            elif kind in ("L", "M"):
+                files[(kind, index)] = (payload, int(words[3]))
+            else:
+                raise ProtocolError(f"follow record {kind!r}")
+        except (IndexError, ValueError) as error:
+            raise ProtocolError(f"follow record {head[:80]!r}") from error
+    if not ended or len(status) != count:
+        raise ProtocolError("the follow output was cut short")
+    updates = []
+    for index in range(count):
+        log, log_size = files.get(("L", index), (b"", 0))
+        metrics, metrics_size = files.get(("M", index), (b"", 0))
+        updates.append(
+            FollowUpdate(status[index], request.get(index), log, log_size, metrics, metrics_size)
+        )
+    return updates

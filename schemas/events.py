@@ -1,0 +1,122 @@
+"""The public task names and the bodies producers publish (DESIGN.md §4). A producer
+in another service needs only `celery` and these names; every body is JSON.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Final
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .ids import RunId
+from .job import ENV_NAME, JobId
+from .run import RunLimits
+from .snapshot import SnapshotReason
+
+__all__ = [
+    "TASK_CANCEL",
+    "TASK_END_TIMEOUT",
+    "TASK_FOLLOW",
+    "TASK_FOLLOW_TICK",
+    "TASK_LAUNCH",
+    "TASK_POLL_REQUESTS",
+    "TASK_PROOF_TIMEOUT",
+    "TASK_RECONCILE",
+    "TASK_SNAPSHOT_REQUEST",
+    "CancelBody",
+    "FollowBody",
+    "LaunchSpec",
+    "SnapshotRequestBody",
+    "TimeoutBody",
+]
+
+TASK_LAUNCH: Final = "runwarden.launch"
+TASK_FOLLOW: Final = "runwarden.follow"
+TASK_SNAPSHOT_REQUEST: Final = "runwarden.snapshot_request"
+TASK_CANCEL: Final = "runwarden.cancel"
+TASK_PROOF_TIMEOUT: Final = "runwarden.proof_timeout"
+TASK_END_TIMEOUT: Final = "runwarden.end_timeout"
+TASK_POLL_REQUESTS: Final = "runwarden.poll_requests"
+TASK_FOLLOW_TICK: Final = "runwarden.follow_tick"
+TASK_RECONCILE: Final = "runwarden.reconcile"
+
+TargetName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class LaunchSpec(_Body):
+    """What to run where: `runwarden.launch`'s body."""
+
+    target: TargetName
+    command: str = Field(min_length=1)
+    """POSIX shell command of the job, run in its run directory."""
+    name: str = ""
+    """Free text; its slug goes into the run id."""
+    upload: Path | None = None
+    """A directory on the worker whose content is copied into the run directory."""
+    skip: tuple[str, ...] = ()
+    """Top-level entries of `upload` that never leave the worker."""
+    secrets: tuple[str, ...] = ()
+    """Names of secret env variables, resolved on the worker from
+    `RUNWARDEN_SECRET_<NAME>`; values never enter Redis."""
+    limits: RunLimits = Field(default_factory=RunLimits)
+    resume_from: RunId | None = None
+    snapshots: bool = True
+    """Whether the job reads snapshot requests (the job-side plugin)."""
+
+    @field_validator("secrets")
+    @classmethod
+    def _names(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        for name in names:
+            if ENV_NAME.fullmatch(name) is None:
+                raise ValueError(f"{name[:80]!r} is not an environment variable name")
+        return names
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, command: str) -> str:
+        if "\0" in command:
+            raise ValueError("a command cannot hold a NUL byte")
+        return command
+
+
+class FollowBody(_Body):
+    """`runwarden.follow`: (re)start following a run, or adopt a run directory
+    started elsewhere (its JobId) on a target."""
+
+    run_id: RunId | None = None
+    target: TargetName | None = None
+    job: JobId | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> FollowBody:
+        if (self.run_id is None) == (self.job is None):
+            raise ValueError("follow takes a run id, or a target and a job to adopt")
+        if self.job is not None and self.target is None:
+            raise ValueError("adopting a job needs its target")
+        return self
+
+
+class SnapshotRequestBody(_Body):
+    """`runwarden.snapshot_request`: ask the run's job for a snapshot."""
+
+    run_id: RunId
+    reason: SnapshotReason = SnapshotReason.REQUESTED
+    asked_by: str = Field(default="api", min_length=1, max_length=100)
+
+
+class CancelBody(_Body):
+    """`runwarden.cancel`: cancel the run's job now."""
+
+    run_id: RunId
+
+
+class TimeoutBody(_Body):
+    """`runwarden.proof_timeout` / `runwarden.end_timeout`: a stop's countdown."""
+
+    run_id: RunId
+    stop_id: str = Field(min_length=1, max_length=64)
