@@ -1,16 +1,49 @@
-"""The error tree of `schemas`: every refusal of input that does not fit a shape.
+"""The error tree of `schemas`, rooted in [`RunwardenError`].
+
+    RunwardenError
+    ├── SchemaError (ValueError)   input that does not fit a shape
+    │   ├── InvalidRunId
+    │   └── InvalidPath
+    └── RunError                   the run store and the operations on runs
+        ├── StoreError      Redis could not be reached or refused a command; a stored
+        │                   value could not be read (translated with `raise ... from`)
+        ├── NotFound        no such run (run_id)
+        ├── UnknownTarget   no such target (name)
+        ├── NotStarted      the run has no job yet (run_id)
+        ├── NotRunning      the run already ended (run_id, state)
+        ├── NoSnapshots     the run's job cannot save a snapshot (run_id)
+        └── Conflict        a compare-and-set lost (run_id, state, wanted)
 
 Pydantic's own `ValidationError` is raised by model validation, as pydantic
 documents; the functions of this package that validate plain strings raise
-[`SchemaError`] subclasses instead, so a caller catches one root.
+[`SchemaError`] subclasses. `NotStarted`, `NotRunning`, `NoSnapshots` and `NotFound`
+are the seeds' `RunError` names (DESIGN.md §3). Executors keep their own tree
+(`workers.executors.errors`). Every message is meant to be shown to a person as is.
 """
 
 from __future__ import annotations
 
-__all__ = ["InvalidPath", "InvalidRunId", "SchemaError"]
+__all__ = [
+    "Conflict",
+    "InvalidPath",
+    "InvalidRunId",
+    "NoSnapshots",
+    "NotFound",
+    "NotRunning",
+    "NotStarted",
+    "RunError",
+    "RunwardenError",
+    "SchemaError",
+    "StoreError",
+    "UnknownTarget",
+]
 
 
-class SchemaError(ValueError):
+class RunwardenError(Exception):
+    """Root of every error `schemas` raises (pydantic's ValidationError aside)."""
+
+
+class SchemaError(RunwardenError, ValueError):
     """Root of every error raised by `schemas` functions (not pydantic models)."""
 
 
@@ -21,3 +54,81 @@ class InvalidRunId(SchemaError):
 class InvalidPath(SchemaError):
     """A path is not acceptable where it is used: not absolute, not relative, holds a NUL
     byte, or would leave the directory it is relative to."""
+
+
+class RunError(RunwardenError):
+    """Root of the run store's errors and of the refusals of run operations."""
+
+
+class StoreError(RunError):
+    """The run store failed: Redis is unreachable, timed out or refused a command, or a
+    stored value is unreadable. The Redis exception (or validation error) is the
+    `__cause__`. When Redis dropped mid-command, the operation may or may not have
+    taken effect (see `schemas.store` on retrying)."""
+
+
+class NotFound(RunError):
+    """There is no run with this id."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"no run {run_id!r}")
+
+
+class UnknownTarget(RunError):
+    """There is no target with this name."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(f"no target {name[:80]!r} (see `runwarden targets ls`)")
+
+
+class NotStarted(RunError):
+    """The run has no job yet: there is nothing to stop or follow."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"run {run_id!r} has not started a job yet")
+
+
+class NotRunning(RunError):
+    """The run already ended (or is not running): it cannot be asked for a snapshot."""
+
+    def __init__(self, run_id: str, state: str) -> None:
+        self.run_id = run_id
+        self.state = str(state)
+        super().__init__(f"run {run_id!r} is not running (it is {self.state})")
+
+
+class NoSnapshots(RunError):
+    """The run's job does not read snapshot requests, so it cannot save one."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(
+            f"run {run_id!r} cannot save a snapshot (its job does not read snapshot "
+            "requests); cancel it instead"
+        )
+
+
+class Conflict(RunError):
+    """A compare-and-set lost: the stored state is not the one the change needs (a
+    run already ended differently, a state outside `expect`, or too many concurrent
+    writers). Nothing was changed by the call that raised it.
+
+    `run_id`, `state` (the stored state) and `wanted` (the state asked for) are set
+    when the conflict is about a run's state, else None.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        run_id: str | None = None,
+        state: str | None = None,
+        wanted: str | None = None,
+    ) -> None:
+        self.run_id = run_id
+        self.state = None if state is None else str(state)
+        self.wanted = None if wanted is None else str(wanted)
+        super().__init__(message)

@@ -13,6 +13,7 @@ from .ids import RunId
 from .job import ENV_NAME, JobId
 from .run import RunLimits
 from .snapshot import SnapshotReason
+from .stops import AskedBy, StopId
 
 __all__ = [
     "TASK_CANCEL",
@@ -106,7 +107,7 @@ class SnapshotRequestBody(_Body):
 
     run_id: RunId
     reason: SnapshotReason = SnapshotReason.REQUESTED
-    asked_by: str = Field(default="api", min_length=1, max_length=100)
+    asked_by: AskedBy = "api"
 
 
 class CancelBody(_Body):
@@ -119,4 +120,4 @@ class TimeoutBody(_Body):
     """`runwarden.proof_timeout` / `runwarden.end_timeout`: a stop's countdown."""
 
     run_id: RunId
-    stop_id: str = Field(min_length=1, max_length=64)
+    stop_id: StopId
