@@ -68,6 +68,7 @@ from .stops import (
     UtcDatetime,
     new_stop_id,
 )
+from .targets import SshOptions, TargetConfig, TargetName
 
 __all__ = [
     "END_TIMEOUT_S",
@@ -108,11 +109,14 @@ __all__ = [
     "Settings",
     "Snapshot",
     "SnapshotReason",
+    "SshOptions",
     "StopId",
     "StopLimits",
     "StopPhase",
     "StopState",
     "StoreError",
+    "TargetConfig",
+    "TargetName",
     "UnknownTarget",
     "UtcDatetime",
     "check_absolute_path",

@@ -5,15 +5,16 @@ in another service needs only `celery` and these names; every body is JSON.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Final
+from typing import Final
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .ids import RunId
-from .job import ENV_NAME, JobId
+from .job import ENV_NAME, check_absolute_path
 from .run import RunLimits
 from .snapshot import SnapshotReason
 from .stops import AskedBy, StopId
+from .targets import TargetName
 
 __all__ = [
     "TASK_CANCEL",
@@ -41,9 +42,6 @@ TASK_END_TIMEOUT: Final = "runwarden.end_timeout"
 TASK_POLL_REQUESTS: Final = "runwarden.poll_requests"
 TASK_FOLLOW_TICK: Final = "runwarden.follow_tick"
 TASK_RECONCILE: Final = "runwarden.reconcile"
-
-TargetName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
-
 
 class _Body(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -87,18 +85,21 @@ class LaunchSpec(_Body):
 
 class FollowBody(_Body):
     """`runwarden.follow`: (re)start following a run, or adopt a run directory
-    started elsewhere (its JobId) on a target."""
+    started elsewhere (by hand, or by overbrainer) on a target: its pid is read from
+    its `job.pid`."""
 
     run_id: RunId | None = None
     target: TargetName | None = None
-    job: JobId | None = None
+    dir: str | None = None
 
     @model_validator(mode="after")
     def _one(self) -> FollowBody:
-        if (self.run_id is None) == (self.job is None):
-            raise ValueError("follow takes a run id, or a target and a job to adopt")
-        if self.job is not None and self.target is None:
-            raise ValueError("adopting a job needs its target")
+        if (self.run_id is None) == (self.dir is None):
+            raise ValueError("follow takes a run id, or a target and a run directory")
+        if self.dir is not None:
+            if self.target is None:
+                raise ValueError("adopting a run directory needs its target")
+            check_absolute_path(self.dir)
         return self
 
 

@@ -52,11 +52,23 @@ class Settings(BaseSettings):
         return self.state_dir / "redis.sock"
 
     def broker_url(self) -> str:
-        """The Redis URL every component connects to (the embedded one when none is
-        configured). Contains the password when there is one: never log it."""
+        """The Redis URL for Celery (kombu): the embedded server's socket when none is
+        configured; a `unix://` URL becomes `redis+socket://`. Contains the password
+        when there is one: never log it."""
+        url = self.store_url()
+        if url.startswith("unix://"):
+            return "redis+socket://" + url.removeprefix("unix://")
+        return url
+
+    def store_url(self) -> str:
+        """The Redis URL for redis-py (the run store): the embedded server's socket as
+        `unix://`. Contains the password when there is one: never log it."""
         if self.redis_url is not None:
-            return self.redis_url.get_secret_value()
-        return f"redis+socket://{self.embedded_socket}"
+            url = self.redis_url.get_secret_value()
+            if url.startswith("redis+socket://"):
+                return "unix://" + url.removeprefix("redis+socket://")
+            return url
+        return f"unix://{self.embedded_socket}"
 
     @property
     def visibility_timeout_s(self) -> float:

@@ -66,6 +66,7 @@ from typing import Any, Final, NamedTuple, ParamSpec, TypeVar
 
 import redis
 from pydantic import BaseModel, ValidationError
+from redis.backoff import NoBackoff
 from redis.exceptions import (
     AuthenticationError,
     RedisError,
@@ -78,6 +79,7 @@ from redis.exceptions import (
 from redis.exceptions import (
     TimeoutError as RedisTimeoutError,
 )
+from redis.retry import Retry
 
 from .errors import Conflict, NotFound, StoreError, UnknownTarget
 from .ids import validate_run_id
@@ -429,6 +431,21 @@ class RunStore:
         return self._key("deadlines")
 
     # --- health ---------------------------------------------------------------------
+
+    @classmethod
+    def from_url(cls, url: str, prefix: str = "rw:") -> RunStore:
+        """A store on the Redis at `url` (`redis://`, `rediss://` or `unix://`), with
+        bounded timeouts and one retry without backoff: a down Redis is a
+        `StoreError` within seconds, never a hang. `url` may hold a password: it is
+        never logged."""
+        client = redis.Redis.from_url(
+            url,
+            socket_timeout=10,
+            socket_connect_timeout=5,
+            retry=Retry(NoBackoff(), 1),
+            health_check_interval=30,
+        )
+        return cls(client, prefix)
 
     @_translated
     def ping(self) -> None:

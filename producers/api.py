@@ -1,0 +1,198 @@
+"""The typed Python API of producers: publish events by task name (JSON only) and
+read runs and stops from the run store. It never imports `workers`: any service
+with `celery` and `redis` installed can use it, or publish the same task names
+itself (`app.send_task("runwarden.snapshot_request", kwargs={"body": {...}})`).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Final
+
+from celery import Celery
+from celery.exceptions import TimeoutError as CeleryTimeout
+from pydantic import BaseModel
+
+from schemas import (
+    NoSnapshots,
+    NotRunning,
+    NotStarted,
+    RunError,
+    RunRecord,
+    RunState,
+    Settings,
+    SnapshotReason,
+    StopState,
+    TargetConfig,
+)
+from schemas.events import (
+    TASK_CANCEL,
+    TASK_FOLLOW,
+    TASK_LAUNCH,
+    TASK_SNAPSHOT_REQUEST,
+    CancelBody,
+    FollowBody,
+    LaunchSpec,
+    SnapshotRequestBody,
+)
+from schemas.store import RunStore
+
+__all__ = ["OperationFailed", "Runwarden", "producer_app"]
+
+DEFAULT_WAIT_S: Final = 120.0
+
+
+class OperationFailed(RunError):
+    """A task ran and failed, or no worker answered in time; the message says which
+    and why (the worker's own error message)."""
+
+
+def producer_app(settings: Settings) -> Celery:
+    """A Celery app that only publishes: JSON only, the same broker and result backend
+    as the workers, the same visibility timeout."""
+    url = settings.broker_url()
+    visibility = {"visibility_timeout": int(settings.visibility_timeout_s)}
+    app = Celery("runwarden-producer", broker=url, backend=url)
+    app.conf.update(
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        result_accept_content=["json"],
+        broker_transport_options=visibility,
+        result_backend_transport_options=visibility,
+        task_default_queue="runwarden",
+        task_send_sent_event=True,
+        broker_connection_retry_on_startup=True,
+    )
+    return app
+
+
+class Runwarden:
+    """One client of the service. The constructor stores; connections open on first
+    use and are shared by threads."""
+
+    def __init__(self, settings: Settings | None = None) -> None:
+        self.settings = settings or Settings()
+        self._lock = threading.Lock()
+        self._app: Celery | None = None
+        self._store: RunStore | None = None
+
+    @property
+    def app(self) -> Celery:
+        with self._lock:
+            if self._app is None:
+                self._app = producer_app(self.settings)
+            return self._app
+
+    @property
+    def store(self) -> RunStore:
+        with self._lock:
+            if self._store is None:
+                self._store = RunStore.from_url(self.settings.store_url())
+            return self._store
+
+    def _call(self, task: str, body: BaseModel, wait_s: float | None) -> Any:
+        result = self.app.send_task(task, kwargs={"body": body.model_dump(mode="json")})
+        if wait_s is None:
+            return {"task_id": result.id}
+        try:
+            return result.get(timeout=wait_s, propagate=True)
+        except CeleryTimeout as error:
+            raise OperationFailed(
+                f"{task}: no worker answered within {wait_s:g} s (is `runwarden serve` running?)"
+            ) from error
+        except RunError:
+            raise
+        except Exception as error:
+            raise OperationFailed(f"{task} failed: {error}") from error
+        finally:
+            result.forget()
+
+    # --- publishing -----------------------------------------------------------------
+
+    def launch(self, spec: LaunchSpec, wait_s: float = DEFAULT_WAIT_S) -> RunRecord:
+        """Launches `spec`; returns the run once running.
+
+        Raises:
+            UnknownTarget: when the target does not exist.
+            OperationFailed: when the launch failed (the worker's message).
+        """
+        self.store.get_target(spec.target)
+        answer = self._call(TASK_LAUNCH, spec, wait_s)
+        return self.store.get_run(answer["run_id"])
+
+    def stop(
+        self,
+        run_id: str,
+        reason: SnapshotReason = SnapshotReason.REQUESTED,
+        asked_by: str = "api",
+        wait_s: float = 30.0,
+    ) -> StopState:
+        """Asks the run's job for a snapshot; returns the stop (its phase, deadlines).
+        Checked here first, so a bad request fails fast, and again by the worker.
+
+        Raises:
+            NotFound, NotStarted, NotRunning, NoSnapshots, OperationFailed.
+        """
+        run = self.store.get_run(run_id)
+        if run.job is None:
+            raise NotStarted(run_id)
+        if run.state is not RunState.RUNNING:
+            raise NotRunning(run_id, run.state)
+        if not run.snapshots:
+            raise NoSnapshots(run_id)
+        body = SnapshotRequestBody(run_id=run_id, reason=reason, asked_by=asked_by)
+        return StopState.model_validate(self._call(TASK_SNAPSHOT_REQUEST, body, wait_s))
+
+    def cancel(self, run_id: str, wait_s: float = 90.0) -> RunRecord:
+        """Cancels the run's job now; returns the recorded run.
+
+        Raises:
+            NotFound, NotStarted, NotRunning, OperationFailed.
+        """
+        run = self.store.get_run(run_id)
+        if run.job is None:
+            raise NotStarted(run_id)
+        if run.state.is_terminal:
+            raise NotRunning(run_id, run.state)
+        self._call(TASK_CANCEL, CancelBody(run_id=run_id), wait_s)
+        return self.store.get_run(run_id)
+
+    def follow(
+        self,
+        run_id: str | None = None,
+        *,
+        target: str | None = None,
+        dir: str | None = None,
+        wait_s: float = 30.0,
+    ) -> RunRecord:
+        """Follows a run again, or adopts a run directory started elsewhere."""
+        answer = self._call(
+            TASK_FOLLOW, FollowBody(run_id=run_id, target=target, dir=dir), wait_s
+        )
+        return self.store.get_run(answer["run_id"])
+
+    # --- reading --------------------------------------------------------------------
+
+    def get_run(self, run_id: str) -> RunRecord:
+        return self.store.get_run(run_id)
+
+    def list_runs(self, target: str | None = None) -> list[RunRecord]:
+        return self.store.list_runs(target=target)
+
+    def get_stop(self, run_id: str) -> StopState | None:
+        return self.store.get_stop(run_id)
+
+    def list_stops(self) -> list[StopState]:
+        return self.store.list_stops()
+
+    # --- targets --------------------------------------------------------------------
+
+    def add_target(self, config: TargetConfig) -> None:
+        self.store.put_target(config.name, config.model_dump(mode="json"))
+
+    def list_targets(self) -> list[TargetConfig]:
+        return [TargetConfig.model_validate(c) for c in self.store.list_targets().values()]
+
+    def remove_target(self, name: str) -> bool:
+        return self.store.remove_target(name)

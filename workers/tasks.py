@@ -1,0 +1,172 @@
+"""The Celery tasks, by their public names (DESIGN.md §4). Bodies are `schemas`
+models, passed as JSON in the `body` keyword; results are small JSON. A malformed
+body is refused with a clear error and logged; the worker carries on.
+
+Every task is idempotent: it re-reads the state and acts only if its phase still
+applies (see `workers.runs`), so a redelivered, late or duplicate message, or two
+workers running the same task, change nothing more.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any, Final, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from schemas.events import (
+    TASK_CANCEL,
+    TASK_END_TIMEOUT,
+    TASK_FOLLOW,
+    TASK_FOLLOW_TICK,
+    TASK_LAUNCH,
+    TASK_POLL_REQUESTS,
+    TASK_PROOF_TIMEOUT,
+    TASK_RECONCILE,
+    TASK_SNAPSHOT_REQUEST,
+    CancelBody,
+    FollowBody,
+    LaunchSpec,
+    SnapshotRequestBody,
+    TimeoutBody,
+)
+from schemas.store import RunStore
+
+from .app import app, settings
+from .runs import Worker, utcnow
+
+__all__ = ["TASK_WATCH_TARGET", "BadRequest", "worker"]
+
+log = logging.getLogger("runwarden")
+
+TASK_WATCH_TARGET: Final = "runwarden.watch_target"
+"""Internal: one target's share of a follow tick (fanned out by `follow_tick` and
+`poll_requests`, one task per target so workers share the load)."""
+
+_lock = threading.Lock()
+_worker: Worker | None = None
+
+
+def _reset() -> None:
+    global _worker  # noqa: PLW0603 - one per process, rebuilt in a forked child
+    _worker = None
+
+
+os.register_at_fork(after_in_child=_reset)
+
+
+def _schedule(name: str, kwargs: dict[str, Any], countdown_s: float) -> None:
+    app.send_task(name, kwargs=kwargs, countdown=countdown_s)
+
+
+def worker() -> Worker:
+    """The run operations of this process (built on first use, per process)."""
+    global _worker  # noqa: PLW0603 - see _reset
+    with _lock:
+        if _worker is None:
+            _worker = Worker(RunStore.from_url(settings.store_url()), settings, _schedule)
+        return _worker
+
+
+class BadRequest(ValueError):
+    """A task body that does not fit its schema; the message says what is wrong."""
+
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def _parse(model: type[_M], body: Any, task: str) -> _M:
+    try:
+        return model.model_validate(body)
+    except ValidationError as error:
+        message = f"{task}: invalid body: " + "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}"
+            for e in error.errors(include_input=False)
+        )
+        log.error("%s", message)
+        raise BadRequest(message) from None
+
+
+@app.task(name=TASK_LAUNCH)
+def launch(body: Any = None) -> dict[str, Any]:
+    spec = _parse(LaunchSpec, body, TASK_LAUNCH)
+    record = worker().launch(spec, utcnow())
+    return {"run_id": record.id, "pid": record.job.pid if record.job else None}
+
+
+@app.task(name=TASK_FOLLOW)
+def follow(body: Any = None) -> dict[str, Any]:
+    request = _parse(FollowBody, body, TASK_FOLLOW)
+    w = worker()
+    if request.run_id is not None:
+        run = w.store.get_run(request.run_id)
+        if run.job is not None and not run.state.is_terminal:
+            w.store.follow(run.id)
+        return {"run_id": run.id, "state": str(run.state)}
+    assert request.target is not None
+    assert request.dir is not None
+    record = w.adopt(request.target, request.dir, utcnow())
+    return {"run_id": record.id, "state": str(record.state)}
+
+
+@app.task(name=TASK_SNAPSHOT_REQUEST)
+def snapshot_request(body: Any = None) -> dict[str, Any]:
+    request = _parse(SnapshotRequestBody, body, TASK_SNAPSHOT_REQUEST)
+    stop = worker().request_snapshot(request.run_id, request.reason, request.asked_by, utcnow())
+    return stop.model_dump(mode="json")
+
+
+@app.task(name=TASK_CANCEL)
+def cancel(body: Any = None) -> dict[str, Any]:
+    request = _parse(CancelBody, body, TASK_CANCEL)
+    record = worker().cancel(request.run_id)
+    return {"run_id": record.id, "state": str(record.state)}
+
+
+@app.task(name=TASK_PROOF_TIMEOUT)
+def proof_timeout(body: Any = None) -> str:
+    request = _parse(TimeoutBody, body, TASK_PROOF_TIMEOUT)
+    return worker().on_deadline(request.run_id, request.stop_id, utcnow())
+
+
+@app.task(name=TASK_END_TIMEOUT)
+def end_timeout(body: Any = None) -> str:
+    request = _parse(TimeoutBody, body, TASK_END_TIMEOUT)
+    return worker().on_deadline(request.run_id, request.stop_id, utcnow())
+
+
+@app.task(name=TASK_RECONCILE)
+def reconcile() -> int:
+    return worker().reconcile(utcnow())
+
+
+def _fan_out() -> int:
+    targets = worker().store.followed_targets()
+    for target in targets:
+        app.send_task(TASK_WATCH_TARGET, kwargs={"target": target})
+    return len(targets)
+
+
+@app.task(name=TASK_FOLLOW_TICK)
+def follow_tick() -> int:
+    return _fan_out()
+
+
+@app.task(name=TASK_POLL_REQUESTS)
+def poll_requests() -> int:
+    return _fan_out()
+
+
+@app.task(name=TASK_WATCH_TARGET)
+def watch_target(target: str) -> dict[str, int]:
+    w = worker()
+    lock = f"watch:{target}"
+    # Ticks of one target never overlap: a slow target is skipped, not piled up.
+    if not w.store.once(lock, ttl_s=max(60.0, settings.follow_poll_s * 4)):
+        return {"skipped": 1}
+    try:
+        return w.watch_target(target, utcnow())
+    finally:
+        w.store.forget(lock)
