@@ -42,7 +42,8 @@ def test_stop_ends_with_a_snapshot(pipeline: Pipeline) -> None:
     assert (Path(run.remote_dir) / run.snapshot.checkpoint).is_dir()
     assert pipeline.api.get_stop(run_id) is None
     history = pipeline.api.store.stop_history(run_id)
-    assert history and all("cancel" not in (h.note or "") for h in history)
+    assert history
+    assert all("cancel" not in (h.note or "") for h in history)
     assert pipeline.api.store.read_log(run_id)  # the log was followed
 
 
