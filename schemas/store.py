@@ -518,6 +518,18 @@ class RunStore:
         return _load(RunRecord, raw, f"record of run {run_id!r}")
 
     @_translated
+    def get_runs(self, run_ids: Sequence[str]) -> list[RunRecord | None]:
+        """The records of `run_ids`, in order, in one round trip (MGET); None for a run
+        that does not exist. Raises `StoreError` for an unreadable record."""
+        if not run_ids:
+            return []
+        raws = self._r.mget([self._run_key(run_id) for run_id in run_ids])
+        return [
+            None if raw is None else _load(RunRecord, raw, f"record of run {run_id!r}")
+            for run_id, raw in zip(run_ids, raws, strict=True)
+        ]
+
+    @_translated
     def list_runs(
         self,
         target: str | None = None,
@@ -735,6 +747,14 @@ class RunStore:
             self._key("offsets", validate_run_id(run_id)), ["log", "metrics"]
         )
         return Offsets(int(log_raw or 0), int(metrics_raw or 0))
+
+    @_translated
+    def get_offsets_many(self, run_ids: Sequence[str]) -> list[Offsets]:
+        """[`get_offsets`] of each of `run_ids`, in order, in one round trip."""
+        pipe = self._r.pipeline(transaction=False)
+        for run_id in run_ids:
+            pipe.hmget(self._key("offsets", validate_run_id(run_id)), ["log", "metrics"])
+        return [Offsets(int(log or 0), int(metrics or 0)) for log, metrics in pipe.execute()]
 
     @_translated
     def set_offsets(self, run_id: str, log: int, metrics: int) -> None:

@@ -22,6 +22,7 @@ from schemas import (
     JobId,
     JobStatus,
     NoSnapshots,
+    NotFound,
     NotRunning,
     NotStarted,
     Outcome,
@@ -32,6 +33,7 @@ from schemas import (
     SnapshotReason,
     StopPhase,
     StopState,
+    StoreError,
     decide_outcome,
     new_run_id,
     next_run_id,
@@ -383,27 +385,36 @@ class Worker:
 
     # --- the watch ------------------------------------------------------------------
 
+    def _records(self, run_ids: list[str]) -> list[RunRecord | None]:
+        """The records of `run_ids` in one round trip; an unreadable one is logged and
+        read as missing (it must not stop the others)."""
+        try:
+            return self.store.get_runs(run_ids)
+        except StoreError:
+            found: list[RunRecord | None] = []
+            for run_id in run_ids:
+                try:
+                    found.append(self.store.get_run(run_id))
+                except (StoreError, NotFound):
+                    log.exception("run %s: unreadable; no longer followed", run_id)
+                    found.append(None)
+            return found
+
     def watch_target(self, target: str, now: datetime) -> dict[str, int]:
         """One tick over every followed run of `target`: one batched script for their
         statuses, new log and metrics bytes and snapshot requests; records lines,
         opens stops for requests someone else wrote, finishes runs that ended."""
         ids = self.store.followed(target)
         runs: list[RunRecord] = []
-        for run_id in ids:
-            try:
-                run = self.store.get_run(run_id)
-            except Exception:
-                log.exception("run %s: unreadable; no longer followed", run_id)
+        for run_id, found in zip(ids, self._records(ids), strict=True):
+            if found is None or found.job is None or found.state.is_terminal:
                 self.store.unfollow(run_id)
                 continue
-            if run.job is None or run.state.is_terminal:
-                self.store.unfollow(run_id)
-                continue
-            runs.append(run)
+            runs.append(found)
         if not runs:
             return {"runs": 0}
         executor = self.executor(target)
-        offsets = [self.store.get_offsets(run.id) for run in runs]
+        offsets = self.store.get_offsets_many([run.id for run in runs])
         token = _secrets.token_hex(16)
         entries = [
             (run.job, o.log, o.metrics)

@@ -474,7 +474,8 @@ def follow_script(
       past their offset (`n` is the file's size).
 
     Sizes come from one `find -printf` (GNU) for the whole batch, else one `wc -c`
-    per file: a tick over idle runs starts no process per run.
+    per file; statuses and requests are read with shell builtins: a tick over idle
+    runs starts one process, whatever their number.
     """
     if not token.isalnum():
         raise InvalidArgument("the follow token is alphanumeric")
@@ -492,22 +493,39 @@ def follow_script(
         + f"""
 rw_t={token}
 rw_chunk={chunk}
-if find / -maxdepth 0 -printf '' >/dev/null 2>&1; then rw_gnu=1; else rw_gnu=; fi
-rw_size() {{
-  if [ -n "$rw_gnu" ]; then find "$1" -maxdepth 0 -printf '%s\\n' 2>/dev/null
-  else wc -c < "$1" 2>/dev/null; fi
-}}
+set --
+rw_flags=
+for rw_d in {" ".join(quote(job.dir) for job, _, _ in entries)}; do
+  for rw_f in "$rw_d/{JOB_LOG}" "$rw_d/{METRICS_FILE}"; do
+    if [ -f "$rw_f" ]; then set -- "$@" "$rw_f"; rw_flags="${{rw_flags}}1"
+    else rw_flags="${{rw_flags}}0"; fi
+  done
+done
+rw_count=$#
+rw_sizes=
+if [ "$rw_count" -gt 0 ]; then
+  rw_sizes=$(find "$@" -maxdepth 0 -printf '%s ' 2>/dev/null) || rw_sizes=
+  set -- $rw_sizes
+  # A file gone meanwhile, or no GNU find: sizes one by one instead.
+  [ "$#" -eq "$rw_count" ] || rw_sizes=
+fi
 rw_read() {{
-  # $1 tag, $2 index, $3 file, $4 offset
-  [ -f "$3" ] || return 0
-  rw_n=$(rw_size "$3") || return 0
-  rw_n=${{rw_n:-0}}
-  [ "$rw_n" -gt "$4" ] 2>/dev/null || return 0
+  # $1 tag, $2 index, $3 file, $4 offset. A file is read only when it was listed
+  # above ($rw_flags, one character a file, in order), so sizes never shift.
+  rw_listed=${{rw_flags%"${{rw_flags#?}}"}}; rw_flags=${{rw_flags#?}}
+  [ "$rw_listed" = 1 ] || return 0
+  if [ -n "$rw_sizes" ]; then
+    rw_n=${{rw_sizes%% *}}; rw_sizes=${{rw_sizes#* }}
+  else
+    rw_n=$(wc -c < "$3" 2>/dev/null) || return 0
+  fi
+  [ "${{rw_n:-0}}" -gt "$4" ] 2>/dev/null || return 0
   printf '%s %s %s %s\\n' "$rw_t" "$1" "$2" "$rw_n"
   tail -c +$(($4 + 1)) -- "$3" | head -c "$rw_chunk"
 }}
 rw_one() {{
-  printf '%s S %s %s\\n' "$rw_t" "$1" "$(rw_status "$2" "$3")"
+  printf '%s S %s ' "$rw_t" "$1"
+  rw_status "$2" "$3"
   rw_q=
   if [ -f "$2/{SNAPSHOT_REQUEST}" ]; then
     IFS= read -r rw_q < "$2/{SNAPSHOT_REQUEST}" || :

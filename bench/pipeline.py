@@ -1,0 +1,258 @@
+"""The pipeline's three figures, each beside its baseline in the same run:
+
+1. stop latency: from the producer's call to `snapshot.request` on a local target,
+   warm worker, beside a bare Celery round trip (a task that does nothing) as the
+   floor;
+2. one poll tick over 1,000 followed runs on 10 SSH targets (one sshd, ten
+   workdirs): SSH commands counted and time measured, beside polling each run with
+   its own command;
+3. the worker's peak RSS with 1,000 followed runs and 1,000 pending countdowns.
+
+    .venv/bin/python -m workers.reaper -- .venv/bin/python bench/pipeline.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench._timing import ms  # noqa: E402
+from schemas import JobId, RunRecord, RunState, SshOptions, TargetConfig  # noqa: E402
+from schemas.events import LaunchSpec  # noqa: E402
+from tests.pipeline import running_pipeline, toy  # noqa: E402
+from tests.sshd import running_sshd  # noqa: E402
+from workers.executors.scripts import follow_script  # noqa: E402
+from workers.executors.ssh import SshTransport  # noqa: E402
+from workers.runs import Worker  # noqa: E402
+
+
+def stop_latency(tmp: Path, runs: int, rounds: int) -> None:
+    print("== 1. stop latency (local target, warm worker)")
+    with running_pipeline(tmp / "p1", beat=False) as pipeline:
+        api = pipeline.api
+        floor = []
+        for _ in range(rounds):
+            started = time.perf_counter()
+            api.app.send_task("runwarden.reconcile").get(timeout=30)
+            floor.append(time.perf_counter() - started)
+        ids = [
+            api.launch(
+                LaunchSpec(target="local", command=toy("--steps", "100000", "--ignore-requests"))
+            ).id
+            for _ in range(runs)
+        ]
+        samples = []
+        for run_id in ids:
+            request = Path(api.get_run(run_id).remote_dir) / "snapshot.request"
+            started = time.perf_counter()
+            api.app.send_task("runwarden.snapshot_request", kwargs={"body": {"run_id": run_id}})
+            while not request.exists():
+                time.sleep(0.0002)
+            samples.append(time.perf_counter() - started)
+        for run_id in ids:
+            api.cancel(run_id)
+    lat, base = statistics.median(samples), statistics.median(floor)
+    print(f"  celery round trip (floor)   {ms(base)}   (median of {rounds})")
+    print(
+        f"  call -> snapshot.request    {ms(lat)}   (median of {runs} stops)  "
+        f"{lat / base:.2f}x the floor   target <= 20 ms: {'yes' if lat <= 0.020 else 'NO'}"
+    )
+
+
+class Counting:
+    """Counts the commands sent over SSH (every transport run)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._lock = threading.Lock()
+        self._run = SshTransport.run
+
+        def run(transport: SshTransport, *args: object, **kw: object) -> object:
+            with self._lock:
+                self.count += 1
+            return self._run(transport, *args, **kw)  # type: ignore[arg-type]
+
+        SshTransport.run = run  # type: ignore[method-assign,assignment]
+
+
+def poll_tick(tmp: Path, targets: int, per_target: int, rounds: int) -> None:
+    print(f"== 2. one poll tick over {targets * per_target} runs on {targets} SSH targets")
+    import fakeredis
+
+    from schemas.settings import Settings
+    from schemas.store import RunStore
+
+    with running_sshd(tmp / "sshd") as server:
+        store = RunStore(fakeredis.FakeRedis())
+        worker = Worker(store, Settings(), lambda *_: None)
+        leaders = []
+        now = datetime.now(UTC)
+        for t in range(targets):
+            workdir = tmp / f"target-{t}"
+            workdir.mkdir()
+            name = f"t{t}"
+            store.put_target(
+                name,
+                TargetConfig(
+                    name=name,
+                    kind="ssh",
+                    workdir=str(workdir),
+                    ssh=SshOptions(
+                        destination=server.destination,
+                        identity=str(server.client_key),
+                        known_hosts=str(server.known_hosts),
+                    ),
+                ).model_dump(mode="json"),
+            )
+            # One live process group stands for the jobs of a target.
+            leader = subprocess.Popen(["sleep", "3600"], start_new_session=True)
+            leaders.append(leader)
+            for r in range(per_target):
+                run_id = f"{name}-run-{r}"
+                run_dir = workdir / run_id
+                run_dir.mkdir()
+                (run_dir / "job.log").write_text("step 1\n")
+                store.create_run(
+                    RunRecord(
+                        id=run_id,
+                        target=name,
+                        created=now,
+                        remote_dir=str(run_dir),
+                        job=JobId(dir=str(run_dir), pid=leader.pid),
+                        state=RunState.RUNNING,
+                    )
+                )
+                store.follow(run_id)
+        names = [f"t{t}" for t in range(targets)]
+        for name in names:  # warm: connections open, logs read once
+            worker.watch_target(name, now)
+        counter = Counting()
+        batched = []
+        for _ in range(rounds):
+            counter.count = 0
+            started = time.perf_counter()
+            threads = [threading.Thread(target=worker.watch_target, args=(n, now)) for n in names]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            batched.append(time.perf_counter() - started)
+        batched_commands = counter.count
+        single = []
+        for _ in range(max(1, rounds // 2)):
+            counter.count = 0
+            started = time.perf_counter()
+            for name in names:
+                executor = worker.executor(name)
+                for run_id in store.followed(name):
+                    run = store.get_run(run_id)
+                    offsets = store.get_offsets(run_id)
+                    assert run.job is not None
+                    token = secrets.token_hex(16)
+                    executor.transport.run(
+                        follow_script([(run.job, offsets.log, offsets.metrics)], token),
+                        action="follow",
+                    )
+            single.append(time.perf_counter() - started)
+        single_commands = counter.count
+        for leader in leaders:
+            leader.kill()
+            leader.wait()
+    b, s = statistics.median(batched), statistics.median(single)
+    print(
+        f"  batched: {batched_commands} SSH commands, tick {b * 1000:.0f} ms (median of {rounds})"
+    )
+    print(f"  one command per run: {single_commands} SSH commands, tick {s * 1000:.0f} ms")
+    print(
+        f"  batched is {s / b:.1f}x faster   targets >= 20x and tick <= 2 s: "
+        f"{'yes' if s / b >= 20 and b <= 2 else 'NO'}"
+    )
+
+
+def rss_mib(pid: int) -> float:
+    """Peak RSS (VmHWM) of `pid` and all its descendants, in MiB."""
+    total = 0
+    pids = [pid]
+    while pids:
+        current = pids.pop()
+        try:
+            status = Path(f"/proc/{current}/status").read_text()
+            children = Path(f"/proc/{current}/task/{current}/children").read_text().split()
+        except FileNotFoundError:
+            continue
+        for line in status.splitlines():
+            if line.startswith("VmHWM:"):
+                total += int(line.split()[1])
+        pids.extend(int(c) for c in children)
+    return total / 1024
+
+
+def worker_memory(tmp: Path, runs: int) -> None:
+    print(f"== 3. worker memory with {runs} followed runs and {runs} pending countdowns")
+    with running_pipeline(tmp / "p3", beat=False) as pipeline:
+        api, store = pipeline.api, pipeline.api.store
+        worker = pipeline.workers["w1"]
+        idle = rss_mib(worker.pid)
+        now = datetime.now(UTC)
+        leader = subprocess.Popen(["sleep", "3600"], start_new_session=True)
+        for r in range(runs):
+            run_dir = pipeline.workdir / f"mem-{r}"
+            run_dir.mkdir()
+            store.create_run(
+                RunRecord(
+                    id=f"mem-{r}",
+                    target="local",
+                    created=now,
+                    remote_dir=str(run_dir),
+                    job=JobId(dir=str(run_dir), pid=leader.pid),
+                    state=RunState.RUNNING,
+                )
+            )
+            store.follow(f"mem-{r}")
+            api.app.send_task(
+                "runwarden.proof_timeout",
+                kwargs={"body": {"run_id": f"mem-{r}", "stop_id": f"bench{r:012d}"}},
+                countdown=3600,
+            )
+        for _ in range(10):  # a few ticks over all of them
+            api.app.send_task("runwarden.watch_target", kwargs={"target": "local"}).get(timeout=120)
+        time.sleep(2)
+        loaded = rss_mib(worker.pid)
+        reserved = api.app.control.inspect(timeout=2).scheduled() or {}
+        held = sum(len(v) for v in reserved.values())
+        leader.kill()
+        leader.wait()
+    print(
+        f"  worker (main + 2 pool processes) peak RSS: idle {idle:.0f} MiB, "
+        f"loaded {loaded:.0f} MiB; countdown tasks held by the worker: {held}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--stops", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--targets", type=int, default=10)
+    parser.add_argument("--per-target", type=int, default=100)
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="rw-bench-pipeline-"))
+    stop_latency(tmp, args.stops, 50)
+    poll_tick(tmp, args.targets, args.per_target, args.rounds)
+    worker_memory(tmp, args.targets * args.per_target)
+    os.system(f"rm -rf {tmp}")  # noqa: S605 - our own temporary directory
+
+
+if __name__ == "__main__":
+    main()
