@@ -51,7 +51,7 @@ from schemas.protocol import (
 )
 from schemas.store import Offsets, RunStore
 
-from .errors import LaunchError, SecretMissing
+from .errors import LaunchError, SecretMissing, WorkerError
 from .executors import ExecError, ScriptExecutor
 from .executors.lines import complete_lines
 from .executors.scripts import FOLLOW_CHUNK_BYTES, follow_script, parse_follow
@@ -423,7 +423,7 @@ class Worker:
         ]
         result = executor.transport.run(follow_script(entries, token), action="follow")
         if result.exit_code != 0:
-            raise LaunchError(f"follow script failed: {result.stderr[:300]!r}")
+            raise WorkerError(f"follow script failed on {target}: {result.stderr[:300]!r}")
         updates = parse_follow(result.stdout, token, len(runs))
         ended = 0
         for run, offset, update in zip(runs, offsets, updates, strict=True):
