@@ -1,9 +1,12 @@
 """Job-side files: stdlib-only modules that launch copies into each run directory
 (under `.runwarden/`, see `schemas.protocol.JOBSIDE_DIR`) and puts on the job's
-`PYTHONPATH`, so a training loop can `import runwarden_job`.
+`PYTHONPATH`, so a training loop can `import runwarden_job` (any loop) or
+`import runwarden_hf` (the Hugging Face `TrainerCallback`; transformers is imported
+only when the callback is used).
 
-The files listed in `JOBSIDE_FILES` import nothing but the standard library and
-nothing from this package: they run in the job's environment, not the worker's.
+The files listed in `JOBSIDE_FILES` import nothing but the standard library (at
+import time) and each other: they run in the job's environment, not the
+worker's.
 This `__init__` is not shipped.
 """
 
@@ -14,7 +17,7 @@ from typing import Final
 
 __all__ = ["JOBSIDE_FILES", "jobside_dir", "jobside_files"]
 
-JOBSIDE_FILES: Final[tuple[str, ...]] = ("runwarden_job.py",)
+JOBSIDE_FILES: Final[tuple[str, ...]] = ("runwarden_job.py", "runwarden_hf.py")
 """The names of the files to ship, relative to `jobside_dir()`."""
 
 

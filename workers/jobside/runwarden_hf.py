@@ -1,0 +1,402 @@
+"""The Hugging Face side of runwarden: a ``TrainerCallback`` that stops a
+``transformers.Trainer`` gracefully with a checkpoint and its proof.
+
+STDLIB ONLY AT IMPORT TIME. Launch ships this file into the run directory next to
+``runwarden_job.py`` and puts that folder on the job's ``PYTHONPATH``. Importing it
+imports neither ``transformers`` nor ``torch``: the callback class is built on first
+use (:func:`callback`, or the attribute ``RunwardenCallback``), so a job that never
+uses it pays nothing and a job without transformers can still ``import runwarden_hf``.
+
+Use::
+
+    from runwarden_hf import RunwardenCallback, resume_checkpoint
+
+    args = TrainingArguments(output_dir="output", ...)   # the run directory's output/
+    trainer = Trainer(model, args, ..., callbacks=[RunwardenCallback()])
+    trainer.train(resume_from_checkpoint=resume_checkpoint())
+
+What the callback does (DESIGN.md §6):
+
+- ``on_train_begin``: ``begin`` metrics line (``max_steps``, ``first_step``).
+- ``on_log``: a ``log`` line with the numeric values of the log at the global step.
+- ``on_step_end``: world rank 0 reads ``snapshot.request``; under an initialized
+  ``torch.distributed`` with more than one rank, rank 0 broadcasts its decision so
+  every rank stops at the same step. A request seen at or after the last step
+  (``global_step >= max_steps``) changes nothing: the run ends normally. On a request
+  it sets ``control.should_save`` and ``control.should_training_stop``.
+- ``on_save``: the Trainer has saved ``<output_dir>/checkpoint-<global_step>``; after
+  every rank has finished saving, rank 0 flushes the checkpoint to disk and writes
+  the proof ``snapshot.json`` naming ``output/checkpoint-<step>``. This is only
+  possible when ``output_dir`` is the run directory's ``output``; otherwise a
+  warning is logged and no proof is written (runwarden then sees a job that ends
+  without a proof).
+- ``on_train_end``: ``end`` metrics line (with ``reason`` after a snapshot).
+
+Metrics are written by world process zero only.
+"""
+
+from __future__ import annotations
+
+import errno
+import importlib
+import logging
+import numbers
+import os
+import sys
+from typing import Any, Final, Protocol, cast
+
+# `RunwardenCallback` is left out: a star import must not import transformers.
+__all__ = ["callback", "resume_checkpoint"]
+
+_log: Final = logging.getLogger("runwarden_hf")
+
+_RESERVED_KEYS: Final = frozenset({"event", "time", "step"})
+_CHECKPOINT_PREFIX: Final = "checkpoint-"
+"""transformers' ``PREFIX_CHECKPOINT_DIR`` plus its dash: HF saves to
+``<output_dir>/checkpoint-<global_step>``."""
+
+
+# --- the job-side API, typed -----------------------------------------------------------
+
+
+class _MetricsApi(Protocol):
+    def begin(self, max_steps: int, **extra: object) -> None: ...
+    def log(self, step: int, **values: object) -> None: ...
+    def end(self, step: int, **extra: object) -> None: ...
+    def close(self) -> None: ...
+
+
+class _JobApi(Protocol):
+    """What this module uses of ``runwarden_job`` (its signatures, repeated: the
+    sibling module is imported by name, which a type checker cannot follow)."""
+
+    OUTPUT_DIR: str
+    RESUME_ENV: str
+    REQUEST_ENV: str
+    REASONS: tuple[str, ...]
+
+    def Metrics(self, path: str | None = None) -> _MetricsApi: ...
+    def run_dir(self) -> str: ...
+    def snapshot_requested(self, *, path: str | None = None) -> str | None: ...
+    def write_proof(self, step: int, reason: str, *, directory: str | None = None) -> str: ...
+
+
+def _job_module() -> _JobApi:
+    """``runwarden_job``: the sibling in this package when this file is imported as part
+    of one (``workers.jobside.runwarden_hf``), else the top-level module on
+    ``PYTHONPATH`` (the shipped copy in a run directory)."""
+    name = f"{__package__}.runwarden_job" if __package__ else "runwarden_job"
+    return cast(_JobApi, importlib.import_module(name))
+
+
+_job: Final = _job_module()
+
+
+# --- duck types of the transformers objects the callback reads -------------------------
+
+
+class _Args(Protocol):
+    output_dir: str | None
+
+
+class _State(Protocol):
+    global_step: int
+    max_steps: int
+    is_world_process_zero: bool
+
+
+class _Control(Protocol):
+    should_save: bool
+    should_training_stop: bool
+
+
+# --- helpers ------------------------------------------------------------------------
+
+
+def resume_checkpoint() -> str | None:
+    """The checkpoint to resume from: the absolute path of ``$RUNWARDEN_RESUME_FROM``
+    (set by runwarden when a run is resumed; relative paths are taken from the current
+    directory, the run directory) when it is set and not empty, else ``None``. Pass it
+    to ``Trainer.train(resume_from_checkpoint=...)``: the global step, optimizer,
+    scheduler and RNG states continue from it.
+
+    Raises:
+        FileNotFoundError: the variable names something that is not a directory
+            (better now than deep inside ``Trainer.train``).
+    """
+    value = os.environ.get(_job.RESUME_ENV)
+    if not value:
+        return None
+    path = os.path.abspath(value)
+    if not os.path.isdir(path):
+        raise FileNotFoundError(
+            errno.ENOENT, f"${_job.RESUME_ENV} is not a checkpoint directory", path
+        )
+    return path
+
+
+def _distributed() -> Any | None:
+    """``torch.distributed`` when it is initialized with more than one rank, else
+    ``None``. Never imports torch: a job that uses it has imported it already."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None:
+        return None
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    return dist if dist.get_world_size() > 1 else None
+
+
+def _fsync_path(path: str, *, directory: bool) -> None:
+    """fsyncs one file or directory; filesystems that cannot (``EINVAL``, ``EBADF``,
+    ``EACCES``, ``ENOTSUP``, ``EROFS``) are tolerated, other errors raise ``OSError``."""
+    flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+    if directory:
+        flags |= getattr(os, "O_DIRECTORY", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError as error:
+        tolerated = {errno.EINVAL, errno.EBADF, errno.EACCES, errno.EROFS}
+        tolerated.add(getattr(errno, "ENOTSUP", errno.EINVAL))
+        if error.errno not in tolerated:
+            raise
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: str) -> None:
+    """Makes the checkpoint ``root`` durable before its proof is: every regular file
+    and directory under it (symlinks not followed), then its parent directory, which
+    holds its name. The proof is fsynced by ``write_proof``; without this a crash
+    could keep the proof and lose the checkpoint's data still in the page cache."""
+    for current, dirs, files in os.walk(root):
+        dirs.sort()
+        for name in sorted(files):
+            path = os.path.join(current, name)
+            if os.path.isfile(path) and not os.path.islink(path):
+                _fsync_path(path, directory=False)
+        _fsync_path(current, directory=True)
+    _fsync_path(os.path.dirname(os.path.abspath(root)), directory=True)
+
+
+def _numeric(logs: object) -> dict[str, object]:
+    """The values of an HF log dict that a metrics line takes: real numbers (not
+    ``bool``) under string keys other than ``event``, ``time`` and ``step``."""
+    if not isinstance(logs, dict):
+        return {}
+    return {
+        key: value
+        for key, value in logs.items()
+        if isinstance(key, str)
+        and key not in _RESERVED_KEYS
+        and isinstance(value, numbers.Real)
+        and not isinstance(value, bool)
+    }
+
+
+# --- the callback ---------------------------------------------------------------------
+
+
+class _RunwardenLogic:
+    """Stops a ``transformers.Trainer`` with a checkpoint and its proof when runwarden
+    asks for a snapshot, and writes the run's metrics.
+
+    The public class, ``RunwardenCallback``, is this class combined with
+    ``transformers.TrainerCallback`` (built on first access, see the module docstring).
+    Add one instance to a Trainer whose ``output_dir`` is ``output`` (run from the run
+    directory) or the absolute ``<run_dir>/output``.
+
+    Contracts:
+
+    - Every rank decides the same thing at the same step: only rank 0 reads the
+      request; under an initialized ``torch.distributed`` with more than one rank its
+      decision is broadcast from rank 0 at every step end, so every rank must run this
+      callback (the Trainer does). A request is acted on once per ``train()`` call.
+    - A request seen at or after the last step changes nothing.
+    - The proof is written once, by rank 0, after every rank has returned from saving
+      the checkpoint (a barrier under ``torch.distributed``) and after the checkpoint's
+      files are fsynced, and only when ``output_dir`` resolves to ``<run_dir>/output``;
+      else a warning is logged and no proof is written. An error writing the proof
+      (disk full, ...) propagates: the job then fails instead of claiming a snapshot.
+    - A save that the Trainer would make again at the same step after the proof
+      (an epoch-end save) is cancelled, so the proven checkpoint is not rewritten; a
+      requested save that the Trainer skipped (``save_strategy="best"``) is asked
+      again at the epoch end.
+    - Metrics (``begin``, ``log``, ``end``) are written by world process zero only,
+      to ``$RUNWARDEN_METRICS`` (nothing when unset). Opening that file at train begin
+      may raise ``OSError``; writing a line never does.
+    """
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+        """The reason of the snapshot requested during the current ``train()``, if any."""
+        self.stop_step: int | None = None
+        """The global step at which training was asked to stop, if it was."""
+        self.proof_path: str | None = None
+        """The absolute path of the proof once written (rank 0 only)."""
+        self._saved_step: int | None = None
+        self._metrics: _MetricsApi | None = None
+
+    # Hooks. Their signatures are transformers' (args, state, control, **kwargs); the
+    # return value is None: the Trainer keeps its `control`, changed in place.
+
+    def on_train_begin(self, args: _Args, state: _State, control: _Control, **kwargs: Any) -> None:
+        """Forgets any earlier request and, on world process zero, opens the metrics
+        and writes ``begin`` (``max_steps``, ``first_step`` = the step after the
+        resumed one); warns when a proof would be impossible."""
+        self.reason = self.stop_step = self.proof_path = self._saved_step = None
+        if not state.is_world_process_zero:
+            return
+        if self._metrics is not None:
+            self._metrics.close()
+        self._metrics = _job.Metrics()
+        self._metrics.begin(state.max_steps, first_step=state.global_step + 1)
+        if os.environ.get(_job.REQUEST_ENV) and not self._output_is_run_output(args):
+            _log.warning("%s", self._mismatch_message(args))
+
+    def on_log(
+        self,
+        args: _Args,
+        state: _State,
+        control: _Control,
+        logs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Writes a ``log`` line at the global step with the numeric values of
+        ``logs`` (world process zero)."""
+        if self._metrics is not None and state.is_world_process_zero:
+            values = _numeric(logs)
+            if values:
+                self._metrics.log(state.global_step, **values)
+
+    def on_step_end(self, args: _Args, state: _State, control: _Control, **kwargs: Any) -> None:
+        """Looks for a request (rank 0), shares the decision (every rank), and on one
+        sets ``should_save`` and ``should_training_stop``."""
+        if self.reason is not None:
+            return
+        dist = _distributed()
+        reader = dist.get_rank() == 0 if dist is not None else state.is_world_process_zero
+        reason: str | None = None
+        if reader and state.global_step < state.max_steps:
+            reason = _job.snapshot_requested()
+        if dist is not None:
+            shared: list[object] = [reason]
+            dist.broadcast_object_list(shared, src=0)
+            reason = shared[0] if shared[0] in _job.REASONS else None
+        if reason is None:
+            return
+        self.reason, self.stop_step = reason, state.global_step
+        control.should_save = True
+        control.should_training_stop = True
+        if reader:
+            print(
+                f"runwarden: snapshot requested ({reason}) at step {state.global_step}: "
+                f"saving a checkpoint and stopping",
+                flush=True,
+            )
+
+    def on_save(self, args: _Args, state: _State, control: _Control, **kwargs: Any) -> None:
+        """After the Trainer saved ``<output_dir>/checkpoint-<global_step>``: when a
+        snapshot was requested, waits for every rank, and rank 0 fsyncs the checkpoint
+        and writes the proof (see the class contracts)."""
+        if self.reason is None or self._saved_step is not None:
+            return
+        self._saved_step = state.global_step
+        dist = _distributed()
+        if dist is not None:
+            dist.barrier()
+        if not (dist.get_rank() == 0 if dist is not None else state.is_world_process_zero):
+            return
+        checkpoint = os.path.join(args.output_dir or "", f"{_CHECKPOINT_PREFIX}{state.global_step}")
+        if not self._output_is_run_output(args):
+            _log.warning("%s", self._mismatch_message(args))
+            return
+        _fsync_tree(checkpoint)
+        self.proof_path = _job.write_proof(state.global_step, self.reason)
+        print(
+            f"runwarden: checkpoint {os.path.abspath(checkpoint)} saved; "
+            f"proof written to {self.proof_path}",
+            flush=True,
+        )
+
+    def on_epoch_end(self, args: _Args, state: _State, control: _Control, **kwargs: Any) -> None:
+        """After a request: cancels an epoch-end save of the step already saved, or
+        asks again for a save the Trainer skipped."""
+        if self.reason is None:
+            return
+        control.should_save = self._saved_step != state.global_step
+
+    def on_train_end(self, args: _Args, state: _State, control: _Control, **kwargs: Any) -> None:
+        """Writes ``end`` (with ``reason`` after a requested snapshot) and closes the
+        metrics (world process zero); warns when a requested snapshot got no proof."""
+        if not state.is_world_process_zero:
+            return
+        if self.reason is not None and self.proof_path is None:
+            _log.warning(
+                "runwarden: a snapshot was requested (%s) at step %s but no proof was written",
+                self.reason,
+                self.stop_step,
+            )
+        if self._metrics is not None:
+            extra = {"reason": self.reason} if self.reason is not None else {}
+            self._metrics.end(state.global_step, **extra)
+            self._metrics.close()
+            self._metrics = None
+
+    # --- internals -------------------------------------------------------------------
+
+    @staticmethod
+    def _output_is_run_output(args: _Args) -> bool:
+        """Whether ``args.output_dir`` (relative to the current directory) is the run
+        directory's ``output``, symlinks resolved."""
+        if not args.output_dir:
+            return False
+        expected = os.path.join(_job.run_dir(), _job.OUTPUT_DIR)
+        return os.path.realpath(args.output_dir) == os.path.realpath(expected)
+
+    @staticmethod
+    def _mismatch_message(args: _Args) -> str:
+        expected = os.path.join(_job.run_dir(), _job.OUTPUT_DIR)
+        return (
+            f"runwarden: TrainingArguments.output_dir is {args.output_dir!r}, not the run "
+            f"directory's {expected!r}: checkpoints are saved, but no snapshot proof can "
+            f"be written (a proof names output/checkpoint-<step>)"
+        )
+
+
+_callback_class: type[_RunwardenLogic] | None = None
+
+
+def _build_class() -> type[_RunwardenLogic]:
+    """``RunwardenCallback``: :class:`_RunwardenLogic` combined with
+    ``transformers.TrainerCallback``, built once. Raises ``ImportError`` without
+    transformers."""
+    global _callback_class  # noqa: PLW0603 - built once, on first use
+    if _callback_class is None:
+        base = importlib.import_module("transformers").TrainerCallback
+        namespace = {
+            "__module__": __name__,
+            "__qualname__": "RunwardenCallback",
+            "__doc__": _RunwardenLogic.__doc__,
+        }
+        _callback_class = cast(
+            type[_RunwardenLogic],
+            type("RunwardenCallback", (_RunwardenLogic, base), namespace),
+        )
+    return _callback_class
+
+
+def callback() -> _RunwardenLogic:
+    """A new ``RunwardenCallback`` (a ``transformers.TrainerCallback``): imports
+    transformers. Raises ``ImportError`` without it."""
+    return _build_class()()
+
+
+def __getattr__(name: str) -> Any:
+    """``RunwardenCallback``, built on first access (imports transformers)."""
+    if name == "RunwardenCallback":
+        return _build_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
