@@ -21,7 +21,8 @@ from typing import Annotated, Any, NoReturn, TypeVar
 import typer
 from pydantic import ValidationError
 from rich.console import Console
-from rich.table import Table
+from rich.markup import escape
+from rich.table import Column, Table
 
 from schemas import (
     Conflict,
@@ -73,7 +74,7 @@ _BAD_INPUT = (InvalidRunId, InvalidPath, UnknownTarget, NotFound, ValidationErro
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
-    err.print(f"[red]error:[/] {message}", highlight=False, soft_wrap=True)
+    err.print(f"[red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -137,7 +138,10 @@ def serve(
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     embedded = EmbeddedRedis(settings) if settings.redis_url is None else None
     if embedded is not None:
-        run_op(embedded.start)
+        try:
+            embedded.start()
+        except NotServing as error:
+            fail(str(error), 1)
         out.print(f"redis: embedded, {settings.embedded_socket}")
     env = dict(os.environ)
     procs: list[subprocess.Popen[bytes]] = []
@@ -220,7 +224,7 @@ def targets_add(
     config = run_op(build)
     api = client()
     run_op(lambda: api.add_target(config))
-    out.print(f"target {name}: {config.kind}, {config.workdir}")
+    out.print(f"target {name}: {config.kind}, {config.workdir}", markup=False, soft_wrap=True)
 
 
 @targets_app.command("ls")
@@ -233,7 +237,7 @@ def targets_ls(as_json: Annotated[bool, typer.Option("--json")] = False) -> None
         return
     table = Table("name", "kind", "workdir", "ssh")
     for t in targets:
-        table.add_row(t.name, t.kind, t.workdir, t.ssh.destination if t.ssh else "")
+        table.add_row(t.name, t.kind, escape(t.workdir), escape(t.ssh.destination) if t.ssh else "")
     out.print(table)
 
 
@@ -368,13 +372,14 @@ def cancel(run_id: str) -> None:
 
 
 def _print_outcome(run: RunRecord) -> None:
-    out.print(f"{run.id}: [bold]{run.state}[/]" + (f" — {run.message}" if run.message else ""))
+    message = f" — {escape(run.message)}" if run.message else ""
+    out.print(f"{run.id}: [bold]{run.state}[/]{message}", highlight=False, soft_wrap=True)
     if run.snapshot is not None:
         out.print(
             f"  checkpoint {run.remote_dir}/{run.snapshot.checkpoint} "
             f"(step {run.snapshot.step}, {run.snapshot.reason})",
-            highlight=False,
-        )
+            highlight=False, markup=False, soft_wrap=True,
+        )  # fmt: skip
 
 
 def _bar(progress: RunProgress | None, width: int = 20) -> str:
@@ -394,7 +399,8 @@ def runs(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     if as_json:
         _json([r.model_dump(mode="json") for r in records])
         return
-    table = Table("run", "target", "state", "progress", "created")
+    table = Table(Column("run", no_wrap=True), "target", Column("state", no_wrap=True),
+                  "progress", "created")  # fmt: skip
     for r in records:
         progress = run_op(lambda r=r: api.store.last_metrics(r.id))  # type: ignore[misc]
         table.add_row(r.id, r.target, str(r.state), _bar(progress), r.created.strftime("%F %T"))
@@ -410,7 +416,7 @@ def show(run_id: str, as_json: Annotated[bool, typer.Option("--json")] = False) 
         _json(run.model_dump(mode="json"))
         return
     for key, value in run.model_dump(mode="json").items():
-        out.print(f"[bold]{key:12}[/] {value}", highlight=False)
+        out.print(f"[bold]{key:12}[/] {escape(str(value))}", highlight=False, soft_wrap=True)
     progress = run_op(lambda: api.store.last_metrics(run.id))
     if progress is not None:
         out.print(f"[bold]{'progress':12}[/] {_bar(progress)}")
@@ -454,9 +460,10 @@ def stops(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
         _json([{f: s.model_dump(mode="json")[f] for f in fields} for s in current])
         return
     now = datetime.now(UTC)
-    table = Table("run", "phase", "reason", "asked by", "asked at", "time left")
+    table = Table(Column("run", no_wrap=True), "phase", "reason", "asked by", "asked at",
+                  "time left")  # fmt: skip
     for s in current:
-        table.add_row(s.run_id, str(s.phase), str(s.reason), s.asked_by,
+        table.add_row(s.run_id, str(s.phase), str(s.reason), escape(s.asked_by),
                       s.asked_at.strftime("%T"), _phase_line(s, now).split("; ", 1)[1])  # fmt: skip
     out.print(table)
 

@@ -14,6 +14,9 @@
         ├── NoSnapshots     the run's job cannot save a snapshot (run_id)
         └── Conflict        a compare-and-set lost (run_id, state, wanted)
 
+Each error's `args` are its constructor's arguments (its message is `str()`), so it
+is rebuilt as itself by pickle and by Celery's JSON result backend (`cls(*args)`).
+
 Pydantic's own `ValidationError` is raised by model validation, as pydantic
 documents; the functions of this package that validate plain strings raise
 [`SchemaError`] subclasses. `NotStarted`, `NotRunning`, `NoSnapshots` and `NotFound`
@@ -72,7 +75,10 @@ class NotFound(RunError):
 
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id
-        super().__init__(f"no run {run_id!r}")
+        super().__init__(run_id)
+
+    def __str__(self) -> str:
+        return f"no run {self.run_id!r}"
 
 
 class UnknownTarget(RunError):
@@ -80,7 +86,10 @@ class UnknownTarget(RunError):
 
     def __init__(self, name: str) -> None:
         self.name = name
-        super().__init__(f"no target {name[:80]!r} (see `runwarden targets ls`)")
+        super().__init__(name)
+
+    def __str__(self) -> str:
+        return f"no target {self.name[:80]!r} (see `runwarden targets ls`)"
 
 
 class NotStarted(RunError):
@@ -88,7 +97,10 @@ class NotStarted(RunError):
 
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id
-        super().__init__(f"run {run_id!r} has not started a job yet")
+        super().__init__(run_id)
+
+    def __str__(self) -> str:
+        return f"run {self.run_id!r} has not started a job yet"
 
 
 class NotRunning(RunError):
@@ -97,7 +109,10 @@ class NotRunning(RunError):
     def __init__(self, run_id: str, state: str) -> None:
         self.run_id = run_id
         self.state = str(state)
-        super().__init__(f"run {run_id!r} is not running (it is {self.state})")
+        super().__init__(run_id, self.state)
+
+    def __str__(self) -> str:
+        return f"run {self.run_id!r} is not running (it is {self.state})"
 
 
 class NoSnapshots(RunError):
@@ -105,8 +120,11 @@ class NoSnapshots(RunError):
 
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id
-        super().__init__(
-            f"run {run_id!r} cannot save a snapshot (its job does not read snapshot "
+        super().__init__(run_id)
+
+    def __str__(self) -> str:
+        return (
+            f"run {self.run_id!r} cannot save a snapshot (its job does not read snapshot "
             "requests); cancel it instead"
         )
 
