@@ -4,6 +4,7 @@ safety, a dying remote shell. Real OpenSSH servers throughout (tests/sshd.py).""
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import threading
@@ -219,6 +220,11 @@ def test_a_forked_child_never_uses_its_parents_connection(sshd: SshServer, tmp_p
     if pid == 0:  # the child: a Celery prefork child would be here
         try:
             os.close(read)
+            # Whatever the child inherited may be finalized here at any time: force it.
+            from workers.executors import ssh
+
+            ssh._INHERITED.clear()
+            gc.collect()
             out = executor.probe("echo child")
             port = executor.transport.connection.open().sock.getsockname()[1]  # type: ignore[union-attr]
             os.write(write, f"{out.decode().strip()} {port}".encode())

@@ -301,6 +301,24 @@ class SshConnection:
         except (paramiko.SSHException, OSError, EOFError) as error:
             raise SshError("disconnected", f"cannot open a channel: {error}") from error
 
+    def disown(self) -> None:
+        """In a forked child: the inherited connection belongs to the parent. Marks
+        every channel closed and every transport inactive, writing nothing: a single
+        packet from the child (paramiko's `Channel.__del__` sends a close) would
+        advance the shared cipher state and break the parent's connection."""
+        for client in self._clients:
+            # paramiko has no public way to go quiet without writing a packet.
+            transport: Any = client.get_transport()
+            if transport is None:
+                continue
+            transport.active = False
+            for channel in transport._channels.values():
+                channel.closed = True
+                channel.active = False
+        self._clients = []
+        self._shells = []
+        self._transport = None
+
     def close(self) -> None:
         """Closes shells, the connection and its hops; idempotent."""
         with self._lock:
@@ -337,6 +355,11 @@ class _Pool:
             return connection
 
     def _forget(self) -> None:
+        # Inherited connections are disowned, never closed, and stay referenced for
+        # the life of the child, so no finalizer of theirs ever runs here.
+        for connection in self._connections.values():
+            connection.disown()
+        _INHERITED.extend(self._connections.values())
         self._pid = os.getpid()
         self._connections = {}
         self._lock = threading.Lock()
@@ -348,6 +371,7 @@ class _Pool:
             connection.close()
 
 
+_INHERITED: list[SshConnection] = []
 _POOL = _Pool()
 os.register_at_fork(after_in_child=_POOL._forget)
 
