@@ -177,9 +177,9 @@ def test_a_server_that_never_answers_times_out(tmp_path: Path) -> None:
 def test_a_dying_remote_shell_is_replaced(sshd: SshServer, tmp_path: Path) -> None:
     executor = ssh_executor(sshd, tmp_path)
     assert executor.probe("echo before") == b"before\n"
-    # Kill the persistent shell this command runs under (its grandparent).
+    # Kill the persistent shell this command runs under (a subshell keeps its $$).
     with pytest.raises(SshError) as raised:
-        executor.probe("kill -9 $(cut -d' ' -f4 /proc/$PPID/stat)")
+        executor.probe("kill -9 $$")
     assert raised.value.kind == "terminated"
     assert executor.probe("echo after") == b"after\n"
 

@@ -129,7 +129,10 @@ class ScriptExecutor:
         names = upload_names(local, skip)
 
         def source(stream: IO[bytes]) -> None:
-            with tarfile.open(fileobj=stream, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+            # Writes of 64 KiB, not tarfile's 10 KiB: fewer, fuller packets over SSH.
+            with tarfile.open(
+                fileobj=stream, mode="w|", format=tarfile.PAX_FORMAT, bufsize=64 * 1024
+            ) as tar:
                 for name in names:
                     tar.add(local / name, arcname=name, recursive=True)
 
