@@ -14,12 +14,8 @@ from celery.exceptions import TimeoutError as CeleryTimeout
 from pydantic import BaseModel
 
 from schemas import (
-    NoSnapshots,
-    NotRunning,
-    NotStarted,
     RunError,
     RunRecord,
-    RunState,
     Settings,
     SnapshotReason,
     StopState,
@@ -35,6 +31,7 @@ from schemas.events import (
     LaunchSpec,
     SnapshotRequestBody,
 )
+from schemas.run import check_cancel, check_snapshot_request
 from schemas.store import RunStore
 
 __all__ = ["OperationFailed", "Runwarden", "producer_app"]
@@ -134,13 +131,7 @@ class Runwarden:
         Raises:
             NotFound, NotStarted, NotRunning, NoSnapshots, OperationFailed.
         """
-        run = self.store.get_run(run_id)
-        if run.job is None:
-            raise NotStarted(run_id)
-        if run.state is not RunState.RUNNING:
-            raise NotRunning(run_id, run.state)
-        if not run.snapshots:
-            raise NoSnapshots(run_id)
+        check_snapshot_request(self.store.get_run(run_id))
         body = SnapshotRequestBody(run_id=run_id, reason=reason, asked_by=asked_by)
         return StopState.model_validate(self._call(TASK_SNAPSHOT_REQUEST, body, wait_s))
 
@@ -150,11 +141,7 @@ class Runwarden:
         Raises:
             NotFound, NotStarted, NotRunning, OperationFailed.
         """
-        run = self.store.get_run(run_id)
-        if run.job is None:
-            raise NotStarted(run_id)
-        if run.state.is_terminal:
-            raise NotRunning(run_id, run.state)
+        check_cancel(self.store.get_run(run_id))
         self._call(TASK_CANCEL, CancelBody(run_id=run_id), wait_s)
         return self.store.get_run(run_id)
 

@@ -9,11 +9,21 @@ from typing import Annotated, Final
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .errors import NoSnapshots, NotRunning, NotStarted
 from .ids import RunId
 from .job import JobId, JobStatus, check_absolute_path
 from .snapshot import ProofInvalid, ProofNone, ProofSaved, Snapshot
 
-__all__ = ["TERMINAL_STATES", "Outcome", "RunLimits", "RunRecord", "RunState", "decide_outcome"]
+__all__ = [
+    "TERMINAL_STATES",
+    "Outcome",
+    "RunLimits",
+    "RunRecord",
+    "RunState",
+    "check_cancel",
+    "check_snapshot_request",
+    "decide_outcome",
+]
 
 
 class RunState(StrEnum):
@@ -84,6 +94,35 @@ class RunRecord(BaseModel):
     @classmethod
     def _created(cls, value: datetime) -> datetime:
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def check_snapshot_request(run: RunRecord) -> JobId:
+    """The run's job when a snapshot may be asked of it, else raises, as the seeds do.
+
+    Raises:
+        NotStarted: the run has no job; NotRunning: it is not running;
+        NoSnapshots: its job does not read requests.
+    """
+    if run.job is None:
+        raise NotStarted(run.id)
+    if run.state is not RunState.RUNNING:
+        raise NotRunning(run.id, run.state)
+    if not run.snapshots:
+        raise NoSnapshots(run.id)
+    return run.job
+
+
+def check_cancel(run: RunRecord) -> JobId:
+    """The run's job when it may be cancelled, else raises.
+
+    Raises:
+        NotStarted: the run has no job; NotRunning: it already ended.
+    """
+    if run.job is None:
+        raise NotStarted(run.id)
+    if run.state.is_terminal:
+        raise NotRunning(run.id, run.state)
+    return run.job
 
 
 class Outcome(BaseModel):

@@ -21,10 +21,7 @@ from schemas import (
     JobCommand,
     JobId,
     JobStatus,
-    NoSnapshots,
     NotFound,
-    NotRunning,
-    NotStarted,
     Outcome,
     ProofNone,
     RunRecord,
@@ -49,6 +46,7 @@ from schemas.protocol import (
     SNAPSHOT_FILE,
     SNAPSHOT_REQUEST,
 )
+from schemas.run import check_cancel, check_snapshot_request
 from schemas.store import Offsets, RunStore
 
 from .errors import LaunchError, SecretMissing, WorkerError
@@ -235,12 +233,7 @@ class Worker:
             NotFound, NotStarted, NotRunning, NoSnapshots, ExecError, StoreError.
         """
         run = self.store.get_run(run_id)
-        if run.job is None:
-            raise NotStarted(run_id)
-        if run.state is not RunState.RUNNING:
-            raise NotRunning(run_id, run.state)
-        if not run.snapshots:
-            raise NoSnapshots(run_id)
+        check_snapshot_request(run)
         stop, opened = self.store.open_stop(
             run_id, reason, asked_by, now, self.settings.proof_timeout_s, replace_reason=True
         )
@@ -359,13 +352,10 @@ class Worker:
             NotFound, NotStarted, NotRunning, ExecError, StoreError.
         """
         run = self.store.get_run(run_id)
-        if run.job is None:
-            raise NotStarted(run_id)
-        if run.state.is_terminal:
-            raise NotRunning(run_id, run.state)
+        job = check_cancel(run)
         executor = self.executor(run.target)
-        executor.cancel(run.job)
-        return self.finish(run, executor.status(run.job), executor)
+        executor.cancel(job)
+        return self.finish(run, executor.status(job), executor)
 
     def reconcile(self, now: datetime, limit: int = 200) -> int:
         """Fires every overdue deadline whose countdown did not (a worker killed, a
