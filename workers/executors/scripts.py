@@ -278,11 +278,15 @@ def read_range_script(path: str, offset: int, limit: int) -> str:
     if offset < 0 or limit < 0:
         raise InvalidArgument("offset and limit are non-negative")
     # One process fewer from the start of the file: a poll over SSH pays per fork.
-    read = (
-        f'head -c {limit} -- "$rw_path"'
-        if offset == 0
-        else f'tail -c +{offset + 1} -- "$rw_path" | head -c {limit}'
-    )
+    if offset == 0:
+        read = f'head -c {limit} -- "$rw_path"'
+    else:
+        # One process with GNU dd (RW_GNU_DD is set by a shell that found it), else two.
+        read = (
+            f'if [ -n "${{RW_GNU_DD-}}" ]; then dd if="$rw_path" bs=65536 skip={offset} '
+            f"count={limit} iflag=skip_bytes,count_bytes status=none; "
+            f'else tail -c +{offset + 1} -- "$rw_path" | head -c {limit}; fi'
+        )
     return f"""
 rw_path={quote(path)}
 [ -e "$rw_path" ] || exit 0

@@ -111,7 +111,12 @@ class _Shell:
     def __init__(self, transport: paramiko.Transport, timeout_s: float) -> None:
         self.channel = transport.open_session(timeout=timeout_s)
         self.channel.exec_command("exec sh")
-        self.channel.sendall(b"exec 3>&1\n")
+        # fd 3 is the channel's stdout for every command; RW_GNU_DD tells the read
+        # script it may use one dd instead of tail | head.
+        self.channel.sendall(
+            b"exec 3>&1; if dd if=/dev/null bs=1 count=0 iflag=skip_bytes,count_bytes "
+            b"status=none 2>/dev/null; then RW_GNU_DD=1; fi\n"
+        )
 
     def run(self, script: str, timeout_s: float | None) -> Completed:
         token = _secrets.token_hex(16).encode()
