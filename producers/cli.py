@@ -147,8 +147,9 @@ def serve(
     procs: list[subprocess.Popen[bytes]] = []
     python = sys.executable
     commands = [
-        [python, "-m", "workers.reaper", "--", python, "-m", "celery", "-A", "workers.app",
-         "worker", "-c", str(concurrency), "-E", "-n", "runwarden@%h", "--loglevel", "INFO"],
+        [python, "-m", "workers.reaper", "--restart", "--",
+         python, "-m", "celery", "-A", "workers.app", "worker",
+         "-c", str(concurrency), "-E", "-n", "runwarden@%h", "--loglevel", "INFO"],
         [python, "-m", "celery", "-A", "workers.app", "beat", "--loglevel", "INFO",
          "-s", str(settings.state_dir / "beat-schedule")],
     ]  # fmt: skip

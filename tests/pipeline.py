@@ -4,10 +4,13 @@ shortened clocks, and the producers' API in the test process."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from producers.api import Runwarden
-from schemas import RunRecord, Settings, TargetConfig
+from schemas import RunRecord, Settings, StopPhase, StopState, TargetConfig
 from workers.executors import quote
 
 from .conftest import ROOT, TOY_TRAINER
@@ -54,6 +57,7 @@ class Pipeline:
                 sys.executable,
                 "-m",
                 "workers.reaper",
+                "--restart",
                 "--",
                 sys.executable,
                 "-m",
@@ -136,6 +140,82 @@ class Pipeline:
             time.sleep(0.1)
         raise AssertionError(f"run {run_id} never reached step {step}\n{self.logs()}")
 
+    def wait_worker(self, name: str, timeout_s: float = 30.0) -> float:
+        """Waits until worker `name` answers a ping; returns the wall-clock time
+        (`time.time()`) it answered at."""
+        node = f"{name}@{socket.gethostname()}"
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.api.app.control.ping(destination=[node], timeout=0.5):
+                return time.time()
+        raise AssertionError(f"worker {name} did not answer: " + self.logs())
+
+    def wait_phase(self, run_id: str, phase: StopPhase, timeout_s: float = 30.0) -> StopState:
+        """Waits until the run's open stop is in `phase`; returns it."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            stop = self.api.get_stop(run_id)
+            if stop is not None and stop.phase is phase:
+                return stop
+            time.sleep(0.05)
+        raise AssertionError(
+            f"the stop of run {run_id} never reached {phase}: {self.api.get_stop(run_id)}\n"
+            + self.logs()
+        )
+
+    def wait_terminal(self, run_id: str, timeout_s: float = 60.0) -> tuple[RunRecord, float]:
+        """Waits until the run ends, polling the store every 50 ms; returns its record
+        and the wall-clock time (`time.time()`) the end was first seen at."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            run = self.api.get_run(run_id)
+            if run.state.is_terminal:
+                return run, time.time()
+            time.sleep(0.05)
+        raise AssertionError(f"run {run_id} did not end: {self.api.get_run(run_id)}\n{self.logs()}")
+
+    def worker_log(self, name: str) -> str:
+        """The whole log of worker `name` (every worker started under that name)."""
+        path = self.tmp / f"worker-{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def job_groups(self) -> list[int]:
+        """The process group of every job started under the workdir (its `job.pid`)."""
+        groups = []
+        for path in self.workdir.glob("*/job.pid"):
+            with contextlib.suppress(OSError, ValueError):
+                pgid = int(path.read_text().strip())
+                if pgid > 1:
+                    groups.append(pgid)
+        return groups
+
+    def reap_jobs(self) -> None:
+        """Reaps the exited job processes that were re-parented to this process.
+
+        The test process is a child subreaper (tests/conftest.py). A job's processes
+        are reaped by its wrapper and by the worker's reaper (`workers.reaper`);
+        after `kill_worker`, which kills that reaper too, the job's orphans come
+        here. Left as zombies they would count as live members of the job's group,
+        and a fresh worker could never see the job gone (cancel: "survived
+        SIGKILL")."""
+        for pgid in self.job_groups():
+            while True:
+                try:
+                    pid, _ = os.waitpid(-pgid, os.WNOHANG)
+                except ChildProcessError:
+                    break
+                if pid == 0:
+                    break
+
+    def kill_jobs(self) -> None:
+        """SIGKILLs the process group of every job still there (best effort: for the
+        teardown of a test that failed half-way), and reaps them."""
+        for pgid in self.job_groups():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+        time.sleep(0.1)
+        self.reap_jobs()
+
     def logs(self) -> str:
         text = []
         for path in sorted(self.tmp.glob("*.log")):
@@ -175,6 +255,14 @@ def running_pipeline(tmp: Path, workers: int = 1, beat: bool = True) -> Iterator
     workdir.mkdir()
     api.add_target(TargetConfig(name="local", kind="local", workdir=str(workdir)))
     pipeline = Pipeline(tmp, redis, env, api, workdir)
+    done = threading.Event()
+
+    def reap() -> None:
+        while not done.wait(0.05):
+            pipeline.reap_jobs()
+
+    reaper = threading.Thread(target=reap, name="job-reaper", daemon=True)
+    reaper.start()
     try:
         for i in range(workers):
             pipeline.start_worker(f"w{i + 1}")
@@ -185,3 +273,5 @@ def running_pipeline(tmp: Path, workers: int = 1, beat: bool = True) -> Iterator
     finally:
         pipeline.stop()
         redis.stop()
+        done.set()
+        reaper.join()

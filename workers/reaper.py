@@ -22,6 +22,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from typing import Final
 
 __all__ = ["become_subreaper", "is_subreaper", "main"]
@@ -57,30 +58,55 @@ def is_subreaper() -> bool:
 def main(argv: list[str] | None = None) -> int:
     """Runs the command after `--` as a child of a subreaper that reaps every orphan
     until the command exits; returns its exit code (128 + signal when killed).
-    SIGINT and SIGTERM are passed on to the command."""
+    SIGINT and SIGTERM are passed on to the command.
+
+    With `--restart` before `--`, a command that ends on its own with a non-zero
+    code is started again (after 1 s, doubling to 30 s; reset after a minute of
+    running): a Celery worker exits on an "unrecoverable" broker error (kombu fails
+    to reconnect after some Redis restarts), and the stops in flight depend on a
+    worker coming back. A command ended by a forwarded signal is not restarted."""
     args = sys.argv[1:] if argv is None else argv
+    restart = False
+    if args[:1] == ["--restart"]:
+        restart, args = True, args[1:]
     if args[:1] == ["--"]:
         args = args[1:]
     if not args:
-        print("usage: python -m workers.reaper -- CMD [ARG...]", file=sys.stderr)
+        print("usage: python -m workers.reaper [--restart] -- CMD [ARG...]", file=sys.stderr)
         return 2
     become_subreaper()
+    stopping = False
     child = subprocess.Popen(args)
 
     def forward(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
         child.send_signal(signum)
 
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGTERM, forward)
+    backoff_s, started = 1.0, time.monotonic()
     while True:
         try:
             pid, status = os.wait()
         except ChildProcessError:
             return 1
-        if pid == child.pid:
-            child.returncode = os.waitstatus_to_exitcode(status)
-            code = child.returncode
+        if pid != child.pid:
+            continue  # an orphan, reaped
+        code = os.waitstatus_to_exitcode(status)
+        child.returncode = code
+        if not restart or stopping or code == 0:
             return 128 - code if code < 0 else code
+        if time.monotonic() - started > 60:
+            backoff_s = 1.0
+        print(f"reaper: {args[0]} exited with {code}; restarting in {backoff_s:g} s",
+              file=sys.stderr, flush=True)  # fmt: skip
+        time.sleep(backoff_s)
+        backoff_s = min(30.0, backoff_s * 2)
+        if stopping:
+            return 128 - code if code < 0 else code
+        started = time.monotonic()
+        child = subprocess.Popen(args)
 
 
 if __name__ == "__main__":

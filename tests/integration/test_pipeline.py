@@ -139,3 +139,16 @@ def test_the_hf_trainer_launched_through_runwarden_stops_with_a_loadable_checkpo
     )  # fmt: skip
     assert loaded.returncode == 0, loaded.stderr[-2000:]
     assert loaded.stdout.strip() == "GPT2LMHeadModel"
+
+
+def test_a_redis_restart_in_the_middle_of_a_stop(pipeline: Pipeline) -> None:
+    # The job ignores requests: the stop can only end through the proof deadline,
+    # which must survive the restart (AOF) and still be acted on.
+    run_id = launch(pipeline, "--ignore-requests")
+    pipeline.wait_step(run_id, 2)
+    stop = pipeline.api.stop(run_id, asked_by="test")
+    pipeline.redis.restart()
+    assert pipeline.api.get_stop(run_id) == stop  # the stop is still there
+    run = pipeline.wait_state(run_id, timeout_s=60)
+    assert run.state is RunState.CANCELLED, run
+    assert pipeline.api.get_stop(run_id) is None
