@@ -81,7 +81,7 @@ from redis.exceptions import (
 )
 from redis.retry import Retry
 
-from .errors import Conflict, NotFound, StoreError, UnknownTarget
+from .errors import Conflict, NotFound, NotRunning, StoreError, UnknownTarget
 from .ids import validate_run_id
 from .job import JobId
 from .run import TERMINAL_STATES, RunRecord, RunState
@@ -161,8 +161,11 @@ return 0
 
 # KEYS: stop, stops, deadlines, run. ARGV: stop json, run id, deadline member, score.
 _OPEN_STOP = """
-if redis.call('EXISTS', KEYS[4]) == 0 then return -1 end
+local run = redis.call('GET', KEYS[4])
+if not run then return -1 end
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+local ok, record = pcall(cjson.decode, run)
+if not ok or type(record) ~= 'table' or record['state'] ~= 'running' then return -2 end
 redis.call('SET', KEYS[1], ARGV[1])
 redis.call('SADD', KEYS[2], ARGV[2])
 redis.call('ZADD', KEYS[3], ARGV[4], ARGV[3])
@@ -831,11 +834,14 @@ class RunStore:
           (the seeds' "asking again changes nothing but the reason": pass it for a
           person's explicit `stop --reason`).
 
-        Two callers racing get one stop: exactly one sees True. It does not check the
-        run's state (the caller does: NotStarted / NotRunning / NoSnapshots).
+        Two callers racing get one stop: exactly one sees True. A new stop is opened
+        only for a running run, checked in the same script (a caller's own check may
+        be stale: the run may have ended since); the caller checks the rest
+        (NotStarted / NoSnapshots).
 
         Raises:
             NotFound: no such run.
+            NotRunning: no stop is open and the run is not running.
             ValueError: a bad `asked_by` (1-100 characters, no control characters) or
                 a timeout that is not a positive number of seconds.
             Conflict: too many concurrent writers.
@@ -871,6 +877,8 @@ class RunStore:
             )
             if done == -1:
                 raise NotFound(run_id)
+            if done == -2:
+                raise NotRunning(run_id, self.get_run(run_id).state)
             if done == 1:
                 return fresh, True
         raise Conflict(f"the stop of run {run_id!r} keeps changing; try again", run_id=run_id)

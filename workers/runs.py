@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import secrets as _secrets
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -22,6 +23,7 @@ from schemas import (
     JobId,
     JobStatus,
     NotFound,
+    NotRunning,
     Outcome,
     ProofNone,
     RunRecord,
@@ -65,7 +67,7 @@ log = logging.getLogger("runwarden")
 
 SECRET_ENV_PREFIX = "RUNWARDEN_SECRET_"  # noqa: S105 - a name prefix, not a secret
 CLAIM_TRIES = 20
-CANCEL_RETRY_S = 30.0
+CANCEL_RETRY_S = 60.0
 """When a cancel failed (the group survived, the target was unreachable), how long
 until `reconcile` tries it again, in seconds."""
 
@@ -256,9 +258,12 @@ class Worker:
         asked here (the first reason stays)."""
         if not run.snapshots:
             return
-        stop, opened = self.store.open_stop(
-            run.id, SnapshotReason.parse(reason), "watch", now, self.settings.proof_timeout_s
-        )
+        try:
+            stop, opened = self.store.open_stop(
+                run.id, SnapshotReason.parse(reason), "watch", now, self.settings.proof_timeout_s
+            )
+        except NotRunning:
+            return  # it ended since this tick read it
         if opened:
             self.schedule_deadline(stop, "proof", self.settings.proof_timeout_s)
             log.info("run %s: found a snapshot request (%s)", run.id, stop.reason)
@@ -281,7 +286,22 @@ class Worker:
         if stop is None or stop.stop_id != stop_id:
             return "stale"
         if stop.phase is StopPhase.CANCELLING:
-            return self._cancel_for(stop, now)
+            # Another task is cancelling the job, or died doing it: retry only once
+            # the retry deadline has come, and only the task that re-arms it.
+            retry = stop.end_deadline
+            if retry is not None and now < retry - timedelta(seconds=0.5):
+                return "cancelling"
+            moved = self.store.advance_stop(
+                run_id,
+                stop_id,
+                StopPhase.CANCELLING,
+                StopPhase.CANCELLING,
+                end_deadline=now + timedelta(seconds=CANCEL_RETRY_S),
+                note="retrying the cancel",
+            )
+            if moved is None:
+                return "stale"
+            return self._cancel_for(moved, now)
         due = stop.proof_deadline if stop.phase is StopPhase.WAITING_PROOF else stop.end_deadline
         if due is not None and now < due - timedelta(seconds=0.5):
             return "early"
@@ -335,15 +355,38 @@ class Worker:
         if run.job is None or run.state.is_terminal:
             self.store.close_stop(run.id, stop.stop_id, note="the run is not running")
             return "ended"
-        executor = self.executor(run.target)
         try:
-            executor.cancel(run.job)
-            status = executor.status(run.job)
+            record = self._cancel_once(run, run.job)
         except ExecError as error:
             log.warning("run %s: cancel failed, retried in %g s: %s", run.id, CANCEL_RETRY_S, error)
             return "cancel failed"
-        self.finish(run, status, executor)
-        return "cancelled"
+        return "cancelled" if record.state.is_terminal else "cancelling"
+
+    def _cancel_once(self, run: RunRecord, job: JobId) -> RunRecord:
+        """Cancels the run's job unless another task is cancelling it right now (one
+        marker per run in the store, for as long as a cancel may take), so the job
+        is signalled once; the other task waits for the outcome and returns the run
+        as recorded then.
+
+        Raises:
+            ExecError: the cancel failed (the marker is dropped: a retry may try).
+        """
+        key = f"cancel:{run.id}"
+        if not self.store.once(key, ttl_s=CANCEL_RETRY_S):
+            deadline = time.monotonic() + CANCEL_RETRY_S
+            record = self.store.get_run(run.id)
+            while not record.state.is_terminal and time.monotonic() < deadline:
+                time.sleep(0.2)
+                record = self.store.get_run(run.id)
+            return record
+        executor = self.executor(run.target)
+        try:
+            executor.cancel(job)
+            status = executor.status(job)
+        except ExecError:
+            self.store.forget(key)
+            raise
+        return self.finish(run, status, executor)
 
     def cancel(self, run_id: str) -> RunRecord:
         """Cancels the run's job now (the seeds' cancel) and records the outcome.
@@ -352,10 +395,7 @@ class Worker:
             NotFound, NotStarted, NotRunning, ExecError, StoreError.
         """
         run = self.store.get_run(run_id)
-        job = check_cancel(run)
-        executor = self.executor(run.target)
-        executor.cancel(job)
-        return self.finish(run, executor.status(job), executor)
+        return self._cancel_once(run, check_cancel(run))
 
     def reconcile(self, now: datetime, limit: int = 200) -> int:
         """Fires every overdue deadline whose countdown did not (a worker killed, a

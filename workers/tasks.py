@@ -164,7 +164,11 @@ def watch_target(target: str) -> dict[str, int]:
     w = worker()
     lock = f"watch:{target}"
     # Ticks of one target never overlap: a slow target is skipped, not piled up.
-    if not w.store.once(lock, ttl_s=max(60.0, settings.follow_poll_s * 4)):
+    # The lock outlives a worker killed in the middle of a tick: keep it about as
+    # short as a tick, so such a crash delays this target's watch by a tick, not a
+    # minute. (A tick that runs longer may overlap the next one: harmless, every
+    # write of a tick is a compare-and-set.)
+    if not w.store.once(lock, ttl_s=max(2.0, settings.follow_poll_s * 2)):
         return {"skipped": 1}
     try:
         return w.watch_target(target, utcnow())
