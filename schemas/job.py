@@ -26,6 +26,7 @@ from .ids import Pid
 
 __all__ = [
     "ENV_NAME",
+    "WATCHDOG_MAX_S",
     "Container",
     "JobCommand",
     "JobId",
@@ -37,6 +38,9 @@ __all__ = [
 
 ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _CONTAINER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+WATCHDOG_MAX_S: Final = 1e9
+"""Largest `deadline_request_after_s` and `watchdog_poll_s` (about 31 years): the
+watchdog counts milliseconds in `sh` arithmetic."""
 
 
 def check_absolute_path(path: str) -> str:
@@ -109,6 +113,11 @@ class JobCommand(BaseModel):
     `RUNWARDEN_SNAPSHOT_REQUEST`); they may appear on a command line. `secrets` reach
     the job's environment only: never a command line, a file, a log or Redis. Both
     are set on top of the target's environment, secrets last.
+
+    With `deadline_request_after_s`, spawn also starts the on-target watchdog beside
+    the job (plain `sh`, in a session of its own, see
+    `workers.executors.scripts.watchdog_script`): it asks for the `deadline` snapshot
+    by itself, even when Redis and every worker are gone, and exits with the job.
     """
 
     # A rejected secret must not appear in the error pydantic raises (it would be
@@ -122,6 +131,15 @@ class JobCommand(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     secrets: dict[str, SecretStr] = Field(default_factory=dict, repr=False)
     container: Container | None = None
+    deadline_request_after_s: float | None = Field(
+        default=None, gt=0, le=WATCHDOG_MAX_S, allow_inf_nan=False
+    )
+    """Seconds after the job starts (by the target's clock) at which the watchdog
+    writes `snapshot.request` holding `deadline`, unless a request is already there
+    (the first reason is kept). None: no watchdog."""
+    watchdog_poll_s: float = Field(default=5.0, gt=0, le=WATCHDOG_MAX_S, allow_inf_nan=False)
+    """How often the watchdog checks whether the job ended, in seconds (at least
+    0.01 s is used): it exits within about this long of the job's end."""
 
     @field_validator("dir")
     @classmethod

@@ -5,7 +5,9 @@
 
     WorkerError
     ├── LaunchError     a launch could not be carried out (a message for a person)
-    └── SecretMissing   a secret a launch names is not set on the worker (name only)
+    ├── SecretMissing   a secret a launch names is not set on the worker (name only)
+    └── RetrievalError  artifacts could not be retrieved or checked; says whether a
+                        retry may help (`workers.retrieval`, with its subclasses)
 """
 
 from __future__ import annotations

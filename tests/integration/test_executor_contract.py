@@ -521,7 +521,8 @@ def test_manifest_and_download_with_hostile_names(target: Target, tmp_path: Path
     assert manifest == local_manifest(remote, entries, exclude)
 
     local = tmp_path / "dl"
-    target.executor.download(str(remote), local, entries, exclude)
+    # The digests of what was written, without reading it back, are the manifest's.
+    assert target.executor.download(str(remote), local, entries, exclude) == manifest
     assert local_manifest(local, entries, exclude) == manifest
     assert not (local / "output" / "checkpoint-3" / "cache.tmp").exists()
     assert not (local / "output" / "checkpoint-3" / "nested" / "scratch.tmp").exists()
@@ -534,7 +535,7 @@ def test_download_of_nothing_creates_nothing(target: Target, tmp_path: Path) -> 
     remote = target.workdir / "run"
     remote.mkdir()
     local = tmp_path / "none"
-    target.executor.download(str(remote), local, ["missing", "also/missing"])
+    assert target.executor.download(str(remote), local, ["missing", "also/missing"]) == []
     assert not local.exists()
     assert target.executor.manifest(str(remote), ["missing"]) == []
 

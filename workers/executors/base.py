@@ -26,7 +26,9 @@ __all__ = ["Executor"]
 class Executor(Protocol):
     """Runs jobs on a target and moves files to and from it. Paths on the target are
     absolute strings; the target may be another machine. Every failure raises an
-    `ExecError`; bad arguments raise `InvalidArgument` before anything is done."""
+    `ExecError`; bad arguments raise `InvalidArgument` before anything is done.
+    Concurrent calls from several threads are allowed (over SSH, each on its own
+    channel of one connection)."""
 
     @property
     def workdir(self) -> str:
@@ -99,14 +101,25 @@ class Executor(Protocol):
 
     def download(
         self, remote: str, local: Path, entries: Sequence[str], exclude: Sequence[str] = ()
-    ) -> None:
+    ) -> list[FileDigest]:
         """Copies `entries` (relative to the target directory `remote`) into the local
         directory `local`, leaving out names matching an `exclude` pattern at any
         depth. Missing entries are skipped; `local` is not created when none exists.
+        Directories, regular files and symbolic links (as links) are copied; device
+        files and FIFOs are not.
+
+        Returns the SHA-256 of every regular file written, by path relative to `local`
+        (as [`manifest`] names them), sorted: computed from the bytes as they were
+        written, never by reading the files back. Comparing it with the target's
+        `manifest` verifies the copy without a second pass over the data here.
 
         Raises:
             CommandError: (action `download`, message `<remote> does not exist`) when
                 `remote` is not a directory.
+            IoError: when `local` cannot be written (nothing is retried then).
+            UnsafeArchive: when the target sends a name that would land outside
+                `local` (a hostile target); nothing is written outside it.
+            ProtocolError: when the target's stream breaks off or is garbage.
         """
         ...
 
@@ -115,7 +128,8 @@ class Executor(Protocol):
     ) -> list[FileDigest]:
         """Every regular file under `entries` of `remote` with its SHA-256, excluded
         names left out at any depth, missing entries skipped, links not followed;
-        paths relative to `remote`, sorted.
+        paths relative to `remote`, sorted. Each file is read once, with no deadline
+        (like `download`).
 
         Raises:
             CommandError: (message `<remote> does not exist`) when `remote` is not a

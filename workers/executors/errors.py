@@ -11,6 +11,7 @@ Library errors (OSError, subprocess, paramiko) are translated into these with
     ├── InvalidSecret    a secret cannot be passed to the job (names the variable only)
     ├── InvalidArgument  an argument cannot be used (bad path, pattern, owner)
     └── ProtocolError    the target answered something unexpected
+        └── UnsafeArchive  a downloaded archive member would land outside the destination
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ __all__ = [
     "SpawnError",
     "SshError",
     "SshErrorKind",
+    "UnsafeArchive",
 ]
 
 
@@ -96,3 +98,10 @@ class ProtocolError(ExecError):
 
     def __init__(self, message: str) -> None:
         super().__init__(f"unexpected answer from the target: {message}")
+
+
+class UnsafeArchive(ProtocolError):
+    """A downloaded archive held a member the destination must not receive: an
+    absolute name, a `..` component, a link leading outside it. Refused at that
+    member; nothing was written outside the destination. Never the target's own
+    scripts (they only archive relative names): a hostile or broken target."""

@@ -18,10 +18,16 @@ from typing import Final
 
 from schemas import JobCommand, JobId
 
-from . import scripts
-from .digest import FileDigest, glob_match, local_manifest
+from .digest import FileDigest, copy_hashed, glob_match, local_manifest
 from .errors import CommandError, InvalidArgument, IoError
-from .shell import ScriptExecutor, check_entries, check_remote, checked_secrets, upload_names
+from .shell import (
+    ScriptExecutor,
+    check_entries,
+    check_remote,
+    checked_secrets,
+    launcher_for,
+    upload_names,
+)
 from .transport import LocalTransport
 
 __all__ = ["FILTERED_ENV_PREFIXES", "LocalExecutor", "job_environment"]
@@ -35,6 +41,58 @@ def job_environment(base: Mapping[str, str]) -> dict[str, str]:
     """`base` without the variables a job must not inherit (see
     [`FILTERED_ENV_PREFIXES`])."""
     return {k: v for k, v in base.items() if not k.startswith(FILTERED_ENV_PREFIXES)}
+
+
+def _copy_entry(
+    root: Path, entry: str, local: Path, exclude: Sequence[str], written: dict[str, str]
+) -> None:
+    """Copies `root/entry` to `local/entry` as `download` does (directories, regular
+    files read once and hashed as written, links as links, excluded names pruned at
+    any depth, device files and FIFOs left out), recording each regular file's
+    digest in `written`. Raises OSError."""
+
+    def excluded(name: str) -> bool:
+        return any(glob_match(p, name) for p in exclude)
+
+    def copy(source: Path, relative: str, info: os.stat_result) -> None:
+        target = local / relative
+        if stat.S_ISLNK(info.st_mode):
+            if os.path.lexists(target):
+                os.unlink(target)
+            os.symlink(os.readlink(source), target)
+        elif stat.S_ISREG(info.st_mode):
+            with open(source, "rb") as handle:
+                written[relative] = copy_hashed(handle, target)
+            # As a download through tar: owner-writable, no group/other write.
+            os.chmod(target, (stat.S_IMODE(info.st_mode) & 0o755) | 0o600)
+            os.utime(target, ns=(info.st_atime_ns, info.st_mtime_ns))
+
+    source = root / entry
+    if excluded(source.name):
+        return
+    try:
+        top = source.lstat()
+    except FileNotFoundError:
+        return
+    (local / entry).parent.mkdir(parents=True, exist_ok=True)
+    if not stat.S_ISDIR(top.st_mode):
+        copy(source, entry, top)
+        return
+
+    def fail(error: OSError) -> None:
+        raise error
+
+    for dirpath, dirnames, filenames in os.walk(source, onerror=fail):
+        base = Path(dirpath)
+        relative = base.relative_to(root).as_posix()
+        (local / relative).mkdir(exist_ok=True)
+        names = [d for d in dirnames if not excluded(d)]
+        # os.walk lists links to directories among directories: copied as links.
+        dirnames[:] = [d for d in names if not (base / d).is_symlink()]
+        for name in [*filenames, *(d for d in names if d not in dirnames)]:
+            if not excluded(name):
+                path = base / name
+                copy(path, f"{relative}/{name}", path.lstat())
 
 
 class LocalExecutor(ScriptExecutor):
@@ -52,9 +110,7 @@ class LocalExecutor(ScriptExecutor):
 
     def spawn(self, job: JobCommand) -> JobId:
         secrets = checked_secrets(job)
-        script = scripts.launcher_script(
-            check_remote(job.dir), job.script, job.env, [name for name, _ in secrets]
-        )
+        script = launcher_for(job, [name for name, _ in secrets])
         stdin = "".join(f"{value}\n" for _, value in secrets).encode()
         result = self._local.run(
             script, action="spawn", stdin=stdin, env=job_environment(os.environ)
@@ -104,32 +160,18 @@ class LocalExecutor(ScriptExecutor):
 
     def download(
         self, remote: str, local: Path, entries: Sequence[str], exclude: Sequence[str] = ()
-    ) -> None:
+    ) -> list[FileDigest]:
         check_entries(entries, exclude)
         root = Path(check_remote(remote))
         if not root.is_dir():
             raise CommandError("download", f"{remote} does not exist")
-
-        def ignore(_dir: str, names: list[str]) -> set[str]:
-            return {n for n in names if any(glob_match(p, n) for p in exclude)}
-
+        written: dict[str, str] = {}
         try:
             for entry in entries:
-                source = root / entry
-                if not os.path.lexists(source) or ignore("", [source.name]):
-                    continue
-                target = local / entry
-                target.parent.mkdir(parents=True, exist_ok=True)
-                if source.is_dir() and not source.is_symlink():
-                    shutil.copytree(
-                        source, target, symlinks=True, ignore=ignore, dirs_exist_ok=True
-                    )
-                else:
-                    shutil.copy2(source, target, follow_symlinks=False)
-        except shutil.Error as error:
-            raise CommandError("download", str(error)[:500]) from error
+                _copy_entry(root, entry, local, exclude, written)
         except OSError as error:
             raise IoError(error.filename or local, error) from error
+        return sorted(FileDigest(path, sha256) for path, sha256 in written.items())
 
     def manifest(
         self, remote: str, entries: Sequence[str], exclude: Sequence[str] = ()

@@ -26,8 +26,15 @@ from schemas import (
 )
 
 from . import scripts
-from .digest import FileDigest, parse_manifest
-from .errors import CommandError, InvalidArgument, InvalidSecret, IoError, ProtocolError
+from .digest import FileDigest, copy_hashed, parse_manifest
+from .errors import (
+    CommandError,
+    InvalidArgument,
+    InvalidSecret,
+    IoError,
+    ProtocolError,
+    UnsafeArchive,
+)
 from .lines import LineStream
 from .transport import Completed, Transport, error_line
 
@@ -36,6 +43,7 @@ __all__ = [
     "check_entries",
     "check_remote",
     "checked_secrets",
+    "launcher_for",
     "upload_names",
 ]
 
@@ -84,6 +92,22 @@ def checked_secrets(job: JobCommand) -> list[tuple[str, str]]:
     return pairs
 
 
+def launcher_for(job: JobCommand, secret_names: Sequence[str]) -> str:
+    """The [`scripts.launcher_script`] of `job`, reading `secret_names` from its
+    stdin, with the on-target watchdog when `job.deadline_request_after_s` is set.
+
+    Raises:
+        InvalidArgument: for a run directory that is not absolute, or watchdog times
+            out of range (a `JobCommand` built without validation).
+    """
+    watchdog = None
+    if job.deadline_request_after_s is not None:
+        watchdog = (job.deadline_request_after_s, job.watchdog_poll_s)
+    return scripts.launcher_script(
+        check_remote(job.dir), job.script, job.env, secret_names, watchdog
+    )
+
+
 def _checked(result: Completed, action: str) -> Completed:
     if result.exit_code != 0:
         raise CommandError(action, error_line(result.stderr, result.exit_code))
@@ -101,6 +125,60 @@ def upload_names(local: Path, skip: Sequence[str]) -> list[str]:
     except OSError as error:
         raise IoError(local, error) from error
     return [name for name in names if name not in set(skip)]
+
+
+_TAR_BUFSIZE = 64 * 1024
+"""tarfile's read size on a download stream, in bytes (its default is 10 KiB; beyond
+a few hundred KiB its buffer joins and slices leave the CPU cache and cost more than
+the hashing)."""
+
+
+def _member_path(name: str) -> str:
+    """The path an archive member names, relative to the destination (`./a/b` ->
+    `a/b`), or [`UnsafeArchive`] when it is absolute or holds `.`/`..` components."""
+    relative = name[2:] if name.startswith("./") else name
+    try:
+        return safe_relpath(relative)
+    except InvalidPath as error:
+        raise UnsafeArchive(f"archive member {name[:200]!r}: {error}") from error
+
+
+def _extract_hashed(
+    tar: tarfile.TarFile, member: tarfile.TarInfo, local: Path, written: dict[str, str]
+) -> None:
+    """Extracts `member` of the stream `tar` into `local` with tarfile's "data" filter
+    (no name outside `local`, no link leaving it, owner-writable modes, no owners).
+    Regular files are written here, hashed as written, their digests recorded in
+    `written` by relative path (a hard link takes its target's digest; any other
+    member drops the path's digest); device files and FIFOs are skipped (a manifest
+    lists regular files only).
+
+    Raises:
+        UnsafeArchive: for a member that would land outside `local`.
+        OSError: when writing fails; tarfile's errors for a broken stream.
+    """
+    path = _member_path(member.name)
+    if member.ischr() or member.isblk() or member.isfifo():
+        written.pop(path, None)
+        return
+    try:
+        safe = tarfile.data_filter(member, str(local))
+    except tarfile.FilterError as error:
+        raise UnsafeArchive(f"archive member {member.name[:200]!r}: {error}") from error
+    if not safe.isreg():
+        tar.extract(safe, local, filter="data")
+        written.pop(path, None)
+        if safe.islnk() and (linked := written.get(_member_path(safe.linkname))):
+            written[path] = linked
+        return
+    source = tar.extractfile(safe)
+    assert source is not None  # a regular member always has data
+    target = local / path
+    target.parent.mkdir(parents=True, exist_ok=True)
+    written[path] = copy_hashed(source, target)
+    if safe.mode is not None:
+        os.chmod(target, safe.mode)
+    os.utime(target, (safe.mtime, safe.mtime))
 
 
 class ScriptExecutor:
@@ -149,9 +227,7 @@ class ScriptExecutor:
 
     def spawn(self, job: JobCommand) -> JobId:
         secrets = checked_secrets(job)
-        script = scripts.launcher_script(
-            check_remote(job.dir), job.script, job.env, [name for name, _ in secrets]
-        )
+        script = launcher_for(job, [name for name, _ in secrets])
         stdin = "".join(f"{value}\n" for _, value in secrets).encode()
         return self._launch(job, self._transport.run(script, action="spawn", stdin=stdin))
 
@@ -185,25 +261,32 @@ class ScriptExecutor:
 
     def download(
         self, remote: str, local: Path, entries: Sequence[str], exclude: Sequence[str] = ()
-    ) -> None:
+    ) -> list[FileDigest]:
         check_entries(entries, exclude)
         script = scripts.archive_script(check_remote(remote), entries, exclude)
         if not entries:
-            return
+            return []
 
         broken: list[tarfile.TarError] = []
+        written: dict[str, str] = {}
 
         def sink(stream: IO[bytes]) -> None:
+            # A transport that retries after a broken connection calls the sink again,
+            # on a new stream from the start: only the last stream's files count.
+            broken.clear()
+            written.clear()
             try:
-                with tarfile.open(fileobj=stream, mode="r|") as tar:
+                with tarfile.open(fileobj=stream, mode="r|", bufsize=_TAR_BUFSIZE) as tar:
                     for member in tar:
                         local.mkdir(parents=True, exist_ok=True)
-                        # The data filter refuses absolute names, `..`, links leaving
-                        # the destination and device files: a hostile target cannot
-                        # write outside `local`.
-                        tar.extract(member, local, filter="data")
+                        # Never outside `local`, whatever the target sends.
+                        _extract_hashed(tar, member, local, written)
             except tarfile.TarError as error:
                 broken.append(error)  # reported after the script's own failure, if any
+            except OSError as error:
+                # Translated here: an OSError leaving the sink would pass for a broken
+                # connection (and be retried) in the SSH transport.
+                raise IoError(error.filename or local, error) from error
 
         try:
             result = self._transport.receive(script, action="download", sink=sink)
@@ -212,13 +295,17 @@ class ScriptExecutor:
         _checked(result, "download")
         if broken:
             raise ProtocolError(f"download archive: {broken[0]}") from broken[0]
+        return sorted(FileDigest(path, sha256) for path, sha256 in written.items())
 
     def manifest(
         self, remote: str, entries: Sequence[str], exclude: Sequence[str] = ()
     ) -> list[FileDigest]:
         check_entries(entries, exclude)
         script = scripts.manifest_script(check_remote(remote), entries, exclude)
-        result = _checked(self._transport.run(script, action="manifest"), "manifest")
+        # No deadline, as a download has none: hashing a checkpoint of hundreds of GB
+        # takes minutes, and a retry after a timeout would only start over.
+        result = self._transport.run(script, action="manifest", timeout_s=None)
+        _checked(result, "manifest")
         return parse_manifest(result.stdout)
 
     def probe(self, script: str) -> bytes:

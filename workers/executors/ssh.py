@@ -33,6 +33,7 @@ from .ssh_config import SshDestination, resolve_destination
 from .transport import DEFAULT_TIMEOUT_S, MAX_SCRIPT_BYTES, Completed
 
 __all__ = [
+    "CLIENT_REKEY_BYTES",
     "MAX_SHELLS",
     "WINDOW_SIZE",
     "SshConnection",
@@ -60,6 +61,16 @@ MAX_SHELLS: Final = 4
 """Persistent shells per connection: concurrent small operations beyond this wait."""
 _CHUNK: Final = 1024 * 1024
 _NOT_IDEMPOTENT: Final = frozenset({"spawn", "upload"})
+CLIENT_REKEY_BYTES: Final = 1 << 37
+"""Bytes either way after which this client starts a key re-exchange itself (paramiko's
+default: 512 MiB). paramiko deadlocks for 30 s, then drops the connection, when the
+server closes a channel while a re-exchange this client started is under way
+(paramiko#822, open): its transport thread waits for itself to finish the exchange.
+A server-started one is safe, and OpenSSH starts one on its own limit (RekeyLimit; by
+default derived from the cipher: 64 GiB for AES), so this client leaves re-keying to
+the server (128 GiB here only guards a server that never re-keys). Measured before:
+4 of 9 downloads of 268 MB on one connection stalled 30 s, then failed and were
+retried."""
 
 
 def _connect_error(destination: SshDestination, error: BaseException) -> SshError:
@@ -171,13 +182,26 @@ class SshConnection:
         self._transport: paramiko.Transport | None = None
         self._shells: list[_Shell] = []
         self._shell_count = 0
+        self._generation = 0
+        """Counts `close` calls: a shell opened before the last one is not counted or
+        kept (another thread closed its connection while it was in use)."""
         self._lock = threading.Condition()
-        self._opening = threading.Lock()
+        # Re-entrant: `open` closes a dead connection. `close` takes it too, so that a
+        # thread closing a failed connection never interleaves with another opening.
+        self._opening = threading.RLock()
 
     @property
     def is_open(self) -> bool:
         transport = self._transport
         return transport is not None and transport.is_active()
+
+    def reset(self, failed: paramiko.Transport | None) -> None:
+        """Closes the connection after a call on the transport `failed` broke, unless
+        another thread already replaced it: a concurrent call that fails on the same
+        broken connection must not close the new one a retry opened meanwhile."""
+        with self._opening:
+            if failed is None or self._transport is failed or self._transport is None:
+                self.close()
 
     def open(self) -> paramiko.Transport:
         """Connects (every hop host-key checked) unless already connected; returns the
@@ -238,6 +262,7 @@ class SshConnection:
                 default_max_packet_size=MAX_PACKET,
                 **options,
             )
+            transport.packetizer.REKEY_BYTES = CLIENT_REKEY_BYTES
             supported = set(transport.get_security_options().ciphers)
             transport.get_security_options().ciphers = tuple(
                 c for c in PREFERRED_CIPHERS if c in supported
@@ -280,6 +305,7 @@ class SshConnection:
             else:
                 self._shell_count += 1
                 shell = None
+            generation = self._generation
         try:
             if shell is None:
                 shell = _Shell(self.open(), self.destination.connect_timeout_s)
@@ -288,12 +314,17 @@ class SshConnection:
             if shell is not None:
                 shell.close()
             with self._lock:
-                self._shell_count -= 1
+                if generation == self._generation:
+                    self._shell_count -= 1
                 self._lock.notify()
             raise
         with self._lock:
-            self._shells.append(shell)
+            current = generation == self._generation
+            if current:
+                self._shells.append(shell)
             self._lock.notify()
+        if not current:
+            shell.close()  # its connection was closed meanwhile: neither counted nor kept
 
     def exec_channel(self) -> paramiko.Channel:
         """A new session channel on this connection, with the large window."""
@@ -326,18 +357,21 @@ class SshConnection:
         self._transport = None
 
     def close(self) -> None:
-        """Closes shells, the connection and its hops; idempotent."""
-        with self._lock:
-            shells, self._shells = self._shells, []
-            self._shell_count = 0
-            self._lock.notify_all()
-        for shell in shells:
-            shell.close()
-        for client in reversed(self._clients):
-            with contextlib.suppress(Exception):
-                client.close()
-        self._clients = []
-        self._transport = None
+        """Closes shells, the connection and its hops; idempotent. Safe while other
+        threads use the connection: their calls fail as on a broken connection."""
+        with self._opening:
+            with self._lock:
+                shells, self._shells = self._shells, []
+                self._shell_count = 0
+                self._generation += 1
+                self._lock.notify_all()
+            for shell in shells:
+                shell.close()
+            for client in reversed(self._clients):
+                with contextlib.suppress(Exception):
+                    client.close()
+            self._clients = []
+            self._transport = None
 
 
 class _Pool:
@@ -411,15 +445,17 @@ class SshTransport:
         attempts = 1 if action in _NOT_IDEMPOTENT else 1 + self.retries
         for attempt in range(attempts):
             connection = self.connection
+            used: paramiko.Transport | None = None
             try:
+                used = connection.open()
                 return call(connection)
             except SshError as error:
                 if error.kind in ("connect", "host_key", "auth") or attempt + 1 == attempts:
                     raise
-                connection.close()
+                connection.reset(used)
                 time.sleep(0.05 * (attempt + 1))
             except (paramiko.SSHException, OSError, EOFError) as error:
-                connection.close()
+                connection.reset(used)
                 if attempt + 1 == attempts:
                     raise _translate(error) from error
         raise AssertionError("unreachable")
@@ -572,6 +608,10 @@ def _exit_status(channel: paramiko.Channel, timeout_s: float = 30.0) -> int:
     `timeout_s` seconds (a server that never sends it is a broken connection)."""
     if not channel.status_event.wait(timeout_s):
         raise SshError("disconnected", "the server never sent the command's exit status")
+    if channel.recv_exit_status() < 0 and not channel.eof_received:
+        # Closed with neither an exit status nor the end of its output: the connection
+        # broke (a command killed by a signal still ends its output first).
+        raise SshError("disconnected", "the connection broke before the command ended")
     return channel.recv_exit_status()
 
 

@@ -53,8 +53,9 @@ def error_line(stderr: bytes, exit_code: int, limit: int = 500) -> str:
 
 
 class Transport(Protocol):
-    """Runs scripts on one target. Implementations are used by one thread at a time
-    per instance, and open lazily: the first call connects."""
+    """Runs scripts on one target. Implementations take concurrent calls from several
+    threads (a retrieval runs the manifest while it downloads), and open lazily: the
+    first call connects."""
 
     def run(
         self,
@@ -116,6 +117,9 @@ class LocalTransport:
         self._env = dict(env) if env is not None else None
         self._shell = list(shell)
         self._groups: set[int] = set()
+        self._running: set[int] = set()
+        """Scripts not waited for yet: their groups are left to the thread running them
+        (reaping one here would make its `wait` read exit status 0)."""
         self._lock = threading.Lock()
 
     def _popen(
@@ -137,6 +141,7 @@ class LocalTransport:
             raise SpawnError("sh", error) from error
         with self._lock:
             self._groups.add(proc.pid)
+            self._running.add(proc.pid)
         return proc
 
     def run(
@@ -173,7 +178,7 @@ class LocalTransport:
         finally:
             if timer is not None:
                 timer.cancel()
-            self._reap_scripts()
+            self._reap_scripts(proc)
         if expired.is_set():
             raise CommandError(action, f"timed out after {timeout_s} s")
         return Completed(proc.returncode, out, err)
@@ -193,7 +198,7 @@ class LocalTransport:
                 interrupted = error
         if pgid is not None:
             self.reap(pgid)
-        self._reap_scripts()
+        self._reap_scripts(proc)
         if interrupted is not None:
             raise interrupted
         return Completed(proc.returncode, out, err)
@@ -217,7 +222,7 @@ class LocalTransport:
         finally:
             proc.wait()
             outputs.join()
-            self._reap_scripts()
+            self._reap_scripts(proc)
         return Completed(proc.returncode, outputs.stdout, outputs.stderr)
 
     def receive(
@@ -236,7 +241,7 @@ class LocalTransport:
         finally:
             proc.wait()
             outputs.join()
-            self._reap_scripts()
+            self._reap_scripts(proc)
         return Completed(proc.returncode, b"", outputs.stderr)
 
     def reap(self, pgid: int) -> None:
@@ -249,12 +254,14 @@ class LocalTransport:
             if pid == 0:
                 return
 
-    def _reap_scripts(self) -> None:
+    def _reap_scripts(self, done: subprocess.Popen[bytes] | None = None) -> None:
         # A launcher leaves a waiting subshell in its own group; once it ends it is
         # re-parented here (when this process is a subreaper) and must be reaped. A
         # group with no child of ours left is forgotten.
         with self._lock:
-            groups = list(self._groups)
+            if done is not None:
+                self._running.discard(done.pid)
+            groups = [pgid for pgid in self._groups if pgid not in self._running]
         for pgid in groups:
             try:
                 while os.waitpid(-pgid, os.WNOHANG)[0] != 0:

@@ -1,0 +1,230 @@
+"""The read-only disk probe of a target, for the disk policy (DESIGN.md §7): one POSIX
+`sh` script for all run directories of a target, its parser, and the pure decision
+on one sample.
+
+The script changes nothing on the target: it only runs `df -Pk`, `du -sk`, tests
+and a glob. Run it with `Executor.probe`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from schemas.protocol import OUTPUT_DIR
+
+from .errors import InvalidArgument, ProtocolError
+from .scripts import quote
+
+__all__ = [
+    "DISK_CHECKPOINT_FACTOR",
+    "DISK_USED_LIMIT",
+    "DiskSample",
+    "disk_probe_script",
+    "disk_verdict",
+    "parse_disk_probe",
+]
+
+DISK_USED_LIMIT: Final = 0.92
+"""Used share of the run directory's filesystem at which `disk` is asked."""
+DISK_CHECKPOINT_FACTOR: Final = 1.5
+"""`disk` is asked when free space is below this many times the newest checkpoint."""
+_KIB: Final = 1024
+_MAX_STEP_DIGITS: Final = 18  # `[ -gt ]` compares 64-bit integers
+
+
+@dataclass(frozen=True)
+class DiskSample:
+    """The filesystem of one run directory, as `df -Pk` reports it, and the newest
+    checkpoint's disk usage (`du -sk`), all in bytes (KiB * 1024)."""
+
+    size_bytes: int
+    used_bytes: int
+    avail_bytes: int
+    """Free space an unprivileged writer can use (df's "Available")."""
+    checkpoint_bytes: int | None
+    """Disk usage of the newest `output/checkpoint-<N>` (highest N), or None when there
+    is none (or it could not be measured)."""
+
+    @property
+    def used_fraction(self) -> float:
+        """The used share as df's Use% computes it: used / (used + available), so the
+        blocks reserved for root count as neither (before df rounds it up to a whole
+        percent). A filesystem with neither used nor available blocks is full when
+        it has a size, else empty (df shows `-`)."""
+        total = self.used_bytes + self.avail_bytes
+        if total <= 0:
+            return 1.0 if self.size_bytes > 0 else 0.0
+        return self.used_bytes / total
+
+
+def disk_probe_script(run_dirs: Sequence[str], token: str) -> str:
+    """One read-only script probing every directory of `run_dirs`, in order. For the
+    `i`-th it prints, each record introduced by `token` (random, so no mount point or
+    file name can forge one):
+
+    - `<token> M <i>` when the directory does not exist;
+    - else `<token> D <i> <kib>`, `kib` being `du -sk` of the newest checkpoint
+      (`output/checkpoint-<N>` with the highest N, compared as a number; only
+      canonical decimal steps count, directories only, symbolic links not followed)
+      or `-` when there is none, then the output of `df -Pk` for the directory (a
+      header and one line: POSIX output never wraps a long device name), and
+      `<token> F <i>` after it when df failed (its output is then its error);
+
+    and `<token> E` last.
+
+    Raises:
+        InvalidArgument: for a token that is not alphanumeric, or a directory that is
+            not an absolute path.
+    """
+    if not token.isalnum() or not token.isascii():
+        raise InvalidArgument("the probe token is alphanumeric")
+    for run_dir in run_dirs:
+        if not run_dir.startswith("/"):
+            raise InvalidArgument(f"not an absolute path: {run_dir[:200]!r}")
+    calls = "".join(f"rw_one {i} {quote(d)}\n" for i, d in enumerate(run_dirs))
+    return f"""
+rw_t={token}
+rw_one() {{
+  if [ ! -d "$2" ]; then printf '%s M %s\\n' "$rw_t" "$1"; return 0; fi
+  rw_best=
+  rw_n=
+  for rw_c in "$2/{OUTPUT_DIR}/checkpoint-"*; do
+    if [ ! -d "$rw_c" ] || [ -h "$rw_c" ]; then continue; fi
+    rw_s=${{rw_c##*/checkpoint-}}
+    case $rw_s in 0) ;; ''|0*|*[!0-9]*) continue ;; esac
+    [ "${{#rw_s}}" -le {_MAX_STEP_DIGITS} ] || continue
+    if [ -z "$rw_n" ] || [ "$rw_s" -gt "$rw_n" ]; then rw_n=$rw_s; rw_best=$rw_c; fi
+  done
+  rw_k=
+  if [ -n "$rw_best" ]; then
+    rw_k=$(du -sk -- "$rw_best" 2>/dev/null) || :
+    rw_k=${{rw_k%%[!0-9]*}}
+  fi
+  printf '%s D %s %s\\n' "$rw_t" "$1" "${{rw_k:--}}"
+  df -Pk -- "$2" 2>&1 || printf '\\n%s F %s\\n' "$rw_t" "$1"
+}}
+{calls}printf '%s E\\n' "$rw_t"
+"""
+
+
+# A `df -P` line: filesystem (any text), then 1024-blocks, used, available, capacity
+# (`N%`, or `-` for a filesystem without blocks) and the mount point.
+_DF_LINE = re.compile(rb"(?:^|\s)(\d+)\s+(\d+)\s+(\d+)\s+(?:\d+%|-)(?:\s|$)")
+
+
+def _sample(payload: bytes, checkpoint: str) -> DiskSample:
+    lines = payload.split(b"\n", 1)
+    data = lines[1] if len(lines) == 2 else b""
+    match = _DF_LINE.search(data)
+    if match is None:
+        raise ProtocolError(f"df answered {payload[:120]!r}")
+    size, used, avail = (int(match[n]) * _KIB for n in (1, 2, 3))
+    checkpoint_bytes = None if checkpoint == "-" else int(checkpoint) * _KIB
+    return DiskSample(size, used, avail, checkpoint_bytes)
+
+
+def _index(words: list[str], head: bytes, count: int) -> int:
+    try:
+        index = int(words[1])
+    except (IndexError, ValueError) as error:
+        raise ProtocolError(f"disk probe record {head[:80]!r}") from error
+    if not 0 <= index < count:
+        raise ProtocolError(f"disk probe record for directory {index} of {count}")
+    return index
+
+
+def parse_disk_probe(output: bytes, token: str, count: int) -> list[DiskSample | ProtocolError]:
+    """The samples of a [`disk_probe_script`] run over `count` directories, in order. A
+    directory that could not be probed gets a [`ProtocolError`] saying why (it does
+    not exist, df failed, a record is garbled); the others their sample.
+
+    Raises:
+        ProtocolError: when the output is cut short (no end record), holds text
+            before its first record, or names a directory out of range.
+    """
+    parts = output.split(token.encode())
+    if parts[0].strip():
+        raise ProtocolError("disk probe output before its first record")
+    failed: dict[int, ProtocolError] = {}
+    found: dict[int, tuple[str, bytes]] = {}  # index -> (checkpoint KiB or "-", df output)
+    ended = False
+    for part in parts[1:]:
+        head, _, payload = part.partition(b"\n")
+        words = head.decode("utf-8", "replace").split()
+        if words == ["E"]:
+            ended = True
+            continue
+        index = _index(words, head, count)
+        if words == ["M", words[1]]:
+            failed[index] = ProtocolError("the run directory does not exist")
+        elif words[0] == "D" and len(words) == 3 and (words[2] == "-" or words[2].isdecimal()):
+            found[index] = (words[2], payload)
+        elif words == ["F", words[1]] and index in found:
+            message = found.pop(index)[1].strip().decode("utf-8", "replace")[:200]
+            failed[index] = ProtocolError(f"df failed: {message or 'no output'}")
+        else:
+            failed[index] = ProtocolError(f"disk probe record {head[:80]!r}")
+    if not ended:
+        raise ProtocolError("the disk probe output was cut short")
+    return [_result(index, failed, found) for index in range(count)]
+
+
+def _result(
+    index: int, failed: dict[int, ProtocolError], found: dict[int, tuple[str, bytes]]
+) -> DiskSample | ProtocolError:
+    if index in failed:
+        return failed[index]
+    if index not in found:
+        return ProtocolError("no disk probe record")
+    checkpoint, payload = found[index]
+    try:
+        return _sample(payload, checkpoint)
+    except ProtocolError as error:
+        return error
+
+
+def _size(n_bytes: float) -> str:
+    value = float(n_bytes)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < _KIB or unit == "TiB":
+            if unit == "B" or abs(value) >= 100:
+                return f"{value:.0f} {unit}"
+            return f"{value:.1f} {unit}"
+        value /= _KIB
+    raise AssertionError("unreachable")
+
+
+def disk_verdict(
+    sample: DiskSample,
+    used_limit: float = DISK_USED_LIMIT,
+    checkpoint_factor: float = DISK_CHECKPOINT_FACTOR,
+) -> str | None:
+    """Why the disk policy asks for a snapshot on `sample`, for a person, or None:
+
+    - the filesystem is at least `used_limit` used ([`DiskSample.used_fraction`]):
+      "the run directory's filesystem is 93 % used" (rounded up, as df shows it);
+    - else, with a newest checkpoint, free space is below `checkpoint_factor` times
+      its size: "412 MiB free, below 1.5x the newest checkpoint (300 MiB)".
+
+    Raises:
+        ValueError: when `used_limit` is not in (0, 1] or `checkpoint_factor` is not
+            a finite number at least 0.
+    """
+    if not 0 < used_limit <= 1:
+        raise ValueError(f"used_limit {used_limit!r} is not in (0, 1]")
+    if not math.isfinite(checkpoint_factor) or checkpoint_factor < 0:
+        raise ValueError(f"checkpoint_factor {checkpoint_factor!r} is not a finite number >= 0")
+    fraction = sample.used_fraction
+    if fraction >= used_limit:
+        return f"the run directory's filesystem is {math.ceil(fraction * 100 - 1e-9)} % used"
+    checkpoint = sample.checkpoint_bytes
+    if checkpoint is not None and sample.avail_bytes < checkpoint_factor * checkpoint:
+        return (
+            f"{_size(sample.avail_bytes)} free, below {checkpoint_factor:g}x "
+            f"the newest checkpoint ({_size(checkpoint)})"
+        )
+    return None
