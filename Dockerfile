@@ -11,6 +11,7 @@ COPY workers ./workers
 COPY examples ./examples
 RUN pip install --no-cache-dir . flower
 # Jobs on the local target live under /runs; SSH keys and known_hosts come in /keys.
-RUN useradd --create-home --uid 1000 runwarden && mkdir -p /runs && chown runwarden /runs
+RUN useradd --create-home --uid 1000 runwarden && mkdir -p /runs /home/runwarden/state/runs \
+    && chown -R runwarden /runs /home/runwarden/state
 USER runwarden
 ENTRYPOINT ["tini", "-s", "--"]

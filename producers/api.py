@@ -7,6 +7,7 @@ itself (`app.send_task("runwarden.snapshot_request", kwargs={"body": {...}})`).
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Any, Final
 
 from celery import Celery
@@ -14,6 +15,8 @@ from celery.exceptions import TimeoutError as CeleryTimeout
 from pydantic import BaseModel
 
 from schemas import (
+    Artifacts,
+    NotResumable,
     RunError,
     RunRecord,
     Settings,
@@ -25,13 +28,15 @@ from schemas.events import (
     TASK_CANCEL,
     TASK_FOLLOW,
     TASK_LAUNCH,
+    TASK_RETRIEVE,
     TASK_SNAPSHOT_REQUEST,
     CancelBody,
     FollowBody,
     LaunchSpec,
+    RetrieveBody,
     SnapshotRequestBody,
 )
-from schemas.run import check_cancel, check_snapshot_request
+from schemas.run import ADOPTED_COMMAND, check_cancel, check_resumable, check_snapshot_request
 from schemas.store import RunStore
 
 __all__ = ["OperationFailed", "Runwarden", "producer_app"]
@@ -58,6 +63,7 @@ def producer_app(settings: Settings) -> Celery:
         broker_transport_options=visibility,
         result_backend_transport_options=visibility,
         task_default_queue="runwarden",
+        task_routes={TASK_RETRIEVE: {"queue": "runwarden.retrieve"}},
         task_send_sent_event=True,
         broker_connection_retry_on_startup=True,
     )
@@ -115,8 +121,50 @@ class Runwarden:
             OperationFailed: when the launch failed (the worker's message).
         """
         self.store.get_target(spec.target)
+        if spec.resume_from is not None:
+            check_resumable(self.store.get_run(spec.resume_from))
         answer = self._call(TASK_LAUNCH, spec, wait_s)
         return self.store.get_run(answer["run_id"])
+
+    def resume_spec(
+        self, run_id: str, *, target: str | None = None, command: str | None = None
+    ) -> LaunchSpec:
+        """The launch that continues the stopped run `run_id`: its target, command,
+        upload, skip list, secret names, limits and name, unless overridden, with
+        `resume_from` set.
+
+        Raises:
+            NotFound, NotResumable.
+        """
+        run = self.store.get_run(run_id)
+        check_resumable(run)
+        if command is None and run.command == ADOPTED_COMMAND:
+            raise NotResumable(run_id, "it was adopted: its command is unknown; give one")
+        return LaunchSpec(
+            target=target or run.target,
+            command=command or run.command,
+            name=run.name,
+            upload=None if run.upload is None else Path(run.upload),
+            skip=run.skip,
+            secrets=run.secrets,
+            limits=run.limits,
+            resume_from=run.id,
+            snapshots=run.snapshots,
+        )
+
+    def retrieve(self, run_id: str, *, force: bool = True, wait_s: float | None = None) -> Any:
+        """Asks for the retrieval of the ended run's artifacts now (again after a
+        failure, with `force`). With `wait_s`, waits for it and returns the recorded
+        `Artifacts`; else returns at once.
+
+        Raises:
+            NotFound, OperationFailed.
+        """
+        self.store.get_run(run_id)
+        answer = self._call(TASK_RETRIEVE, RetrieveBody(run_id=run_id, force=force), wait_s)
+        if wait_s is None:
+            return answer
+        return Artifacts.model_validate(answer)
 
     def stop(
         self,

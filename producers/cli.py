@@ -148,8 +148,12 @@ def serve(
     python = sys.executable
     commands = [
         [python, "-m", "workers.reaper", "--restart", "--",
-         python, "-m", "celery", "-A", "workers.app", "worker",
+         python, "-m", "celery", "-A", "workers.app", "worker", "-Q", "runwarden",
          "-c", str(concurrency), "-E", "-n", "runwarden@%h", "--loglevel", "INFO"],
+        # Retrievals download for as long as they take, on a worker of their own.
+        [python, "-m", "workers.reaper", "--restart", "--",
+         python, "-m", "celery", "-A", "workers.app", "worker", "-Q", "runwarden.retrieve",
+         "-c", "1", "-E", "-n", "retrieve@%h", "--loglevel", "INFO"],
         [python, "-m", "celery", "-A", "workers.app", "beat", "--loglevel", "INFO",
          "-s", str(settings.state_dir / "beat-schedule")],
     ]  # fmt: skip
@@ -169,7 +173,7 @@ def serve(
     try:
         for command in commands:
             procs.append(subprocess.Popen(command, env=env, start_new_session=True))
-        out.print(f"serving: worker (concurrency {concurrency}), beat"
+        out.print(f"serving: worker (concurrency {concurrency}), retrieval worker, beat"
                   + (f", flower on http://127.0.0.1:{flower_port}" if flower else "")
                   + " — Ctrl-C stops everything")  # fmt: skip
         while not stopping and all(p.poll() is None for p in procs):
@@ -265,6 +269,9 @@ def launch(
     max_hours: Annotated[float | None, typer.Option()] = None,
     max_cost_usd: Annotated[float | None, typer.Option()] = None,
     usd_per_hour: Annotated[float | None, typer.Option()] = None,
+    no_disk_policy: Annotated[
+        bool, typer.Option(help="Do not ask a snapshot when the disk fills up.")
+    ] = False,
     resume_from: Annotated[str | None, typer.Option(help="A stopped run to continue.")] = None,
     no_snapshots: Annotated[bool, typer.Option(help="The job cannot save snapshots.")] = False,
 ) -> None:
@@ -282,27 +289,74 @@ def launch(
             upload=upload.expanduser().absolute() if upload else None,
             skip=tuple(skip or ()), secrets=tuple(secret or ()),
             limits=RunLimits(max_hours=max_hours, max_cost_usd=max_cost_usd,
-                             usd_per_hour=usd_per_hour),
+                             usd_per_hour=usd_per_hour, disk=not no_disk_policy),
             resume_from=resume_from, snapshots=not no_snapshots,
         )  # fmt: skip
 
     spec = run_op(build)
     api = client()
-    run = run_op(lambda: api.launch(spec))
+    # A launch waits for its upload (a resume: a whole checkpoint) to arrive.
+    run = run_op(lambda: api.launch(spec, wait_s=api.settings.launch_max_runtime_s + 60))
     out.print(run.id, highlight=False)
 
 
 @app.command()
-def resume(run_id: str, target: Annotated[str | None, typer.Option()] = None) -> None:
-    """Continue a stopped run from its snapshot (as launch --resume-from)."""
+def resume(
+    run_id: str,
+    target: Annotated[str | None, typer.Option(help="Another target to run on.")] = None,
+    command: Annotated[
+        str | None, typer.Option(help="Another job command (shell); an adopted run needs one.")
+    ] = None,
+) -> None:
+    """Continue a stopped run from its snapshot (as launch --resume-from): the same
+    command, upload, secrets and limits; the step count goes on."""
     api = client()
-    run = run_op(lambda: api.get_run(_checked_run_id(run_id)))
-    spec = LaunchSpec(
-        target=target or run.target, command=run.command, resume_from=run.id,
-        limits=run.limits, snapshots=run.snapshots,
-    )  # fmt: skip
-    new = run_op(lambda: api.launch(spec))
+    source = _checked_run_id(run_id)
+    spec = run_op(lambda: api.resume_spec(source, target=target, command=command))
+    new = run_op(lambda: api.launch(spec, wait_s=api.settings.launch_max_runtime_s + 60))
     out.print(new.id, highlight=False)
+
+
+@app.command()
+def retrieve(
+    run_id: str,
+    wait: Annotated[bool, typer.Option(help="Wait for the retrieval to end.")] = True,
+) -> None:
+    """Retrieve a finished run's artifacts now (again after a failure), verified
+    against the target's manifest."""
+    api = client()
+    checked = _checked_run_id(run_id)
+    answer = run_op(lambda: api.retrieve(checked, wait_s=3600.0 if wait else None))
+    if not wait:
+        out.print(f"retrieval of {checked} asked", highlight=False)
+        return
+    out.print(_artifacts_line(answer), highlight=False)
+    if answer.phase != "done":
+        raise typer.Exit(1)
+
+
+def _size(count: int) -> str:
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
+
+
+def _artifacts_line(artifacts: Any) -> str:
+    if artifacts.phase == "done":
+        size = _size(artifacts.bytes)
+        return f"done: {artifacts.files} files, {size}, verified, in {artifacts.path}"
+    text = f"{artifacts.phase}"
+    if artifacts.attempts:
+        text += f" after {artifacts.attempts} attempt(s)"
+    if artifacts.error:
+        text += f"; last error: {artifacts.error}"
+    if artifacts.phase == "pending" and artifacts.next_attempt is not None:
+        left = (artifacts.next_attempt - datetime.now(UTC)).total_seconds()
+        text += f"; next attempt in {max(0.0, left):.0f} s"
+    return text
 
 
 @app.command()
@@ -417,7 +471,12 @@ def show(run_id: str, as_json: Annotated[bool, typer.Option("--json")] = False) 
         _json(run.model_dump(mode="json"))
         return
     for key, value in run.model_dump(mode="json").items():
+        if key == "artifacts":
+            continue
         out.print(f"[bold]{key:12}[/] {escape(str(value))}", highlight=False, soft_wrap=True)
+    if run.artifacts is not None:
+        line = _artifacts_line(run.artifacts)
+        out.print(f"[bold]{'artifacts':12}[/] {escape(line)}", highlight=False, soft_wrap=True)
     progress = run_op(lambda: api.store.last_metrics(run.id))
     if progress is not None:
         out.print(f"[bold]{'progress':12}[/] {_bar(progress)}")

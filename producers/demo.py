@@ -1,6 +1,7 @@
 """`runwarden demo`: the whole service on the embedded default, in a temporary state
 directory: start it, launch the toy trainer on a local target, follow its progress,
-stop it with a snapshot, print the recorded outcome, shut everything down."""
+stop it with a snapshot, wait for its checkpoint to come home verified, resume it
+from there and stop it again further on, print the outcomes, shut everything down."""
 
 from __future__ import annotations
 
@@ -42,9 +43,11 @@ def _serve(state_dir: Path) -> subprocess.Popen[bytes]:
     )  # fmt: skip
 
 
-def _follow_and_stop(console: Console, api: Runwarden, run: RunRecord) -> RunRecord:
-    """Shows the run's progress, asks for a snapshot at step STOP_AT_STEP, and
-    returns the run once it ended."""
+def _follow_and_stop(
+    console: Console, api: Runwarden, run: RunRecord, stop_at: int = STOP_AT_STEP
+) -> RunRecord:
+    """Shows the run's progress, asks for a snapshot at step `stop_at`, and returns
+    the run once it ended."""
     columns = (TextColumn("[bold]training[/]"), BarColumn(),
                TextColumn("step {task.completed:.0f}/{task.total:.0f}  {task.description}"),
                TimeElapsedColumn())  # fmt: skip
@@ -57,7 +60,7 @@ def _follow_and_stop(console: Console, api: Runwarden, run: RunRecord) -> RunRec
                 loss = f"loss {current.loss:.4f}" if current.loss is not None else ""
                 progress.update(task, completed=current.step,
                                 total=current.max_steps or 1000, description=loss)  # fmt: skip
-                if not asked and current.step >= STOP_AT_STEP:
+                if not asked and current.step >= stop_at:
                     api.stop(run.id, asked_by="demo")
                     progress.console.print(f"snapshot asked at step {current.step}")
                     asked = True
@@ -65,6 +68,35 @@ def _follow_and_stop(console: Console, api: Runwarden, run: RunRecord) -> RunRec
             if run.state.is_terminal:
                 break
             time.sleep(0.2)
+    return run
+
+
+def _outcome(console: Console, run: RunRecord) -> None:
+    console.print(f"state:      [bold]{run.state}[/]")
+    if run.snapshot is not None:
+        console.print(f"step:       {run.snapshot.step}")
+        console.print(f"checkpoint: {run.remote_dir}/{run.snapshot.checkpoint}")
+        console.print(f"reason:     {run.snapshot.reason}")
+    elif run.message:
+        console.print(f"message:    {run.message}")
+
+
+def _wait_artifacts(console: Console, api: Runwarden, run: RunRecord) -> RunRecord:
+    """Waits (at most a minute) for the run's artifacts to come home verified."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        run = api.get_run(run.id)
+        if run.artifacts is not None and run.artifacts.phase != "pending":
+            break
+        time.sleep(0.2)
+    artifacts = run.artifacts
+    if artifacts is not None and artifacts.phase == "done":
+        console.print(
+            f"artifacts:  {artifacts.files} files, {artifacts.bytes} bytes, verified, "
+            f"in {artifacts.path}"
+        )
+    else:
+        console.print(f"[red]artifacts not retrieved:[/] {artifacts}")
     return run
 
 
@@ -92,14 +124,19 @@ def run_demo(console: Console) -> int:
         run = api.launch(LaunchSpec(target="local", command=command, name="demo"), wait_s=120)
         console.print(f"run [bold]{run.id}[/] in {run.remote_dir}")
         run = _follow_and_stop(console, api, run)
-        console.print(f"state:      [bold]{run.state}[/]")
-        if run.snapshot is not None:
-            console.print(f"step:       {run.snapshot.step}")
-            console.print(f"checkpoint: {run.remote_dir}/{run.snapshot.checkpoint}")
-            console.print(f"reason:     {run.snapshot.reason}")
-        elif run.message:
-            console.print(f"message:    {run.message}")
-        return 0 if run.state is RunState.STOPPED else 1
+        _outcome(console, run)
+        if run.state is not RunState.STOPPED or run.snapshot is None:
+            return 1
+        step = run.snapshot.step
+        run = _wait_artifacts(console, api, run)
+        if run.artifacts is None or run.artifacts.phase != "done":
+            return 1
+        console.print(f"resuming {run.id} from step {step}")
+        resumed = api.launch(api.resume_spec(run.id), wait_s=120)
+        console.print(f"run [bold]{resumed.id}[/] in {resumed.remote_dir}")
+        resumed = _follow_and_stop(console, api, resumed, step + STOP_AT_STEP)
+        _outcome(console, resumed)
+        return 0 if resumed.state is RunState.STOPPED else 1
     except RunError as error:
         console.print(f"[red]error:[/] {error}")
         return 1

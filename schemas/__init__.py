@@ -11,6 +11,7 @@ from .errors import (
     InvalidRunId,
     NoSnapshots,
     NotFound,
+    NotResumable,
     NotRunning,
     NotStarted,
     RunError,
@@ -40,7 +41,16 @@ from .job import (
     check_secret_value,
 )
 from .paths import join_run_path, safe_relpath
-from .run import TERMINAL_STATES, Outcome, RunLimits, RunRecord, RunState, decide_outcome
+from .run import (
+    TERMINAL_STATES,
+    Artifacts,
+    ArtifactsPhase,
+    Outcome,
+    RunLimits,
+    RunRecord,
+    RunState,
+    decide_outcome,
+)
 from .settings import Settings
 from .snapshot import (
     END_TIMEOUT_S,
@@ -79,6 +89,8 @@ __all__ = [
     "STOP_ID_PATTERN",
     "STOP_LIMITS",
     "TERMINAL_STATES",
+    "Artifacts",
+    "ArtifactsPhase",
     "Conflict",
     "Container",
     "Deadline",
@@ -90,6 +102,7 @@ __all__ = [
     "JobStatus",
     "NoSnapshots",
     "NotFound",
+    "NotResumable",
     "NotRunning",
     "NotStarted",
     "Outcome",

@@ -12,6 +12,7 @@
         ├── NotStarted      the run has no job yet (run_id)
         ├── NotRunning      the run already ended (run_id, state)
         ├── NoSnapshots     the run's job cannot save a snapshot (run_id)
+        ├── NotResumable    the run cannot be resumed (run_id, why)
         └── Conflict        a compare-and-set lost (run_id, state, wanted)
 
 Each error's `args` are its constructor's arguments (its message is `str()`), so it
@@ -32,6 +33,7 @@ __all__ = [
     "InvalidRunId",
     "NoSnapshots",
     "NotFound",
+    "NotResumable",
     "NotRunning",
     "NotStarted",
     "RunError",
@@ -127,6 +129,19 @@ class NoSnapshots(RunError):
             f"run {self.run_id!r} cannot save a snapshot (its job does not read snapshot "
             "requests); cancel it instead"
         )
+
+
+class NotResumable(RunError):
+    """A run cannot be resumed: it is not stopped, or its checkpoint is not (or not
+    intact) in the artifact store. `why` says which, for a person."""
+
+    def __init__(self, run_id: str, why: str) -> None:
+        self.run_id = run_id
+        self.why = why
+        super().__init__(run_id, why)
+
+    def __str__(self) -> str:
+        return f"run {self.run_id!r} cannot be resumed: {self.why}"
 
 
 class Conflict(RunError):

@@ -22,13 +22,16 @@ __all__ = [
     "TASK_FOLLOW",
     "TASK_FOLLOW_TICK",
     "TASK_LAUNCH",
+    "TASK_POLICY_TICK",
     "TASK_POLL_REQUESTS",
     "TASK_PROOF_TIMEOUT",
     "TASK_RECONCILE",
+    "TASK_RETRIEVE",
     "TASK_SNAPSHOT_REQUEST",
     "CancelBody",
     "FollowBody",
     "LaunchSpec",
+    "RetrieveBody",
     "SnapshotRequestBody",
     "TimeoutBody",
 ]
@@ -42,6 +45,8 @@ TASK_END_TIMEOUT: Final = "runwarden.end_timeout"
 TASK_POLL_REQUESTS: Final = "runwarden.poll_requests"
 TASK_FOLLOW_TICK: Final = "runwarden.follow_tick"
 TASK_RECONCILE: Final = "runwarden.reconcile"
+TASK_POLICY_TICK: Final = "runwarden.policy_tick"
+TASK_RETRIEVE: Final = "runwarden.retrieve"
 
 class _Body(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -109,6 +114,18 @@ class SnapshotRequestBody(_Body):
     run_id: RunId
     reason: SnapshotReason = SnapshotReason.REQUESTED
     asked_by: AskedBy = "api"
+    only_if_none_open: bool = False
+    """A policy's request: when a stop is already open, change nothing (its first
+    reason stays). Without it, asking again changes only the open stop's reason."""
+
+
+class RetrieveBody(_Body):
+    """`runwarden.retrieve`: bring a finished run's artifacts into the artifact store
+    now (again after a failure), verified against the target's manifest."""
+
+    run_id: RunId
+    force: bool = False
+    """Try again even when the retrieval is done or was given up."""
 
 
 class CancelBody(_Body):

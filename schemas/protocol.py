@@ -20,6 +20,7 @@ __all__ = [
     "OUTPUT_DIR",
     "PID_FILE",
     "PROOF_LIMIT",
+    "RESUME_ENV",
     "SNAPSHOT_FILE",
     "SNAPSHOT_REQUEST",
 ]
@@ -46,6 +47,10 @@ METRICS_FILE: Final = "metrics.jsonl"
 """One JSON object a line, written by the job's plugin: `begin`, `log`, `end`."""
 JOBSIDE_DIR: Final = ".runwarden"
 """Where launch ships the stdlib-only job-side files; on the job's `PYTHONPATH`."""
+
+RESUME_ENV: Final = "RUNWARDEN_RESUME_FROM"
+"""The job's variable naming the checkpoint (absolute path on the target) a resumed
+run continues from (the job side's `runwarden_job.RESUME_ENV`)."""
 
 PROOF_LIMIT: Final = 64 * 1024
 """Largest prefix of `snapshot.json` read from the target, in bytes."""

@@ -9,18 +9,22 @@ from typing import Annotated, Final
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .errors import NoSnapshots, NotRunning, NotStarted
+from .errors import NoSnapshots, NotResumable, NotRunning, NotStarted
 from .ids import RunId
 from .job import JobId, JobStatus, check_absolute_path
 from .snapshot import ProofInvalid, ProofNone, ProofSaved, Snapshot
 
 __all__ = [
+    "ADOPTED_COMMAND",
     "TERMINAL_STATES",
+    "Artifacts",
+    "ArtifactsPhase",
     "Outcome",
     "RunLimits",
     "RunRecord",
     "RunState",
     "check_cancel",
+    "check_resumable",
     "check_snapshot_request",
     "decide_outcome",
 ]
@@ -44,6 +48,9 @@ class RunState(StrEnum):
         return self in TERMINAL_STATES
 
 
+ADOPTED_COMMAND: Final = "(adopted)"
+"""The `command` of a run adopted from a directory started elsewhere: unknown."""
+
 TERMINAL_STATES: Final = frozenset(
     {RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED, RunState.STOPPED}
 )
@@ -54,15 +61,54 @@ class RunLimits(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    max_hours: Annotated[float, Field(gt=0)] | None = None
-    max_cost_usd: Annotated[float, Field(gt=0)] | None = None
-    usd_per_hour: Annotated[float, Field(gt=0)] | None = None
+    max_hours: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    """Wall-clock budget of the run in hours, counted from its start: a `deadline`
+    snapshot is asked the settings' lead time (15 min) before it, by the policies
+    and by the watchdog on the target."""
+    max_cost_usd: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    """Cost cap in USD: a `cost` snapshot is asked when the run's cost so far
+    (hours since its start times `usd_per_hour`) reaches 95 % of it."""
+    usd_per_hour: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    disk: bool = True
+    """Whether the disk policy watches the run directory's filesystem (a `disk`
+    snapshot when it is 92 % used, or its free space is below 1.5x the newest
+    checkpoint)."""
 
     @model_validator(mode="after")
     def _cost(self) -> RunLimits:
         if self.max_cost_usd is not None and self.usd_per_hour is None:
             raise ValueError("max_cost_usd needs usd_per_hour")
         return self
+
+
+class ArtifactsPhase(StrEnum):
+    """Where the retrieval of a run's artifacts stands."""
+
+    PENDING = "pending"
+    """Waiting for its first attempt, or for the next one after a failure."""
+    DONE = "done"
+    """In the artifact store, verified against the target's manifest."""
+    FAILED = "failed"
+    """Given up after the configured attempts; `runwarden retrieve` tries again."""
+
+
+class Artifacts(BaseModel):
+    """The retrieval of a finished run's artifacts (`job.log` always; the checkpoint
+    and `snapshot.json` of a stopped run; `output/` minus intermediate checkpoints
+    of a succeeded run) into the artifact store."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    phase: ArtifactsPhase = ArtifactsPhase.PENDING
+    attempts: int = Field(default=0, ge=0)
+    error: str | None = None
+    """Why the last attempt failed (kept when a later one is pending)."""
+    next_attempt: datetime | None = None
+    path: str | None = None
+    """The run's directory in the artifact store, once retrieved."""
+    files: int = Field(default=0, ge=0)
+    bytes: int = Field(default=0, ge=0)
+    retrieved: datetime | None = None
 
 
 class RunRecord(BaseModel):
@@ -84,15 +130,28 @@ class RunRecord(BaseModel):
     never asked (`NoSnapshots`)."""
     command: str = ""
     limits: RunLimits = Field(default_factory=RunLimits)
+    name: str = ""
+    upload: str | None = None
+    """The worker-side directory uploaded into the run directory (a resume uploads it
+    again)."""
+    skip: tuple[str, ...] = ()
+    secrets: tuple[str, ...] = ()
+    """Names of the job's secrets; never their values."""
+    started: datetime | None = None
+    """When the run became running (the policies' clock starts here)."""
+    ended: datetime | None = None
+    artifacts: Artifacts | None = None
 
     @field_validator("remote_dir")
     @classmethod
     def _remote_dir(cls, value: str) -> str:
         return check_absolute_path(value)
 
-    @field_validator("created")
+    @field_validator("created", "started", "ended")
     @classmethod
-    def _created(cls, value: datetime) -> datetime:
+    def _created(cls, value: datetime | None) -> datetime | None:
+        if value is None:
+            return None
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
@@ -123,6 +182,28 @@ def check_cancel(run: RunRecord) -> JobId:
     if run.state.is_terminal:
         raise NotRunning(run.id, run.state)
     return run.job
+
+
+def check_resumable(run: RunRecord) -> Snapshot:
+    """The snapshot `run` would be resumed from, when the record allows a resume: the
+    run is stopped with a snapshot and its artifacts were retrieved. (The worker also
+    checks the stored files themselves before it uploads them.)
+
+    Raises:
+        NotResumable: saying why.
+    """
+    if run.state is not RunState.STOPPED or run.snapshot is None:
+        raise NotResumable(run.id, f"it is {run.state}, not stopped with a snapshot")
+    artifacts = run.artifacts
+    if artifacts is None or artifacts.phase is not ArtifactsPhase.DONE:
+        if artifacts is None:
+            state = "no retrieval was recorded"
+        else:
+            state = f"its retrieval is {artifacts.phase}"
+            if artifacts.error:
+                state += f" (last error: {artifacts.error})"
+        raise NotResumable(run.id, f"its checkpoint is not in the artifact store: {state}")
+    return run.snapshot
 
 
 class Outcome(BaseModel):

@@ -18,7 +18,7 @@ from .snapshot import END_TIMEOUT_S, PROOF_TIMEOUT_S, REQUEST_POLL_S, StopLimits
 
 __all__ = ["Settings"]
 
-_Positive = Annotated[float, Field(gt=0)]
+_Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 
 class Settings(BaseSettings):
@@ -41,6 +41,45 @@ class Settings(BaseSettings):
     """How long a worker holds a deadline it is acting on before another may."""
     task_max_runtime_s: _Positive = 300.0
     """Longest run of one task (a cancel takes at most ~20 s; a launch uploads)."""
+    launch_max_runtime_s: _Positive = 3600.0
+    """Longest run of a launch (it uploads the project, and a resume its checkpoint);
+    past it the run is recorded failed."""
+    retrieve_max_runtime_s: _Positive = 6 * 3600.0
+    """Longest run of one retrieval task (it downloads a whole checkpoint)."""
+
+    # --- policies (DESIGN.md §7) ---------------------------------------------------
+    policy_s: _Positive = 30.0
+    """How often beat evaluates the policies of running runs."""
+    deadline_lead_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 15 * 60.0
+    """How long before a run's `max_hours` its `deadline` snapshot is asked."""
+    cost_fraction: Annotated[float, Field(gt=0, le=1)] = 0.95
+    """Share of `max_cost_usd` at which the `cost` snapshot is asked."""
+    disk_used_fraction: Annotated[float, Field(gt=0, le=1)] = 0.92
+    """Used share of the run directory's filesystem at which `disk` is asked."""
+    disk_checkpoint_factor: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 1.5
+    """`disk` is asked when free space is below this many times the newest
+    checkpoint's size."""
+    disk_probe_s: _Positive = 60.0
+    """Least time between two disk probes of one target."""
+    watchdog_poll_s: _Positive = 5.0
+    """How often the on-target watchdog checks whether its job ended."""
+
+    # --- artifacts ------------------------------------------------------------------
+    artifact_dir: Path | None = None
+    """The artifact store; None: `<state_dir>/runs`."""
+    retrieve_backoff_s: _Positive = 30.0
+    """Wait after a run's first failed retrieval; doubled after each further one."""
+    retrieve_backoff_max_s: _Positive = 3600.0
+    retrieve_attempts: Annotated[int, Field(ge=1)] = 50
+    """Attempts before a retrieval is marked failed (shown; `runwarden retrieve`
+    tries again)."""
+
+    @property
+    def artifacts_root(self) -> Path:
+        """The artifact store's root: each run's artifacts in `<root>/<run_id>/`."""
+        if self.artifact_dir is not None:
+            return self.artifact_dir.expanduser().absolute()
+        return self.state_dir.expanduser().absolute() / "runs"
 
     @property
     def stop_limits(self) -> StopLimits:
@@ -75,4 +114,5 @@ class Settings(BaseSettings):
         """The broker's redelivery delay for unacknowledged messages, in seconds: longer
         than the longest countdown plus a task's run time, so a countdown task that is
         waiting for its ETA is never delivered twice (DESIGN.md §4)."""
-        return max(self.proof_timeout_s, self.end_timeout_s) + self.task_max_runtime_s + 60.0
+        longest_task_s = max(self.task_max_runtime_s, self.launch_max_runtime_s)
+        return max(self.proof_timeout_s, self.end_timeout_s) + longest_task_s + 60.0

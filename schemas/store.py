@@ -46,6 +46,8 @@ as `schemas.ids` checks it, so never `:` or `|`; `<target>` a target name):
 | `P metrics:<id>` | stream | `m` = one metrics record, JSON (capped, approximate) |
 | `P progress:<id>` | hash | `Progress` fields, each a JSON value |
 | `P once:<key>` | string | marker of an effect done once (expires) |
+| `P retrievals` | sorted set | ids of runs with `artifacts` pending, score = next attempt |
+| `P lock:<key>` | string | a lock holder's token (expires; its holder extends, releases) |
 
 Units: durations are seconds (float) unless the name says `_ms`; datetimes are
 timezone-aware UTC (a naive one is taken as UTC); sorted-set scores are unix
@@ -84,7 +86,7 @@ from redis.retry import Retry
 from .errors import Conflict, NotFound, NotRunning, StoreError, UnknownTarget
 from .ids import validate_run_id
 from .job import JobId
-from .run import TERMINAL_STATES, RunRecord, RunState
+from .run import TERMINAL_STATES, Artifacts, ArtifactsPhase, RunRecord, RunState
 from .snapshot import Snapshot, SnapshotReason
 from .stops import Deadline, Progress, StopPhase, StopState, new_stop_id
 
@@ -213,6 +215,21 @@ _UNFOLLOW = """
 local removed = redis.call('SREM', KEYS[1], ARGV[1])
 if redis.call('SCARD', KEYS[1]) == 0 then redis.call('SREM', KEYS[2], ARGV[2]) end
 return removed
+"""
+
+
+# KEYS: lock. ARGV: token, ttl ms. Extends the lock only while this token holds it.
+_EXTEND_LOCK = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+"""
+
+# KEYS: lock. ARGV: token. Releases the lock only while this token holds it.
+_RELEASE_LOCK = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+return 1
 """
 
 
@@ -417,6 +434,8 @@ class RunStore:
         self._claim_script = client.register_script(_CLAIM)
         self._follow_script = client.register_script(_FOLLOW)
         self._unfollow_script = client.register_script(_UNFOLLOW)
+        self._extend_lock_script = client.register_script(_EXTEND_LOCK)
+        self._release_lock_script = client.register_script(_RELEASE_LOCK)
 
     # --- keys -----------------------------------------------------------------------
 
@@ -602,6 +621,8 @@ class RunStore:
                         raise ValueError("update_run cannot change a run's id")
                     pipe.multi()
                     pipe.set(key, new.model_dump_json())
+                    if new.artifacts != current.artifacts:
+                        self._index_retrieval(pipe, new)
                     score = new.created.timestamp()
                     if new.target != current.target:
                         pipe.zrem(self._key("runs", "t", current.target), run_id)
@@ -615,6 +636,17 @@ class RunStore:
             f"run {run_id!r} is being changed by too many writers at once; try again",
             run_id=run_id,
         )
+
+    def _index_retrieval(self, pipe: Any, record: RunRecord) -> None:
+        """Keeps the retrieval queue in step with the record's `artifacts`, in the
+        same transaction: pending -> queued at its next attempt; else not queued."""
+        queue = self._key("retrievals")
+        artifacts = record.artifacts
+        if artifacts is not None and artifacts.phase is ArtifactsPhase.PENDING:
+            due = artifacts.next_attempt or datetime.now(UTC)
+            pipe.zadd(queue, {record.id: _score(_aware(due))})
+        else:
+            pipe.zrem(queue, record.id)
 
     @_translated
     def transition(
@@ -700,6 +732,16 @@ class RunStore:
             update: dict[str, Any] = {"state": to_state}
             if to_state is not current.state or message is not None:
                 update["message"] = message
+            if to_state is not current.state:
+                # The policies' clock: a run's hours count from when it ran.
+                if to_state is RunState.RUNNING:
+                    update["started"] = datetime.now(UTC)
+                elif to_state in TERMINAL_STATES:
+                    update["ended"] = datetime.now(UTC)
+                    if (job or current.job) is not None and current.artifacts is None:
+                        # Queued with the end itself, in one transaction: no crash
+                        # between the two can leave an ended run never retrieved.
+                        update["artifacts"] = Artifacts(next_attempt=update["ended"])
             if snapshot is not None:
                 update["snapshot"] = snapshot
             if job is not None:
@@ -1201,6 +1243,36 @@ class RunStore:
         except (ValueError, ValidationError) as error:
             raise StoreError(f"run store: the progress of run {run_id!r} is unreadable") from error
 
+    # --- retrievals -------------------------------------------------------------------
+
+    @_translated
+    def schedule_retrieval(self, run_id: str, at: datetime) -> None:
+        """Marks the artifacts of run `run_id` as to be retrieved at `at` (or moves its
+        next attempt there). Durable: [`due_retrievals`] returns it until
+        [`drop_retrieval`]."""
+        self._r.zadd(self._key("retrievals"), {validate_run_id(run_id): _score(_aware(at))})
+
+    @_translated
+    def due_retrievals(self, now: datetime, limit: int = 100) -> list[str]:
+        """Ids of the runs whose retrieval is due at or before `now`, earliest first."""
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
+        reply = self._r.zrangebyscore(
+            self._key("retrievals"), "-inf", _score(_aware(now)), start=0, num=limit
+        )
+        return [_text(member) for member in reply]
+
+    @_translated
+    def pending_retrievals(self, limit: int = 1000) -> list[tuple[str, datetime]]:
+        """Every scheduled retrieval with its next attempt, earliest first."""
+        reply = self._r.zrange(self._key("retrievals"), 0, limit - 1, withscores=True)
+        return [(_text(m), datetime.fromtimestamp(score, UTC)) for m, score in reply]
+
+    @_translated
+    def drop_retrieval(self, run_id: str) -> bool:
+        """Removes run `run_id` from the scheduled retrievals; whether it was there."""
+        return bool(self._r.zrem(self._key("retrievals"), validate_run_id(run_id)))
+
     # --- idempotency ------------------------------------------------------------------
 
     @_translated
@@ -1213,6 +1285,30 @@ class RunStore:
         if not key:
             raise ValueError("a once key is not empty")
         return bool(self._r.set(self._key("once", key), "1", nx=True, px=_millis(ttl_s, "ttl")))
+
+    @_translated
+    def lock(self, key: str, token: str, ttl_s: float) -> bool:
+        """Takes the lock `key` for the holder `token` (random, one per holder) for
+        `ttl_s` seconds; True when taken. Unlike [`once`], only its holder can extend
+        ([`extend_lock`]) or release ([`unlock`]) it."""
+        if not key or not token:
+            raise ValueError("a lock key and token are not empty")
+        return bool(self._r.set(self._key("lock", key), token, nx=True, px=_millis(ttl_s, "ttl")))
+
+    @_translated
+    def extend_lock(self, key: str, token: str, ttl_s: float) -> bool:
+        """Moves the lock's expiry `ttl_s` seconds ahead; False when `token` no longer
+        holds it (it lapsed, and maybe another holder took it)."""
+        return bool(
+            self._extend_lock_script(
+                keys=[self._key("lock", key)], args=[token, _millis(ttl_s, "ttl")]
+            )
+        )
+
+    @_translated
+    def unlock(self, key: str, token: str) -> bool:
+        """Releases the lock if `token` still holds it; whether it did."""
+        return bool(self._release_lock_script(keys=[self._key("lock", key)], args=[token]))
 
     @_translated
     def forget(self, key: str) -> bool:

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +31,15 @@ CLOCKS = {
     "RUNWARDEN_FOLLOW_POLL_S": "0.5",
     "RUNWARDEN_RECONCILE_S": "1",
     "RUNWARDEN_DEADLINE_LEASE_S": "10",
+    "RUNWARDEN_POLICY_S": "1",
+    "RUNWARDEN_WATCHDOG_POLL_S": "0.5",
+    "RUNWARDEN_RETRIEVE_BACKOFF_S": "1",
+    "RUNWARDEN_RETRIEVE_BACKOFF_MAX_S": "4",
+    "RUNWARDEN_DISK_PROBE_S": "2",
+    # The disk policy is on for every run: off here, so that a nearly full disk on
+    # the test machine stops no run; the disk tests turn it on.
+    "RUNWARDEN_DISK_USED_FRACTION": "1",
+    "RUNWARDEN_DISK_CHECKPOINT_FACTOR": "0",
 }
 
 
@@ -116,7 +125,12 @@ class Pipeline:
         """Waits until a worker answers a ping."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            replies = self.api.app.control.ping(timeout=0.5)
+            try:
+                replies = self.api.app.control.ping(timeout=0.5)
+            except Exception:  # noqa: BLE001 - a Redis restarted under a stale client
+                self.api = Runwarden(self.api.settings)
+                time.sleep(0.2)
+                continue
             if replies:
                 return
         raise AssertionError("no worker answered: " + self.logs())
@@ -235,11 +249,14 @@ class Pipeline:
 
 
 @contextmanager
-def running_pipeline(tmp: Path, workers: int = 1, beat: bool = True) -> Iterator[Pipeline]:
+def running_pipeline(
+    tmp: Path, workers: int = 1, beat: bool = True, extra_env: Mapping[str, str] | None = None
+) -> Iterator[Pipeline]:
     redis = RedisServer(tmp / "redis")
     redis.start()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RUNWARDEN_")}
     env.update(CLOCKS)
+    env.update(extra_env or {})
     env["RUNWARDEN_REDIS_URL"] = redis.url
     env["RUNWARDEN_STATE_DIR"] = str(tmp / "state")
     env["PYTHONPATH"] = str(ROOT)

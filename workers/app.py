@@ -15,11 +15,22 @@ from celery import Celery
 from kombu.entity import Queue
 
 from schemas import Settings
-from schemas.events import TASK_FOLLOW_TICK, TASK_POLL_REQUESTS, TASK_RECONCILE
+from schemas.events import (
+    TASK_FOLLOW_TICK,
+    TASK_POLICY_TICK,
+    TASK_POLL_REQUESTS,
+    TASK_RECONCILE,
+    TASK_RETRIEVE,
+)
 
-__all__ = ["ETA_TASK_LIMIT", "QUEUE", "app", "celery_config", "settings"]
+__all__ = ["ETA_TASK_LIMIT", "QUEUE", "QUEUE_RETRIEVE", "app", "celery_config", "settings"]
 
 QUEUE: Final = "runwarden"
+QUEUE_RETRIEVE: Final = "runwarden.retrieve"
+"""The queue of `runwarden.retrieve` alone: a retrieval may download for hours, and
+must never hold a worker process that a stop's deadline or a follow tick needs.
+`runwarden serve` (and compose) run one worker for it; a worker started without
+`-Q` consumes both queues."""
 ETA_TASK_LIMIT: Final = 10_000
 """Most countdown tasks one worker holds in memory at once; past it the broker keeps
 them (and `reconcile` still fires overdue deadlines)."""
@@ -58,13 +69,15 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_time_limit": int(settings.task_max_runtime_s),
         "result_expires": 24 * 3600,
         "task_default_queue": QUEUE,
-        "task_queues": (Queue(QUEUE),),  # type: ignore[no-untyped-call]
+        "task_queues": (Queue(QUEUE), Queue(QUEUE_RETRIEVE)),  # type: ignore[no-untyped-call]
+        "task_routes": {TASK_RETRIEVE: {"queue": QUEUE_RETRIEVE}},
         "timezone": "UTC",
         "enable_utc": True,
         "beat_schedule": {
             "follow-tick": {"task": TASK_FOLLOW_TICK, "schedule": settings.follow_poll_s},
             "poll-requests": {"task": TASK_POLL_REQUESTS, "schedule": settings.request_poll_s},
             "reconcile": {"task": TASK_RECONCILE, "schedule": settings.reconcile_s},
+            "policies": {"task": TASK_POLICY_TICK, "schedule": settings.policy_s},
         },
         "beat_max_loop_interval": max(1.0, min(settings.follow_poll_s, settings.reconcile_s)),
     }

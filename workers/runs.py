@@ -9,23 +9,29 @@ import json
 import logging
 import os
 import secrets as _secrets
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from pydantic import SecretStr
 
 from schemas import (
+    Artifacts,
+    ArtifactsPhase,
     Conflict,
     JobCommand,
     JobId,
     JobStatus,
     NotFound,
+    NotResumable,
     NotRunning,
     Outcome,
     ProofNone,
+    RunError,
     RunRecord,
     RunState,
     Settings,
@@ -39,23 +45,46 @@ from schemas import (
     parse_proof,
     validate_run_id,
 )
-from schemas.events import TASK_END_TIMEOUT, TASK_PROOF_TIMEOUT, LaunchSpec
+from schemas.events import (
+    TASK_END_TIMEOUT,
+    TASK_PROOF_TIMEOUT,
+    TASK_RETRIEVE,
+    TASK_SNAPSHOT_REQUEST,
+    LaunchSpec,
+)
+from schemas.policy import PolicyVerdict, deadline_request_after_s, time_verdict
 from schemas.protocol import (
     JOBSIDE_DIR,
     METRICS_FILE,
     PID_FILE,
     PROOF_LIMIT,
+    RESUME_ENV,
     SNAPSHOT_FILE,
     SNAPSHOT_REQUEST,
 )
-from schemas.run import check_cancel, check_snapshot_request
+from schemas.run import (
+    ADOPTED_COMMAND,
+    check_cancel,
+    check_resumable,
+    check_snapshot_request,
+)
 from schemas.store import Offsets, RunStore
 
 from .errors import LaunchError, SecretMissing, WorkerError
 from .executors import ExecError, ScriptExecutor
+from .executors.digest import FileDigest
 from .executors.lines import complete_lines
-from .executors.scripts import FOLLOW_CHUNK_BYTES, follow_script, parse_follow
+from .executors.probe import disk_probe_script, disk_verdict, parse_disk_probe
+from .executors.scripts import FOLLOW_CHUNK_BYTES, follow_script, parse_follow, quote
 from .jobside import jobside_dir
+from .retrieval import (
+    MANIFEST_FILE,
+    RetrievalError,
+    check_stored,
+    retrieval_plan,
+    retrieve,
+    stored_files,
+)
 from .targets import executor_for
 
 __all__ = [
@@ -67,6 +96,8 @@ log = logging.getLogger("runwarden")
 
 SECRET_ENV_PREFIX = "RUNWARDEN_SECRET_"  # noqa: S105 - a name prefix, not a secret
 CLAIM_TRIES = 20
+RETRIEVE_LEASE_S = 120.0
+"""How long a retrieval's lock lasts without its worker extending it, in seconds."""
 CANCEL_RETRY_S = 60.0
 """When a cancel failed (the group survived, the target was unreachable), how long
 until `reconcile` tries it again, in seconds."""
@@ -96,15 +127,25 @@ class Worker:
 
     def launch(self, spec: LaunchSpec, now: datetime) -> RunRecord:
         """Claims a run directory (a taken one tries the next id), records the run,
-        uploads, ships the job side, spawns, records it running and follows it. If the
-        record cannot be written after the spawn, the job is cancelled: nothing could
-        find it again.
+        uploads, ships the job side, spawns (with the on-target watchdog when the run
+        has `max_hours`), records it running and follows it. If the record cannot be
+        written after the spawn, the job is cancelled: nothing could find it again.
+
+        A resume (`spec.resume_from`) first checks that the run is stopped and its
+        checkpoint is intact in the artifact store (else `NotResumable`, nothing
+        claimed), then uploads that checkpoint to the same relative path in the new
+        run directory, checks the upload against the stored manifest, and passes its
+        absolute path as `RUNWARDEN_RESUME_FROM`. A stale `snapshot.request` or
+        `snapshot.json` (from the uploaded directory) is removed before the spawn, so
+        the new run never inherits a request.
 
         Raises:
-            UnknownTarget, LaunchError, SecretMissing, ExecError, StoreError.
+            UnknownTarget, NotFound, NotResumable, LaunchError, SecretMissing,
+            ExecError, StoreError.
         """
+        resume: tuple[RunRecord, str, list[FileDigest]] | None = None
         if spec.resume_from is not None:
-            raise LaunchError("resume is not available yet (issue 6)")
+            resume = self.resumable(spec.resume_from)
         secrets = {}
         for name in spec.secrets:
             value = os.environ.get(SECRET_ENV_PREFIX + name)
@@ -125,6 +166,11 @@ class Worker:
                 snapshots=spec.snapshots,
                 command=spec.command,
                 limits=spec.limits,
+                name=spec.name,
+                upload=None if spec.upload is None else str(spec.upload),
+                skip=spec.skip,
+                secrets=spec.secrets,
+                resumed_from=None if resume is None else resume[0].id,
             )
             if self.store.create_run(record):
                 if executor.claim(run_dir, owner):
@@ -146,11 +192,26 @@ class Worker:
                 "RUNWARDEN_SNAPSHOT_REQUEST": f"{run_dir}/{SNAPSHOT_REQUEST}",
                 "RUNWARDEN_METRICS": f"{run_dir}/{METRICS_FILE}",
             }
+            if resume is not None:
+                env[RESUME_ENV] = self._upload_checkpoint(executor, run_dir, *resume)
+            self._clear_stale_requests(executor, run_dir)
+            after_s = deadline_request_after_s(spec.limits, self.settings.deadline_lead_s)
             job = executor.spawn(
-                JobCommand(dir=run_dir, script=spec.command, env=env, secrets=secrets)
+                JobCommand(
+                    dir=run_dir,
+                    script=spec.command,
+                    env=env,
+                    secrets=secrets,
+                    deadline_request_after_s=(
+                        None if after_s is None or not spec.snapshots else max(after_s, 0.001)
+                    ),
+                    watchdog_poll_s=self.settings.watchdog_poll_s,
+                )
             )
-        except (ExecError, OSError) as error:
-            self.store.transition(run_id, RunState.FAILED, message=f"launch failed: {error}")
+        except BaseException as error:
+            # Also the task's soft time limit: a run never stays `preparing`.
+            text = str(error) or type(error).__name__
+            self.store.transition(run_id, RunState.FAILED, message=f"launch failed: {text}")
             raise
         try:
             record = self.store.transition(run_id, RunState.RUNNING, job=job)
@@ -161,6 +222,66 @@ class Worker:
             raise
         log.info("run %s: launched on %s, pid %s", run_id, spec.target, job.pid)
         return record
+
+    def resumable(self, run_id: str) -> tuple[RunRecord, str, list[FileDigest]]:
+        """The stopped run `run_id`, its checkpoint (relative to the run directory)
+        and the stored digests of the checkpoint's files, when it can be resumed.
+
+        Raises:
+            NotFound: no such run.
+            NotResumable: it is not stopped, or its checkpoint is not complete in
+                the artifact store (not retrieved yet, retrieval failed, files
+                missing or changed in size).
+        """
+        source = self.store.get_run(run_id)
+        snapshot = check_resumable(source)
+        checkpoint = snapshot.checkpoint
+        try:
+            files = check_stored(self.settings.artifacts_root / source.id, checkpoint)
+        except RetrievalError as error:
+            raise NotResumable(run_id, str(error)) from error
+        return source, checkpoint, files
+
+    def _upload_checkpoint(
+        self,
+        executor: ScriptExecutor,
+        run_dir: str,
+        source: RunRecord,
+        checkpoint: str,
+        files: list[FileDigest],
+    ) -> str:
+        """Uploads the stored checkpoint of `source` to `<run_dir>/<checkpoint>` and
+        checks every file against the stored digests; returns the remote path.
+
+        Raises:
+            LaunchError: the upload differs from the artifact store.
+            ExecError: the upload failed.
+        """
+        local = self.settings.artifacts_root / source.id / checkpoint
+        remote = f"{run_dir}/{checkpoint}"
+        executor.upload(local, remote)
+        uploaded = {d.path: d.sha256 for d in executor.manifest(run_dir, [checkpoint])}
+        stored = {d.path: d.sha256 for d in files}
+        if uploaded != stored:
+            wrong = sorted(set(uploaded.items()) ^ set(stored.items()))
+            raise LaunchError(
+                f"the checkpoint of {source.id} arrived different on the target "
+                f"({len(wrong)} differences, first {wrong[0][0]!r})"
+            )
+        log.info("run %s: checkpoint %s uploaded and verified", source.id, checkpoint)
+        return remote
+
+    @staticmethod
+    def _clear_stale_requests(executor: ScriptExecutor, run_dir: str) -> None:
+        """Removes `snapshot.request` and `snapshot.json` from a fresh run directory:
+        an uploaded directory may carry them from an earlier run."""
+        script = (
+            f"rm -f -- {quote(f'{run_dir}/{SNAPSHOT_REQUEST}')} "
+            f"{quote(f'{run_dir}/{SNAPSHOT_FILE}')}\n"
+        )
+        result = executor.transport.run(script, action="clear")
+        if result.exit_code != 0:
+            raise LaunchError(f"cannot clear stale snapshot files in {run_dir}")
 
     def adopt(self, target: str, run_dir: str, now: datetime) -> RunRecord:
         """Follows a run directory started elsewhere (by hand, or by overbrainer): its
@@ -188,7 +309,7 @@ class Worker:
             remote_dir=run_dir,
             job=job,
             state=RunState.RUNNING,
-            command="(adopted)",
+            command=ADOPTED_COMMAND,
         )
         while not self.store.create_run(record):
             record = record.model_copy(update={"id": next_run_id(record.id)})
@@ -220,38 +341,324 @@ class Worker:
             log.info("run %s: %s (%s)", run.id, record.state, record.message or "")
         self.store.close_stop(run.id, None, note=f"the run ended {record.state}")
         self.store.unfollow(run.id)
+        if changed:
+            record = self.queue_retrieval(record, utcnow())
         return record
+
+    # --- artifacts ------------------------------------------------------------------
+
+    def queue_retrieval(self, run: RunRecord, now: datetime) -> RunRecord:
+        """Sends the retrieval task of the ended `run`. The retrieval itself is queued
+        durably by the transition that ended the run (the store's retrieval queue,
+        which `reconcile` drains), so a failure to send loses nothing. A run without
+        a queued retrieval (ended before retrievals existed) is queued now."""
+        if run.artifacts is None and run.job is not None:
+            run = self.store.update_run(
+                run.id,
+                lambda current: current.model_copy(
+                    update={"artifacts": Artifacts(next_attempt=now)}
+                )
+                if current.artifacts is None
+                else None,
+            )
+        if run.artifacts is not None and run.artifacts.phase is ArtifactsPhase.PENDING:
+            self._send_retrieve(run.id)
+        return run
+
+    def _send_retrieve(self, run_id: str) -> None:
+        try:
+            self.schedule(TASK_RETRIEVE, {"body": {"run_id": run_id}}, 0.0)
+        except Exception:  # noqa: BLE001 - reconcile sends it from the retrieval queue
+            log.warning("run %s: cannot send the retrieval task", run_id)
+
+    @staticmethod
+    def _due(run: RunRecord, now: datetime) -> bool:
+        artifacts = run.artifacts
+        if artifacts is None:
+            return run.job is not None
+        if artifacts.phase is not ArtifactsPhase.PENDING:
+            return False
+        return artifacts.next_attempt is None or artifacts.next_attempt <= now + timedelta(
+            seconds=1
+        )
+
+    def retrieve(self, run_id: str, now: datetime, *, force: bool = False) -> Artifacts:
+        """Brings the artifacts of the ended run `run_id` into the artifact store,
+        verified against the target's manifest (`workers.retrieval.retrieve`), and
+        records the result. The attempt is counted before it starts (a worker killed
+        mid-way still counts it); a failure is recorded with its error and tried
+        again after a backoff (`retrieve_backoff_s`, doubled each time, at most
+        `retrieve_backoff_max_s`; the maximum at once for an error that needs a
+        person) until `retrieve_attempts`, then marked failed: never dropped
+        silently. A call before the next attempt is due, or for a retrieval done or
+        given up, changes nothing (a duplicate task). `force` (a person's
+        `runwarden retrieve`) tries now, whatever the state; a stored copy that is
+        damaged is moved aside first. One retrieval of a run runs at a time, under a
+        lock held by its holder only.
+
+        Raises:
+            NotFound: no such run.
+            Conflict: the run has not ended, or (with `force`) a retrieval of it is
+                running now.
+        """
+        run = self.store.get_run(run_id)
+        if not run.state.is_terminal:
+            raise Conflict(f"run {run_id!r} is {run.state}: its artifacts come when it ends")
+        if not force and not self._due(run, now):
+            return run.artifacts or Artifacts(phase=ArtifactsPhase.FAILED, error="no job")
+        lock, token = f"retrieve:{run_id}", _secrets.token_hex(16)
+        if not self.store.lock(lock, token, RETRIEVE_LEASE_S):
+            if force:
+                raise Conflict(f"a retrieval of run {run_id!r} is running now")
+            return run.artifacts or Artifacts()
+        # While it runs, the lock and the queue entry are kept ahead of the clock,
+        # so reconcile does not send it again; a worker killed mid-way lets both
+        # lapse within a lease, and reconcile sends it again then.
+        done = threading.Event()
+
+        def heartbeat() -> None:
+            while not done.wait(RETRIEVE_LEASE_S / 4):
+                try:
+                    if not self.store.extend_lock(lock, token, RETRIEVE_LEASE_S):
+                        log.error("run %s: the retrieval lock lapsed", run_id)
+                        return
+                    self.store.schedule_retrieval(
+                        run_id, utcnow() + timedelta(seconds=RETRIEVE_LEASE_S)
+                    )
+                except Exception:  # noqa: BLE001 - Redis trouble: the lease may lapse
+                    log.warning("run %s: cannot extend the retrieval lease", run_id)
+
+        beat = threading.Thread(target=heartbeat, name=f"lease-{run_id}", daemon=True)
+        try:
+            run = self.store.get_run(run_id)  # as it is now that this call holds the lock
+            if not force and not self._due(run, now):
+                return run.artifacts or Artifacts()
+            attempts = (run.artifacts.attempts if run.artifacts else 0) + 1
+            previous = run.artifacts.error if run.artifacts else None
+            lease_end = utcnow() + timedelta(seconds=RETRIEVE_LEASE_S)
+            self.store.update_run(
+                run_id,
+                lambda current: current.model_copy(
+                    update={
+                        "artifacts": Artifacts(
+                            attempts=attempts, error=previous, next_attempt=lease_end
+                        )
+                    }
+                ),
+            )
+            beat.start()
+            try:
+                result = self._retrieve_once(run, attempts, now, force=force)
+            finally:
+                done.set()
+                beat.join()
+
+            def record(current: RunRecord) -> RunRecord | None:
+                stored = current.artifacts
+                if stored is not None and stored.phase is ArtifactsPhase.DONE and not force:
+                    return None  # another retrieval finished meanwhile: keep it
+                return current.model_copy(update={"artifacts": result})
+
+            return self.store.update_run(run_id, record).artifacts or result
+        finally:
+            done.set()
+            self.store.unlock(lock, token)
+
+    def _retrieve_once(
+        self, run: RunRecord, attempts: int, now: datetime, *, force: bool
+    ) -> Artifacts:
+        """One attempt, started at `now`; returns the artifacts to record. Never raises
+        for a failed retrieval: every error becomes a recorded failure, whose backoff
+        counts from when it failed (a long transfer that broke is not due at once)."""
+        dest = self.settings.artifacts_root / run.id
+        started = time.monotonic()
+        try:
+            if force:
+                _set_aside_if_damaged(dest)
+            entries, exclude = retrieval_plan(run.state, run.snapshot)
+            if (dest / MANIFEST_FILE).exists():
+                # Complete already (a retry after the record's update was lost): no
+                # need to reach the target, which may be gone by now.
+                check_stored_all(dest)
+                executor: Any = None
+            else:
+                executor = self.executor(run.target)
+            done = retrieve(executor, run.remote_dir, dest, entries, exclude)
+        except Exception as error:
+            if not isinstance(error, (RetrievalError, ExecError, RunError, OSError)):
+                log.exception("run %s: retrieval failed unexpectedly", run.id)
+            text = str(error)[:500] or type(error).__name__
+            if attempts >= self.settings.retrieve_attempts:
+                log.error(
+                    "run %s: artifacts NOT retrieved after %d attempts: %s",
+                    run.id, attempts, text,
+                )  # fmt: skip
+                return Artifacts(phase=ArtifactsPhase.FAILED, attempts=attempts, error=text)
+            wait_s = min(
+                self.settings.retrieve_backoff_s * 2 ** (attempts - 1),
+                self.settings.retrieve_backoff_max_s,
+            )
+            if isinstance(error, RetrievalError) and not error.retryable:
+                # Needs a person (a host key, a permission): try seldom.
+                wait_s = self.settings.retrieve_backoff_max_s
+            log.warning(
+                "run %s: retrieval attempt %d failed, next in %g s: %s",
+                run.id, attempts, wait_s, text,
+            )  # fmt: skip
+            failed_at = now + timedelta(seconds=time.monotonic() - started)
+            upcoming = failed_at + timedelta(seconds=wait_s)
+            return Artifacts(attempts=attempts, error=text, next_attempt=upcoming)
+        log.info(
+            "run %s: artifacts retrieved and verified: %d files, %d bytes in %.1f s",
+            run.id, done.files, done.bytes, time.monotonic() - started,
+        )  # fmt: skip
+        return Artifacts(
+            phase=ArtifactsPhase.DONE,
+            attempts=attempts,
+            path=str(done.path),
+            files=done.files,
+            bytes=done.bytes,
+            retrieved=utcnow(),
+        )
 
     # --- stops ----------------------------------------------------------------------
 
     def request_snapshot(
-        self, run_id: str, reason: SnapshotReason, asked_by: str, now: datetime
+        self,
+        run_id: str,
+        reason: SnapshotReason,
+        asked_by: str,
+        now: datetime,
+        *,
+        only_if_none_open: bool = False,
     ) -> StopState:
         """Asks the run's job for a snapshot: opens the stop (its proof deadline in the
         deadline table first), then writes the request; schedules the proof countdown
-        for a new stop. Asking again changes only the reason, never the timers.
+        for a new stop. Asking again changes only the reason, never the timers; with
+        `only_if_none_open` (a policy) it changes nothing at all: the first reason
+        stays and the open stop is returned as it is.
 
         Raises:
             NotFound, NotStarted, NotRunning, NoSnapshots, ExecError, StoreError.
         """
         run = self.store.get_run(run_id)
         check_snapshot_request(run)
-        stop, opened = self.store.open_stop(
-            run_id, reason, asked_by, now, self.settings.proof_timeout_s, replace_reason=True
-        )
-        try:
-            self.executor(run.target).put_file(
-                f"{run.remote_dir}/{SNAPSHOT_REQUEST}", str(stop.reason)
+        found = False
+        if only_if_none_open:
+            # A request already in the run directory (the watchdog's, a person's) that
+            # no tick has seen yet is the first one: its reason stays, nothing is
+            # written over it.
+            written = self.executor(run.target).read_from(
+                f"{run.remote_dir}/{SNAPSHOT_REQUEST}", 0, 256
             )
-        except ExecError:
-            if opened:
-                # Never asked: a proof deadline would cancel a job that was not told.
-                self.store.close_stop(run_id, stop.stop_id, note="the request could not be written")
-            raise
+            if written.strip():
+                reason, asked_by, found = SnapshotReason.parse(written), "watch", True
+        stop, opened = self.store.open_stop(
+            run_id,
+            reason,
+            asked_by,
+            now,
+            self.settings.proof_timeout_s,
+            replace_reason=not only_if_none_open,
+        )
+        if not opened and only_if_none_open:
+            return stop
+        if not found:
+            try:
+                self.executor(run.target).put_file(
+                    f"{run.remote_dir}/{SNAPSHOT_REQUEST}", str(stop.reason)
+                )
+            except ExecError:
+                if opened:
+                    # Never asked: a proof deadline would cancel a job that was not
+                    # told.
+                    self.store.close_stop(
+                        run_id, stop.stop_id, note="the request could not be written"
+                    )
+                raise
         if opened:
             self.schedule_deadline(stop, "proof", self.settings.proof_timeout_s)
             log.info("run %s: snapshot asked (%s, by %s)", run_id, stop.reason, asked_by)
         return stop
+
+    # --- policies -------------------------------------------------------------------
+
+    def policy_target(self, target: str, now: datetime) -> dict[str, int]:
+        """Evaluates the policies of every followed, running run of `target` that reads
+        snapshot requests and has no open stop (DESIGN.md §7): the time policies from
+        the record alone; the disk policy from one read-only probe of the target, at
+        most once per `disk_probe_s`. Each verdict is published as a
+        `runwarden.snapshot_request` event with `only_if_none_open` (a policy is a
+        producer: an open stop is never asked again, its first reason stays).
+        Returns how many runs it looked at and how many it asked."""
+        ids = self.store.followed(target)
+        runs = [
+            r
+            for r in self._records(ids)
+            if r is not None
+            and r.job is not None
+            and r.state is RunState.RUNNING
+            and r.snapshots
+            and self.store.get_stop(r.id) is None
+        ]
+        verdicts: dict[str, PolicyVerdict] = {}
+        for run in runs:
+            verdict = time_verdict(
+                run,
+                now,
+                lead_s=self.settings.deadline_lead_s,
+                cost_fraction=self.settings.cost_fraction,
+            )
+            if verdict is not None:
+                verdicts[run.id] = verdict
+        watched = [r for r in runs if r.limits.disk and r.id not in verdicts]
+        if watched and self.store.once(f"probe:{target}", ttl_s=self.settings.disk_probe_s):
+            verdicts.update(self._disk_verdicts(target, watched))
+        for run_id, verdict in verdicts.items():
+            # One event per run per tick at most; the request task decides.
+            if not self.store.once(f"policy:{run_id}", ttl_s=self.settings.policy_s):
+                continue
+            log.warning(
+                "run %s: policy asks a snapshot (%s): %s", run_id, verdict.reason, verdict.why
+            )
+            body = {
+                "run_id": run_id,
+                "reason": str(verdict.reason),
+                "asked_by": f"policy:{verdict.reason}",
+                "only_if_none_open": True,
+            }
+            try:
+                self.schedule(TASK_SNAPSHOT_REQUEST, {"body": body}, 0.0)
+            except Exception:  # noqa: BLE001 - the next tick asks again
+                self.store.forget(f"policy:{run_id}")
+                log.warning("run %s: cannot publish the policy's request", run_id)
+        return {"runs": len(runs), "asked": len(verdicts)}
+
+    def _disk_verdicts(self, target: str, runs: list[RunRecord]) -> dict[str, PolicyVerdict]:
+        """The disk policy's verdicts for `runs` of `target`, from one probe; a run
+        whose directory could not be probed gets none (logged)."""
+        token = _secrets.token_hex(16)
+        try:
+            output = self.executor(target).probe(
+                disk_probe_script([r.remote_dir for r in runs], token)
+            )
+            samples = parse_disk_probe(output, token, len(runs))
+        except (ExecError, WorkerError, ValueError) as error:
+            log.warning("target %s: disk probe failed: %s", target, error)
+            return {}
+        found: dict[str, PolicyVerdict] = {}
+        for run, sample in zip(runs, samples, strict=True):
+            if isinstance(sample, Exception):
+                log.warning("run %s: disk probe: %s", run.id, sample)
+                continue
+            why = disk_verdict(
+                sample,
+                used_limit=self.settings.disk_used_fraction,
+                checkpoint_factor=self.settings.disk_checkpoint_factor,
+            )
+            if why is not None:
+                found[run.id] = PolicyVerdict(SnapshotReason.DISK, why)
+        return found
 
     def notice_request(self, run: RunRecord, reason: str, now: datetime) -> None:
         """A request someone else wrote in the run directory: opens a stop for it, as if
@@ -399,7 +806,16 @@ class Worker:
 
     def reconcile(self, now: datetime, limit: int = 200) -> int:
         """Fires every overdue deadline whose countdown did not (a worker killed, a
-        message lost); returns how many it acted on."""
+        message lost), and sends the retrieval task of every retrieval that is due
+        (a first one whose task was lost, or the next attempt after a failure);
+        returns how many deadlines it acted on."""
+        for run_id in self.store.due_retrievals(now, limit):
+            # Moved ahead first, so the next tick does not send it again while it
+            # waits in the queue; the task moves it on when it runs.
+            self.store.schedule_retrieval(
+                run_id, now + timedelta(seconds=self.settings.task_max_runtime_s)
+            )
+            self._send_retrieve(run_id)
         done = 0
         for deadline in self.store.due_deadlines(now, limit):
             if not self.store.claim_deadline(
@@ -494,6 +910,26 @@ def _records(chunk: bytes) -> tuple[list[dict[str, Any]], int]:
         if isinstance(record, dict):
             records.append(record)
     return records, used
+
+
+def check_stored_all(dest: Path) -> None:
+    """Raises `RetrievalError` when the complete retrieval in `dest` lost or changed a
+    file (a retrieval may hold no file at all: nothing to check then)."""
+    if stored_files(dest):
+        check_stored(dest, "")
+
+
+def _set_aside_if_damaged(dest: Path) -> None:
+    """Moves a stored retrieval that lost or changed a file to `<dest>.damaged-<time>`
+    so that it is retrieved again (kept, not deleted: it may be all there is)."""
+    if not (dest / MANIFEST_FILE).exists():
+        return
+    try:
+        check_stored_all(dest)
+    except RetrievalError as error:
+        aside = dest.with_name(f"{dest.name}.damaged-{int(time.time())}")
+        log.warning("%s is damaged (%s): moved to %s", dest, error, aside)
+        dest.rename(aside)
 
 
 def utcnow() -> datetime:

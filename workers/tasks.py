@@ -22,13 +22,16 @@ from schemas.events import (
     TASK_FOLLOW,
     TASK_FOLLOW_TICK,
     TASK_LAUNCH,
+    TASK_POLICY_TICK,
     TASK_POLL_REQUESTS,
     TASK_PROOF_TIMEOUT,
     TASK_RECONCILE,
+    TASK_RETRIEVE,
     TASK_SNAPSHOT_REQUEST,
     CancelBody,
     FollowBody,
     LaunchSpec,
+    RetrieveBody,
     SnapshotRequestBody,
     TimeoutBody,
 )
@@ -37,13 +40,16 @@ from schemas.store import RunStore
 from .app import app, settings
 from .runs import Worker, utcnow
 
-__all__ = ["TASK_WATCH_TARGET", "BadRequest", "worker"]
+__all__ = ["TASK_POLICY_TARGET", "TASK_WATCH_TARGET", "BadRequest", "worker"]
 
 log = logging.getLogger("runwarden")
 
 TASK_WATCH_TARGET: Final = "runwarden.watch_target"
 """Internal: one target's share of a follow tick (fanned out by `follow_tick` and
 `poll_requests`, one task per target so workers share the load)."""
+
+TASK_POLICY_TARGET: Final = "runwarden.policy_target"
+"""Internal: one target's share of a policy tick (fanned out by `policy_tick`)."""
 
 _lock = threading.Lock()
 _worker: Worker | None = None
@@ -89,7 +95,13 @@ def _parse(model: type[_M], body: Any, task: str) -> _M:
         raise BadRequest(message) from None
 
 
-@app.task(name=TASK_LAUNCH)
+# A launch uploads (a resume: a whole checkpoint), so it gets its own limits; the
+# soft one raises inside `Worker.launch`, which records the run failed.
+@app.task(
+    name=TASK_LAUNCH,
+    time_limit=int(settings.launch_max_runtime_s) + 30,
+    soft_time_limit=int(settings.launch_max_runtime_s),
+)
 def launch(body: Any = None) -> dict[str, Any]:
     spec = _parse(LaunchSpec, body, TASK_LAUNCH)
     record = worker().launch(spec, utcnow())
@@ -114,7 +126,13 @@ def follow(body: Any = None) -> dict[str, Any]:
 @app.task(name=TASK_SNAPSHOT_REQUEST)
 def snapshot_request(body: Any = None) -> dict[str, Any]:
     request = _parse(SnapshotRequestBody, body, TASK_SNAPSHOT_REQUEST)
-    stop = worker().request_snapshot(request.run_id, request.reason, request.asked_by, utcnow())
+    stop = worker().request_snapshot(
+        request.run_id,
+        request.reason,
+        request.asked_by,
+        utcnow(),
+        only_if_none_open=request.only_if_none_open,
+    )
     return stop.model_dump(mode="json")
 
 
@@ -174,3 +192,38 @@ def watch_target(target: str) -> dict[str, int]:
         return w.watch_target(target, utcnow())
     finally:
         w.store.forget(lock)
+
+
+@app.task(name=TASK_POLICY_TICK)
+def policy_tick() -> int:
+    """Beat: fans the policies out, one task per target with followed runs."""
+    targets = worker().store.followed_targets()
+    for target in targets:
+        app.send_task(TASK_POLICY_TARGET, kwargs={"target": target})
+    return len(targets)
+
+
+@app.task(name=TASK_POLICY_TARGET)
+def policy_target(target: str) -> dict[str, int]:
+    w = worker()
+    lock = f"policy-tick:{target}"
+    if not w.store.once(lock, ttl_s=max(2.0, settings.policy_s)):
+        return {"skipped": 1}
+    try:
+        return w.policy_target(target, utcnow())
+    finally:
+        w.store.forget(lock)
+
+
+# Acknowledged on receipt, not late: a retrieval may run for hours, far longer than
+# the visibility timeout, and a redelivery would start it twice. A lost message loses
+# nothing: the retrieval queue in the store is durable and `reconcile` sends again.
+@app.task(
+    name=TASK_RETRIEVE,
+    acks_late=False,
+    time_limit=int(settings.retrieve_max_runtime_s),
+)
+def retrieve(body: Any = None) -> dict[str, Any]:
+    request = _parse(RetrieveBody, body, TASK_RETRIEVE)
+    result = worker().retrieve(request.run_id, utcnow(), force=request.force)
+    return result.model_dump(mode="json")

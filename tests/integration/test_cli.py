@@ -323,7 +323,9 @@ def test_runs_json_lists_run_records(pipeline: Pipeline, running: Launched) -> N
     assert item["job"] == {"dir": run.remote_dir, "pid": run.job.pid, "container": None}  # type: ignore[union-attr]
     assert item["remote_dir"] == str(pipeline.workdir / running.run_id)
     assert item["command"] == shlex.join(TOY)
-    assert item["limits"] == {"max_hours": None, "max_cost_usd": None, "usd_per_hour": None}
+    assert item["limits"] == {
+        "max_hours": None, "max_cost_usd": None, "usd_per_hour": None, "disk": True
+    }
     created = [datetime.fromisoformat(i["created"]) for i in listed]
     assert created == sorted(created, reverse=True)  # newest first
 

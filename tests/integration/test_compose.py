@@ -37,7 +37,7 @@ def resolved() -> dict[str, Any]:
 
 
 def test_compose_accepts_the_file(resolved: dict[str, Any]) -> None:
-    assert set(resolved["services"]) == {"redis", "worker", "beat", "flower"}
+    assert set(resolved["services"]) == {"redis", "worker", "retriever", "beat", "flower"}
 
 
 def test_redis_has_aof_and_a_password(resolved: dict[str, Any]) -> None:
@@ -58,7 +58,7 @@ def test_flower_has_basic_auth_and_listens_on_loopback(resolved: dict[str, Any])
 
 
 def test_one_image_with_an_init(resolved: dict[str, Any]) -> None:
-    for name in ("worker", "beat", "flower"):
+    for name in ("worker", "retriever", "beat", "flower"):
         service = resolved["services"][name]
         assert service["image"] == "runwarden:latest"
         assert service["init"] is True
@@ -78,3 +78,21 @@ def test_every_password_comes_from_the_environment() -> None:
                 continue
             if "PASSWORD" in line or "requirepass" in line or "basic-auth" in line:
                 assert "${" in line or "--requirepass" in line, line
+
+
+def test_retrievals_have_a_worker_of_their_own(resolved: dict[str, Any]) -> None:
+    """A long download must never hold a process a stop's deadline needs: the main
+    worker consumes `runwarden` only, the retriever `runwarden.retrieve` only, and
+    both keep the artifacts in the same volume."""
+    worker = resolved["services"]["worker"]["command"]
+    retriever = resolved["services"]["retriever"]["command"]
+    assert worker[worker.index("-Q") + 1] == "runwarden"
+    assert retriever[retriever.index("-Q") + 1] == "runwarden.retrieve"
+    def artifacts(name: str) -> list[Any]:
+        return [
+            v for v in resolved["services"][name]["volumes"]
+            if (v.get("target") if isinstance(v, dict) else str(v).split(":")[1])
+            == "/home/runwarden/state/runs"
+        ]
+    assert artifacts("worker")
+    assert artifacts("retriever")

@@ -129,9 +129,10 @@ def deadlines_of(pipeline: Pipeline, run_id: str) -> list[str]:
 
 
 def snapshot_of_store(pipeline: Pipeline, run_id: str) -> tuple[object, ...]:
-    """Everything a stop task could change for `run_id`."""
+    """Everything a stop task could change for `run_id` (the retrieval of its
+    artifacts goes on beside, and is left out)."""
     store = pipeline.api.store
-    run = store.get_run(run_id)
+    run = store.get_run(run_id).model_copy(update={"artifacts": None})
     markers = {
         name: (Path(run.remote_dir) / name).stat().st_mtime_ns
         for name in ("cancelled", "cancelling", "exit_code", SIGTERM_LOG)
