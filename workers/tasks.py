@@ -218,10 +218,12 @@ def policy_target(target: str) -> dict[str, int]:
 # Acknowledged on receipt, not late: a retrieval may run for hours, far longer than
 # the visibility timeout, and a redelivery would start it twice. A lost message loses
 # nothing: the retrieval queue in the store is durable and `reconcile` sends again.
+# The soft limit raises inside the attempt, which records it as a failed one.
 @app.task(
     name=TASK_RETRIEVE,
     acks_late=False,
-    time_limit=int(settings.retrieve_max_runtime_s),
+    time_limit=int(settings.retrieve_max_runtime_s) + 60,
+    soft_time_limit=int(settings.retrieve_max_runtime_s),
 )
 def retrieve(body: Any = None) -> dict[str, Any]:
     request = _parse(RetrieveBody, body, TASK_RETRIEVE)
