@@ -80,6 +80,7 @@ from .jobside import jobside_dir
 from .retrieval import (
     MANIFEST_FILE,
     RetrievalError,
+    Retrieved,
     check_stored,
     retrieval_plan,
     retrieve,
@@ -392,9 +393,9 @@ class Worker:
         person) until `retrieve_attempts`, then marked failed: never dropped
         silently. A call before the next attempt is due, or for a retrieval done or
         given up, changes nothing (a duplicate task). `force` (a person's
-        `runwarden retrieve`) tries now, whatever the state; a stored copy that is
-        damaged is moved aside first. One retrieval of a run runs at a time, under a
-        lock held by its holder only.
+        `runwarden retrieve`) tries now, whatever the state. A stored copy that lost
+        or changed a file is moved aside and retrieved again. One retrieval of a run
+        runs at a time, under a lock held by its holder only.
 
         Raises:
             NotFound: no such run.
@@ -448,7 +449,7 @@ class Worker:
             )
             beat.start()
             try:
-                result = self._retrieve_once(run, attempts, now, force=force)
+                result = self._retrieve_once(run, attempts, now)
             finally:
                 done.set()
                 beat.join()
@@ -464,26 +465,23 @@ class Worker:
             done.set()
             self.store.unlock(lock, token)
 
-    def _retrieve_once(
-        self, run: RunRecord, attempts: int, now: datetime, *, force: bool
-    ) -> Artifacts:
+    def _retrieve_once(self, run: RunRecord, attempts: int, now: datetime) -> Artifacts:
         """One attempt, started at `now`; returns the artifacts to record. Never raises
         for a failed retrieval: every error becomes a recorded failure, whose backoff
         counts from when it failed (a long transfer that broke is not due at once)."""
         dest = self.settings.artifacts_root / run.id
         started = time.monotonic()
         try:
-            if force:
-                _set_aside_if_damaged(dest)
+            _set_aside_if_damaged(dest)
             entries, exclude = retrieval_plan(run.state, run.snapshot)
-            if (dest / MANIFEST_FILE).exists():
-                # Complete already (a retry after the record's update was lost): no
-                # need to reach the target, which may be gone by now.
-                check_stored_all(dest)
-                executor: Any = None
+            stored = stored_files(dest)
+            if stored is not None:
+                # Complete and intact already (a retry after the record's update was
+                # lost, or `force`): no need to reach the target, which may be gone.
+                done = Retrieved(dest, len(stored), sum(f.size for f in stored), 0.0, reused=True)
             else:
                 executor = self.executor(run.target)
-            done = retrieve(executor, run.remote_dir, dest, entries, exclude)
+                done = retrieve(executor, run.remote_dir, dest, entries, exclude)
         except Exception as error:
             if not isinstance(error, (RetrievalError, ExecError, RunError, OSError)):
                 log.exception("run %s: retrieval failed unexpectedly", run.id)
