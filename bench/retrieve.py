@@ -99,6 +99,8 @@ def reset(*paths: Path) -> None:
 class FlushTimer:
     """Wraps `retrieval._flush` to add up the seconds retrieve spends in fsync."""
 
+    inner = staticmethod(retrieval._flush)
+
     def __init__(self) -> None:
         self.seconds = 0.0
         self._inner = retrieval._flush
@@ -124,6 +126,31 @@ def plain_download(executor: SshExecutor, remote: str, local: Path) -> None:
 
     result = executor.transport.receive(script, action="download", sink=sink)
     assert result.exit_code == 0, result
+
+
+def plain_copy(remote: str, local: Path) -> None:
+    """The local download as it was before hashing: `shutil.copytree` of the entries."""
+    entries, _ = retrieval.retrieval_plan(RunState.STOPPED, SNAPSHOT)
+    for entry in entries:
+        source = Path(remote) / entry
+        target = local / entry
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_dir():
+            shutil.copytree(source, target, symlinks=True)
+        else:
+            shutil.copy2(source, target, follow_symlinks=False)
+
+
+def durable(transfer: Callable[[], None], out: Path) -> Callable[[], None]:
+    """`transfer`, then every file under `out` fsynced, as a retrieval must before it
+    publishes (the same `_flush`): the baseline that costs what verification does
+    not."""
+
+    def call() -> None:
+        transfer()
+        FlushTimer.inner(out)
+
+    return call
 
 
 class Contenders:
@@ -207,6 +234,12 @@ def report(
     plain = statistics.median(samples["ssh download, no hash"])
     down = statistics.median(samples["ssh download"])
     print(f"ssh: download without hashing / download = {plain / down:.2f} (reference)")
+    for kind in ("ssh", "local"):
+        # What verification alone costs: a download that hashes nothing but is made
+        # as durable as a retrieval must be, against the retrieval.
+        base = statistics.median(samples[f"{kind} plain + fsync"])
+        full = statistics.median(samples[f"{kind} retrieve"])
+        print(f"{kind}: (no-hash download + fsync) / retrieve = {base / full:.2f} (reference)")
     return ok
 
 
@@ -244,13 +277,18 @@ def main() -> None:
         local.check(run)
         print("checked: download digests and stored manifest == the source's manifest")
 
+        ssh_plain, local_plain = tmp / "ssh" / "plain", tmp / "local" / "plain"
         contenders = {
             "ssh download": over_ssh.download,
             "ssh retrieve": over_ssh.retrieve,
-            "ssh download, no hash": lambda: plain_download(ssh, str(run), tmp / "ssh" / "plain"),
+            "ssh download, no hash": lambda: plain_download(ssh, str(run), ssh_plain),
+            "ssh plain + fsync": durable(lambda: plain_download(ssh, str(run), ssh_plain),
+                                         ssh_plain),
             "local download": local.download,
             "local retrieve": local.retrieve,
-        }
+            "local plain + fsync": durable(lambda: plain_copy(str(run), local_plain),
+                                           local_plain),
+        }  # fmt: skip
         clean = {
             name: over_ssh.clean if name.startswith("ssh") else local.clean for name in contenders
         }
