@@ -455,10 +455,14 @@ def runs(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
         _json([r.model_dump(mode="json") for r in records])
         return
     table = Table(Column("run", no_wrap=True), "target", Column("state", no_wrap=True),
-                  "progress", "created")  # fmt: skip
+                  "progress", "artifacts", "created")  # fmt: skip
     for r in records:
         progress = run_op(lambda r=r: api.store.last_metrics(r.id))  # type: ignore[misc]
-        table.add_row(r.id, r.target, str(r.state), _bar(progress), r.created.strftime("%F %T"))
+        artifacts = "" if r.artifacts is None else str(r.artifacts.phase)
+        if r.artifacts is not None and r.artifacts.phase == "pending" and r.artifacts.error:
+            artifacts += f" ({r.artifacts.attempts} failed)"
+        table.add_row(r.id, r.target, str(r.state), _bar(progress), artifacts,
+                      r.created.strftime("%F %T"))  # fmt: skip
     out.print(table)
 
 

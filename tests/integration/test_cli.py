@@ -596,16 +596,38 @@ def test_cancel(pipeline: Pipeline) -> None:
     refused(rw(pipeline, "stop", run_id), 1, "is not running (it is cancelled)")
 
 
-def test_resume_a_stopped_run(pipeline: Pipeline, stopped: StoppedRun) -> None:
-    result = rw(pipeline, "resume", stopped.run_id)
-    if result.returncode == 0:  # once resume exists (issue 6): a new run id
-        new = result.stdout.strip()
-        validate_run_id(new)
-        assert pipeline.api.get_run(new).resumed_from == stopped.run_id
-        with contextlib.suppress(Exception):
-            pipeline.api.cancel(new)
-    else:
-        refused(result, 1, "resume")
+def _retrieved(pipeline: Pipeline, run_id: str) -> RunRecord:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        run = pipeline.api.get_run(run_id)
+        if run.artifacts is not None and run.artifacts.phase == "done":
+            return run
+        time.sleep(0.2)
+    raise AssertionError(f"not retrieved: {pipeline.api.get_run(run_id)}")
+
+
+def test_artifacts_show_retrieve_and_resume(pipeline: Pipeline, stopped: StoppedRun) -> None:
+    run = _retrieved(pipeline, stopped.run_id)
+    assert run.artifacts is not None
+    shown = ok(rw(pipeline, "show", run.id))
+    assert f"artifacts    done: {run.artifacts.files} files" in shown, shown
+    assert "verified" in shown
+    table = ok(rw(pipeline, "runs"))
+    assert any(run.id in line and "done" in line for line in table.splitlines()), table
+    again = ok(rw(pipeline, "retrieve", run.id))  # a person's retry: verified again
+    assert again.startswith(f"done: {run.artifacts.files} files"), again
+    new = ok(rw(pipeline, "resume", run.id)).strip()
+    validate_run_id(new)
+    resumed = pipeline.api.get_run(new)
+    assert resumed.resumed_from == run.id
+    assert resumed.target == "deep"
+    assert run.snapshot is not None
+    pipeline.wait_step(new, run.snapshot.step + 2)
+    with contextlib.suppress(Exception):
+        pipeline.api.cancel(new)
+    # A run that is not stopped cannot be resumed; nor an adopted one without a command.
+    refused(rw(pipeline, "resume", new), 1, f"run '{new}' cannot be resumed", "not stopped")
+    refused(rw(pipeline, "retrieve", UNKNOWN_RUN), 2, f"no run '{UNKNOWN_RUN}'")
 
 
 # --- rich markup in user input ------------------------------------------------------
