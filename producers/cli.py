@@ -326,7 +326,8 @@ def retrieve(
     against the target's manifest."""
     api = client()
     checked = _checked_run_id(run_id)
-    answer = run_op(lambda: api.retrieve(checked, wait_s=3600.0 if wait else None))
+    wait_s = api.settings.retrieve_max_runtime_s + 60 if wait else None
+    answer = run_op(lambda: api.retrieve(checked, wait_s=wait_s))
     if not wait:
         out.print(f"retrieval of {checked} asked", highlight=False)
         return

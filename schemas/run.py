@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from .errors import NoSnapshots, NotResumable, NotRunning, NotStarted
 from .ids import RunId
-from .job import JobId, JobStatus, check_absolute_path
+from .job import WATCHDOG_MAX_S, JobId, JobStatus, check_absolute_path
 from .snapshot import ProofInvalid, ProofNone, ProofSaved, Snapshot
 
 __all__ = [
@@ -56,15 +56,18 @@ TERMINAL_STATES: Final = frozenset(
 )
 
 
+_Hours = Annotated[float, Field(gt=0, le=WATCHDOG_MAX_S / 3600, allow_inf_nan=False)]
+
+
 class RunLimits(BaseModel):
     """Policy limits a run was launched with; each is optional."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    max_hours: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
-    """Wall-clock budget of the run in hours, counted from its start: a `deadline`
-    snapshot is asked the settings' lead time (15 min) before it, by the policies
-    and by the watchdog on the target."""
+    max_hours: _Hours | None = None
+    """Wall-clock budget of the run in hours (at most about 31 years: the watchdog's
+    limit), counted from its start: a `deadline` snapshot is asked the settings' lead
+    time (15 min) before it, by the policies and by the watchdog on the target."""
     max_cost_usd: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
     """Cost cap in USD: a `cost` snapshot is asked when the run's cost so far
     (hours since its start times `usd_per_hour`) reaches 95 % of it."""

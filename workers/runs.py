@@ -75,7 +75,7 @@ from .executors import ExecError, ScriptExecutor
 from .executors.digest import FileDigest
 from .executors.lines import complete_lines
 from .executors.probe import disk_probe_script, disk_verdict, parse_disk_probe
-from .executors.scripts import FOLLOW_CHUNK_BYTES, follow_script, parse_follow, quote
+from .executors.scripts import FOLLOW_CHUNK_BYTES, follow_script, parse_follow
 from .jobside import jobside_dir
 from .retrieval import (
     MANIFEST_FILE,
@@ -97,6 +97,10 @@ log = logging.getLogger("runwarden")
 
 SECRET_ENV_PREFIX = "RUNWARDEN_SECRET_"  # noqa: S105 - a name prefix, not a secret
 CLAIM_TRIES = 20
+RETRIEVE_RESEND_S = 3600.0
+"""When reconcile sent a due retrieval, how long until it sends it again if the task
+has not started by then (it waits behind long ones on its queue; a duplicate is a
+no-op, a lost message costs at most this long)."""
 RETRIEVE_LEASE_S = 120.0
 """How long a retrieval's lock lasts without its worker extending it, in seconds."""
 CANCEL_RETRY_S = 60.0
@@ -129,16 +133,17 @@ class Worker:
     def launch(self, spec: LaunchSpec, now: datetime) -> RunRecord:
         """Claims a run directory (a taken one tries the next id), records the run,
         uploads, ships the job side, spawns (with the on-target watchdog when the run
-        has `max_hours`), records it running and follows it. If the record cannot be
-        written after the spawn, the job is cancelled: nothing could find it again.
+        has `max_hours` and reads snapshot requests), records it running and follows
+        it. If the record cannot be written after the spawn, the job is cancelled:
+        nothing could find it again.
 
         A resume (`spec.resume_from`) first checks that the run is stopped and its
         checkpoint is intact in the artifact store (else `NotResumable`, nothing
         claimed), then uploads that checkpoint to the same relative path in the new
         run directory, checks the upload against the stored manifest, and passes its
-        absolute path as `RUNWARDEN_RESUME_FROM`. A stale `snapshot.request` or
-        `snapshot.json` (from the uploaded directory) is removed before the spawn, so
-        the new run never inherits a request.
+        absolute path as `RUNWARDEN_RESUME_FROM`. The spawn removes a stale
+        `snapshot.request` or `snapshot.json` (from the uploaded directory), so the
+        new run never inherits a request.
 
         Raises:
             UnknownTarget, NotFound, NotResumable, LaunchError, SecretMissing,
@@ -195,7 +200,6 @@ class Worker:
             }
             if resume is not None:
                 env[RESUME_ENV] = self._upload_checkpoint(executor, run_dir, *resume)
-            self._clear_stale_requests(executor, run_dir)
             after_s = deadline_request_after_s(spec.limits, self.settings.deadline_lead_s)
             job = executor.spawn(
                 JobCommand(
@@ -209,10 +213,14 @@ class Worker:
                     watchdog_poll_s=self.settings.watchdog_poll_s,
                 )
             )
-        except BaseException as error:
-            # Also the task's soft time limit: a run never stays `preparing`.
+        except Exception as error:
+            # Also the task's soft time limit (an Exception): a run never stays
+            # `preparing`.
             text = str(error) or type(error).__name__
-            self.store.transition(run_id, RunState.FAILED, message=f"launch failed: {text}")
+            try:
+                self.store.transition(run_id, RunState.FAILED, message=f"launch failed: {text}")
+            except Exception:
+                log.exception("run %s: cannot record its failed launch", run_id)
             raise
         try:
             record = self.store.transition(run_id, RunState.RUNNING, job=job)
@@ -271,18 +279,6 @@ class Worker:
             )
         log.info("run %s: checkpoint %s uploaded and verified", source.id, checkpoint)
         return remote
-
-    @staticmethod
-    def _clear_stale_requests(executor: ScriptExecutor, run_dir: str) -> None:
-        """Removes `snapshot.request` and `snapshot.json` from a fresh run directory:
-        an uploaded directory may carry them from an earlier run."""
-        script = (
-            f"rm -f -- {quote(f'{run_dir}/{SNAPSHOT_REQUEST}')} "
-            f"{quote(f'{run_dir}/{SNAPSHOT_FILE}')}\n"
-        )
-        result = executor.transport.run(script, action="clear")
-        if result.exit_code != 0:
-            raise LaunchError(f"cannot clear stale snapshot files in {run_dir}")
 
     def adopt(self, target: str, run_dir: str, now: datetime) -> RunRecord:
         """Follows a run directory started elsewhere (by hand, or by overbrainer): its
@@ -343,28 +339,17 @@ class Worker:
         self.store.close_stop(run.id, None, note=f"the run ended {record.state}")
         self.store.unfollow(run.id)
         if changed:
-            record = self.queue_retrieval(record, utcnow())
+            self.queue_retrieval(record)
         return record
 
     # --- artifacts ------------------------------------------------------------------
 
-    def queue_retrieval(self, run: RunRecord, now: datetime) -> RunRecord:
-        """Sends the retrieval task of the ended `run`. The retrieval itself is queued
+    def queue_retrieval(self, run: RunRecord) -> None:
+        """Sends the retrieval task of the ended `run`. The retrieval itself was queued
         durably by the transition that ended the run (the store's retrieval queue,
-        which `reconcile` drains), so a failure to send loses nothing. A run without
-        a queued retrieval (ended before retrievals existed) is queued now."""
-        if run.artifacts is None and run.job is not None:
-            run = self.store.update_run(
-                run.id,
-                lambda current: current.model_copy(
-                    update={"artifacts": Artifacts(next_attempt=now)}
-                )
-                if current.artifacts is None
-                else None,
-            )
+        which `reconcile` drains), so a failure to send loses nothing."""
         if run.artifacts is not None and run.artifacts.phase is ArtifactsPhase.PENDING:
             self._send_retrieve(run.id)
-        return run
 
     def _send_retrieve(self, run_id: str) -> None:
         try:
@@ -394,7 +379,7 @@ class Worker:
         silently. A call before the next attempt is due, or for a retrieval done or
         given up, changes nothing (a duplicate task). `force` (a person's
         `runwarden retrieve`) tries now, whatever the state. A stored copy that lost
-        or changed a file is moved aside and retrieved again. One retrieval of a run
+        a file or changed a file's size is moved aside and retrieved again. One retrieval of a run
         runs at a time, under a lock held by its holder only.
 
         Raises:
@@ -541,16 +526,18 @@ class Worker:
         """
         run = self.store.get_run(run_id)
         check_snapshot_request(run)
-        found = False
+        executor = self.executor(run.target)
         if only_if_none_open:
             # A request already in the run directory (the watchdog's, a person's) that
-            # no tick has seen yet is the first one: its reason stays, nothing is
-            # written over it.
-            written = self.executor(run.target).read_from(
-                f"{run.remote_dir}/{SNAPSHOT_REQUEST}", 0, 256
-            )
+            # no tick has seen yet is the first one: noticed as the tick would, its
+            # reason kept, nothing written over it. (A request written between this
+            # read and the write below is replaced: a window of one round trip.)
+            written = executor.read_from(f"{run.remote_dir}/{SNAPSHOT_REQUEST}", 0, 256)
             if written.strip():
-                reason, asked_by, found = SnapshotReason.parse(written), "watch", True
+                self.notice_request(run, written.decode("utf-8", "replace"), now)
+                found = self.store.get_stop(run_id)
+                if found is not None:
+                    return found
         stop, opened = self.store.open_stop(
             run_id,
             reason,
@@ -561,19 +548,13 @@ class Worker:
         )
         if not opened and only_if_none_open:
             return stop
-        if not found:
-            try:
-                self.executor(run.target).put_file(
-                    f"{run.remote_dir}/{SNAPSHOT_REQUEST}", str(stop.reason)
-                )
-            except ExecError:
-                if opened:
-                    # Never asked: a proof deadline would cancel a job that was not
-                    # told.
-                    self.store.close_stop(
-                        run_id, stop.stop_id, note="the request could not be written"
-                    )
-                raise
+        try:
+            executor.put_file(f"{run.remote_dir}/{SNAPSHOT_REQUEST}", str(stop.reason))
+        except ExecError:
+            if opened:
+                # Never asked: a proof deadline would cancel a job that was not told.
+                self.store.close_stop(run_id, stop.stop_id, note="the request could not be written")
+            raise
         if opened:
             self.schedule_deadline(stop, "proof", self.settings.proof_timeout_s)
             log.info("run %s: snapshot asked (%s, by %s)", run_id, stop.reason, asked_by)
@@ -810,9 +791,7 @@ class Worker:
         for run_id in self.store.due_retrievals(now, limit):
             # Moved ahead first, so the next tick does not send it again while it
             # waits in the queue; the task moves it on when it runs.
-            self.store.schedule_retrieval(
-                run_id, now + timedelta(seconds=self.settings.task_max_runtime_s)
-            )
+            self.store.schedule_retrieval(run_id, now + timedelta(seconds=RETRIEVE_RESEND_S))
             self._send_retrieve(run_id)
         done = 0
         for deadline in self.store.due_deadlines(now, limit):
@@ -918,7 +897,8 @@ def check_stored_all(dest: Path) -> None:
 
 
 def _set_aside_if_damaged(dest: Path) -> None:
-    """Moves a stored retrieval that lost or changed a file to `<dest>.damaged-<time>`
+    """Moves a stored retrieval that lost a file or changed a file's size to
+    `<dest>.damaged-<time>`
     so that it is retrieved again (kept, not deleted: it may be all there is)."""
     if not (dest / MANIFEST_FILE).exists():
         return

@@ -206,13 +206,14 @@ def policy_tick() -> int:
 @app.task(name=TASK_POLICY_TARGET)
 def policy_target(target: str) -> dict[str, int]:
     w = worker()
-    lock = f"policy-tick:{target}"
-    if not w.store.once(lock, ttl_s=max(2.0, settings.policy_s)):
+    lock, token = f"policy-tick:{target}", os.urandom(8).hex()
+    # Held by its holder only: a slow tick never releases the next one's lock.
+    if not w.store.lock(lock, token, ttl_s=max(2.0, settings.policy_s)):
         return {"skipped": 1}
     try:
         return w.policy_target(target, utcnow())
     finally:
-        w.store.forget(lock)
+        w.store.unlock(lock, token)
 
 
 # Acknowledged on receipt, not late: a retrieval may run for hours, far longer than

@@ -153,9 +153,15 @@ def test_spawn_clears_stale_markers(target: Target) -> None:
     run.mkdir()
     for name in (EXIT_FILE, CANCELLING_FILE, CANCEL_FILE, PID_FILE):
         (run / name).write_text("7\n")
+    # A request and a proof of an earlier job (or an uploaded directory) go too: a new
+    # job must not stop at once, nor be recorded stopped by an old proof.
+    (run / "snapshot.request").write_text("requested")
+    (run / "snapshot.json").write_text('{"checkpoint": "output/checkpoint-1", "step": 1}')
     job = spawn(target, "sleep 30")
     assert target.executor.status(job) == JobStatus.RUNNING
     assert not (run / CANCEL_FILE).exists()
+    assert not (run / "snapshot.request").exists()
+    assert not (run / "snapshot.json").exists()
     target.executor.cancel(job)
 
 

@@ -141,10 +141,11 @@ def test_the_watchdog_asks_even_when_its_spawner_died(target: Target) -> None:
 def test_a_request_already_there_is_kept(target: Target) -> None:
     run = target.workdir / "run"
     run.mkdir()
-    (run / SNAPSHOT_REQUEST).write_text("cost")
-    job = spawn(target, "sleep 60", deadline_request_after_s=0.3, watchdog_poll_s=POLL_S)
+    # (spawn clears a request left before it: this one comes after, before the fire)
+    job = spawn(target, "sleep 60", deadline_request_after_s=1.5, watchdog_poll_s=POLL_S)
+    target.executor.put_file(str(run / SNAPSHOT_REQUEST), "cost")
     pid = watchdog_pid(job)
-    time.sleep(1.2)  # well past its fire time
+    time.sleep(2.5)  # well past its fire time
     assert process_alive(pid)  # it fired, found the request, and waits for the job
     assert (run / SNAPSHOT_REQUEST).read_text() == "cost"
     # A request that comes after the fire time is not touched either.

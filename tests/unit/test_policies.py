@@ -120,7 +120,8 @@ def test_runs_that_cannot_be_asked_get_no_verdict(changes: dict[str, Any]) -> No
 
 
 def test_limits_refuse_nonsense() -> None:
-    for bad in ({"max_hours": 0}, {"max_hours": float("inf")}, {"max_cost_usd": 5},
+    for bad in ({"max_hours": 0}, {"max_hours": float("inf")}, {"max_hours": 300_000},
+                {"max_cost_usd": 5},
                 {"usd_per_hour": float("nan")}):  # fmt: skip
         with pytest.raises(ValueError, match="validation error"):
             RunLimits(**bad)

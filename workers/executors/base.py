@@ -51,7 +51,9 @@ class Executor(Protocol):
     def spawn(self, job: JobCommand) -> JobId:
         """Starts `job` in the background and returns its handle. The job keeps running
         when this process exits or loses its connection to the target. Stale
-        `exit_code`, `cancelling`, `cancelled` and `job.pid` are cleared first.
+        `exit_code`, `cancelling`, `cancelled` and `job.pid` are cleared first, and
+        `snapshot.request` and `snapshot.json` too: a new job never inherits a
+        request or a proof (from an uploaded directory, an earlier job).
 
         A local job inherits this process's environment minus every variable whose
         name starts with `RUNWARDEN_`, `OVERBRAINER_` or `VAULT_`; a remote job gets

@@ -26,6 +26,7 @@ from schemas.protocol import (
     JOBSIDE_DIR,
     METRICS_FILE,
     PID_FILE,
+    SNAPSHOT_FILE,
     SNAPSHOT_REQUEST,
 )
 
@@ -605,7 +606,8 @@ def launcher_script(
     return f"""rw_sh=$(command -v sh) || exit 5
 rw_setsid=$(command -v setsid) || {{ echo 'setsid is not installed on the target' >&2; exit 5; }}
 mkdir -p -- {quote(dir)} && cd -- {quote(dir)} || exit 3
-rm -f -- {EXIT_FILE} {CANCELLING_FILE} {CANCEL_FILE} {PID_FILE} {WATCHDOG_PID_FILE} || exit 3
+rm -f -- {EXIT_FILE} {CANCELLING_FILE} {CANCEL_FILE} {PID_FILE} {WATCHDOG_PID_FILE} \\
+  {SNAPSHOT_REQUEST} {SNAPSHOT_FILE} || exit 3
 {exports}{reads}rw_v=
 "$rw_sh" -c 'trap "" HUP; "$1" "$2" -c "$3" </dev/null >>{JOB_LOG} 2>&1 & wait $!' \\
   rw-reaper "$rw_setsid" "$rw_sh" {quote(wrapper_script(dir, script))} </dev/null >/dev/null 2>&1 &
