@@ -10,7 +10,9 @@ group member.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -19,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from schemas import JobId
 from workers.executors import LocalExecutor, LocalTransport, ScriptExecutor
 from workers.executors.base import Executor
 from workers.executors.ssh import SshExecutor
@@ -83,6 +86,39 @@ class Target:
 
     def run_dir(self, name: str = "run") -> str:
         return str(self.workdir / name)
+
+    def spawn_from_a_dying_process(self, script: str, **fields: object) -> JobId:
+        """Spawns `script` (with the other `JobCommand` `fields`) in `run_dir()` from
+        a Python process that exits at once after the spawn, as a worker killed right
+        then would; returns the job."""
+        code = (
+            "import json, os, sys\n"
+            + self.spawner
+            + "from schemas import JobCommand\n"
+            "job = executor.spawn(JobCommand(dir=sys.argv[2], **json.loads(sys.argv[3])))\n"
+            "print(job.model_dump_json(), flush=True)\n"
+            "os._exit(0)\n"
+        )
+        fields_json = json.dumps({"script": script, **fields})
+        out = subprocess.run(
+            [sys.executable, "-c", code, str(self.workdir), self.run_dir(), fields_json],
+            capture_output=True,
+            check=True,
+            cwd=ROOT,
+            timeout=60,
+        )
+        return JobId.model_validate_json(out.stdout)
+
+
+def process_alive(pid: int) -> bool:
+    """Whether `pid` exists and is not a zombie (this machine's PID 1 may leave
+    zombies: `kill -0` alone would say alive)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            state = handle.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")
 
 
 def _local(workdir: Path) -> Executor:

@@ -38,6 +38,7 @@ import contextlib
 import errno
 import fcntl
 import json
+import logging
 import os
 import re
 import secrets
@@ -77,9 +78,12 @@ __all__ = [
     "check_stored",
     "retrieval_plan",
     "retrieve",
+    "reuse_stored",
     "stored_files",
     "stored_manifest",
 ]
+
+log = logging.getLogger("runwarden")
 
 MANIFEST_FILE: Final = "manifest.json"
 """The verified file list in a retrieval's directory; its presence marks it complete."""
@@ -625,9 +629,16 @@ def check_stored(dest: Path, prefix: str) -> list[FileDigest]:
     chosen = [f for f in files if not prefix or f.path == prefix or f.path.startswith(prefix + "/")]
     if not chosen:
         raise StoredArtifactsInvalid(dest, f"no file under {prefix!r} was retrieved")
+    _check_files(dest, chosen)
+    return [f.digest for f in chosen]
+
+
+def _check_files(dest: Path, files: Sequence[StoredFile]) -> None:
+    """Raises `StoredArtifactsInvalid` naming every file of `files` that is missing
+    under `dest`, not a regular file, or of another size than listed."""
     missing: list[str] = []
     resized: list[str] = []
-    for item in chosen:
+    for item in files:
         try:
             info = (dest / item.path).lstat()
         except FileNotFoundError:
@@ -646,4 +657,36 @@ def check_stored(dest: Path, prefix: str) -> list[FileDigest]:
             if paths
         ]
         raise StoredArtifactsInvalid(dest, "; ".join(parts))
-    return [f.digest for f in chosen]
+
+
+def reuse_stored(dest: Path) -> Retrieved | None:
+    """The complete retrieval in `dest` when every file it lists is still there with
+    its size (contents are not read again), without reaching any target; None when
+    there is none. A damaged one (a file lost, or of another size) is moved to
+    `<dest>.damaged-<unix time>` (kept: it may be all there is) and None returned, so
+    that it is retrieved again. `manifest.json` is read once.
+
+    Raises:
+        StoredArtifactsInvalid: when `manifest.json` cannot be read.
+        OSError: when a damaged copy cannot be moved aside.
+    """
+    started = time.monotonic()
+    stored = _read_manifest(Path(dest))
+    if stored is None:
+        return None
+    files, absent = stored
+    try:
+        _check_files(dest, files)
+    except StoredArtifactsInvalid as error:
+        aside = dest.with_name(f"{dest.name}.damaged-{int(time.time())}")
+        log.warning("%s is damaged (%s): moved to %s", dest, error, aside)
+        dest.rename(aside)
+        return None
+    return Retrieved(
+        path=dest,
+        files=len(files),
+        bytes=sum(f.size for f in files),
+        seconds=time.monotonic() - started,
+        absent=tuple(absent),
+        reused=True,
+    )

@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 from pydantic import SecretStr
@@ -78,13 +77,11 @@ from .executors.probe import disk_probe_script, disk_verdict, parse_disk_probe
 from .executors.scripts import FOLLOW_CHUNK_BYTES, follow_script, parse_follow
 from .jobside import jobside_dir
 from .retrieval import (
-    MANIFEST_FILE,
     RetrievalError,
-    Retrieved,
     check_stored,
     retrieval_plan,
     retrieve,
-    stored_files,
+    reuse_stored,
 )
 from .targets import executor_for
 
@@ -457,14 +454,11 @@ class Worker:
         dest = self.settings.artifacts_root / run.id
         started = time.monotonic()
         try:
-            _set_aside_if_damaged(dest)
             entries, exclude = retrieval_plan(run.state, run.snapshot)
-            stored = stored_files(dest)
-            if stored is not None:
-                # Complete and intact already (a retry after the record's update was
-                # lost, or `force`): no need to reach the target, which may be gone.
-                done = Retrieved(dest, len(stored), sum(f.size for f in stored), 0.0, reused=True)
-            else:
+            # Complete and intact already (a retry after the record's update was
+            # lost, or `force`): no need to reach the target, which may be gone.
+            done = reuse_stored(dest)
+            if done is None:
                 executor = self.executor(run.target)
                 done = retrieve(executor, run.remote_dir, dest, entries, exclude)
         except Exception as error:
@@ -887,27 +881,6 @@ def _records(chunk: bytes) -> tuple[list[dict[str, Any]], int]:
         if isinstance(record, dict):
             records.append(record)
     return records, used
-
-
-def check_stored_all(dest: Path) -> None:
-    """Raises `RetrievalError` when the complete retrieval in `dest` lost or changed a
-    file (a retrieval may hold no file at all: nothing to check then)."""
-    if stored_files(dest):
-        check_stored(dest, "")
-
-
-def _set_aside_if_damaged(dest: Path) -> None:
-    """Moves a stored retrieval that lost a file or changed a file's size to
-    `<dest>.damaged-<time>`
-    so that it is retrieved again (kept, not deleted: it may be all there is)."""
-    if not (dest / MANIFEST_FILE).exists():
-        return
-    try:
-        check_stored_all(dest)
-    except RetrievalError as error:
-        aside = dest.with_name(f"{dest.name}.damaged-{int(time.time())}")
-        log.warning("%s is damaged (%s): moved to %s", dest, error, aside)
-        dest.rename(aside)
 
 
 def utcnow() -> datetime:

@@ -160,21 +160,22 @@ def reconcile() -> int:
     return worker().reconcile(utcnow())
 
 
-def _fan_out() -> int:
+def _fan_out(task: str) -> int:
+    """Sends `task` once per target with followed runs; returns how many."""
     targets = worker().store.followed_targets()
     for target in targets:
-        app.send_task(TASK_WATCH_TARGET, kwargs={"target": target})
+        app.send_task(task, kwargs={"target": target})
     return len(targets)
 
 
 @app.task(name=TASK_FOLLOW_TICK)
 def follow_tick() -> int:
-    return _fan_out()
+    return _fan_out(TASK_WATCH_TARGET)
 
 
 @app.task(name=TASK_POLL_REQUESTS)
 def poll_requests() -> int:
-    return _fan_out()
+    return _fan_out(TASK_WATCH_TARGET)
 
 
 @app.task(name=TASK_WATCH_TARGET)
@@ -197,10 +198,7 @@ def watch_target(target: str) -> dict[str, int]:
 @app.task(name=TASK_POLICY_TICK)
 def policy_tick() -> int:
     """Beat: fans the policies out, one task per target with followed runs."""
-    targets = worker().store.followed_targets()
-    for target in targets:
-        app.send_task(TASK_POLICY_TARGET, kwargs={"target": target})
-    return len(targets)
+    return _fan_out(TASK_POLICY_TARGET)
 
 
 @app.task(name=TASK_POLICY_TARGET)

@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -28,7 +27,7 @@ from workers.executors import (
 )
 from workers.executors.errors import ExecError
 
-from ..conftest import ROOT, Target, toy_command, toy_env, wait_for
+from ..conftest import Target, toy_command, toy_env, wait_for
 
 HOSTILE_NAMES = [
     "sp ace",
@@ -96,22 +95,7 @@ def test_exit_zero_and_output_in_log(target: Target) -> None:
 
 
 def test_job_survives_the_death_of_its_spawner(target: Target) -> None:
-    code = (
-        "import os, sys\n"
-        + target.spawner
-        + "from schemas import JobCommand\n"
-        "job = executor.spawn(JobCommand(dir=sys.argv[2], script='sleep 60'))\n"
-        "print(job.model_dump_json(), flush=True)\n"
-        "os._exit(0)\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code, str(target.workdir), target.run_dir()],
-        capture_output=True,
-        check=True,
-        cwd=ROOT,
-        timeout=60,
-    )
-    job = JobId.model_validate_json(out.stdout)
+    job = target.spawn_from_a_dying_process("sleep 60")
     time.sleep(0.3)
     # A new executor, as another process would build it, finds the job running.
     fresh = target.make()

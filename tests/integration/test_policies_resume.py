@@ -7,7 +7,6 @@ that fails), and a stopped run resumes where it stopped, twice."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ import pytest
 from schemas import ArtifactsPhase, RunLimits, RunRecord, RunState, SnapshotReason, TargetConfig
 from schemas.events import LaunchSpec
 
+from ..conftest import process_alive
 from ..pipeline import Pipeline, running_pipeline, toy
 
 pytestmark = pytest.mark.slow
@@ -146,7 +146,7 @@ def test_the_watchdog_asks_alone_when_redis_and_every_worker_are_gone(
     pipeline.stop()  # every worker and beat
     pipeline.redis.stop()
     watchdog = int((run_dir / ".runwarden" / "watchdog.pid").read_text())
-    assert _alive(watchdog)
+    assert process_alive(watchdog)
     assert not (run_dir / "snapshot.request").exists()
     deadline = time.monotonic() + 45
     while not (run_dir / "exit_code").exists() and time.monotonic() < deadline:
@@ -156,9 +156,9 @@ def test_the_watchdog_asks_alone_when_redis_and_every_worker_are_gone(
     proof = json.loads((run_dir / "snapshot.json").read_text())
     assert proof["reason"] == "deadline"
     deadline = time.monotonic() + 5  # exits with the job (poll 0.5 s here)
-    while _alive(watchdog) and time.monotonic() < deadline:
+    while process_alive(watchdog) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _alive(watchdog)
+    assert not process_alive(watchdog)
     # The service comes back and records what happened while it was away.
     pipeline.redis.start()
     pipeline.start_worker()
@@ -169,18 +169,6 @@ def test_the_watchdog_asks_alone_when_redis_and_every_worker_are_gone(
     assert ended.snapshot is not None
     assert ended.snapshot.reason is SnapshotReason.DEADLINE
     assert wait_artifacts(pipeline, run.id).artifacts.phase is ArtifactsPhase.DONE  # type: ignore[union-attr]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_a_stopped_run_brings_its_checkpoint_home_verified(pipeline: Pipeline) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
+from tests.conftest import process_alive
 from tests.sshd import (
     SshdError,
     SshServer,
@@ -53,15 +54,6 @@ def refused(host: str, port: int) -> bool:
     except ConnectionRefusedError:
         return True
     return False
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
-            state = handle.read().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state not in ("Z", "X")
 
 
 def exists(pid: int) -> bool:
@@ -227,10 +219,10 @@ def test_kill_drops_a_live_session(server: SshServer) -> None:
 def test_kill_leaves_detached_processes_which_are_reaped(server: SshServer) -> None:
     done = run_ssh(server, "setsid sleep 60 </dev/null >/dev/null 2>&1 & echo $!")
     pid = int(done.stdout)
-    assert alive(pid)
+    assert process_alive(pid)
     assert server.process is not None
     server.kill()
-    assert alive(pid), "a job outlives sshd"
+    assert process_alive(pid), "a job outlives sshd"
     # Its parent ended: it is a child of the server's reaper, which reaps it.
     reaper = server.process.pid
     wait_until(lambda: parent(pid) == reaper)

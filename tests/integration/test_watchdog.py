@@ -8,8 +8,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,21 +19,11 @@ from schemas.protocol import SNAPSHOT_FILE, SNAPSHOT_REQUEST
 from workers.executors import InvalidArgument
 from workers.executors.scripts import WATCHDOG_PID_FILE
 
-from ..conftest import ROOT, Target, toy_command, toy_env, wait_for
+from ..conftest import Target, process_alive, toy_command, toy_env, wait_for
 
 POLL_S = 0.2
 HOSTILE_DIR = "r $(touch PWNED) 'q' \"d\" `touch PWNED` ;&|<>* x"
 SECRET = "s3cr3t-watchdog $(touch PWNED) 'q'"
-
-
-def process_alive(pid: int) -> bool:
-    """Whether `pid` exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
-            state = handle.read().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state not in ("Z", "X")
 
 
 def group_alive(pgid: int) -> bool:
@@ -114,21 +102,9 @@ def test_the_watchdog_asks_a_toy_trainer_for_its_deadline_snapshot(target: Targe
 
 def test_the_watchdog_asks_even_when_its_spawner_died(target: Target) -> None:
     # No worker, no Redis: the process that spawned the job is gone at once.
-    code = (
-        "import os, sys\n" + target.spawner + "from schemas import JobCommand\n"
-        "job = executor.spawn(JobCommand(dir=sys.argv[2], script='sleep 60',\n"
-        "    deadline_request_after_s=1.0, watchdog_poll_s=0.2))\n"
-        "print(job.model_dump_json(), flush=True)\n"
-        "os._exit(0)\n"
+    job = target.spawn_from_a_dying_process(
+        "sleep 60", deadline_request_after_s=1.0, watchdog_poll_s=0.2
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code, str(target.workdir), target.run_dir()],
-        capture_output=True,
-        check=True,
-        cwd=ROOT,
-        timeout=60,
-    )
-    job = JobId.model_validate_json(out.stdout)
     request = Path(job.dir) / SNAPSHOT_REQUEST
     wait_for(request.exists, timeout_s=10)
     assert request.read_text() == "deadline"
