@@ -29,7 +29,7 @@ system-deps:
 
 lint: venv
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy schemas producers workers
+	$(VENV)/bin/mypy schemas store producers workers
 
 # pytest runs under a subreaper: orphaned job processes are reaped even where this
 # machine's init does not reap them (a zombie counts as a live group member).

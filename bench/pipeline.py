@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import secrets
 import statistics
 import subprocess
 import sys
@@ -33,9 +32,10 @@ from schemas import JobId, RunRecord, RunState, SshOptions, TargetConfig  # noqa
 from schemas.events import LaunchSpec  # noqa: E402
 from tests.pipeline import running_pipeline, toy  # noqa: E402
 from tests.sshd import running_sshd  # noqa: E402
-from workers.executors.scripts import follow_script  # noqa: E402
+from workers import watch  # noqa: E402
+from workers.context import Context  # noqa: E402
+from workers.executors import FollowEntry  # noqa: E402
 from workers.executors.ssh import SshTransport  # noqa: E402
-from workers.runs import Worker  # noqa: E402
 
 
 def stop_latency(tmp: Path, runs: int, rounds: int) -> None:
@@ -92,11 +92,11 @@ def poll_tick(tmp: Path, targets: int, per_target: int, rounds: int) -> None:
     import fakeredis
 
     from schemas.settings import Settings
-    from schemas.store import RunStore
+    from store import RunStore
 
     with running_sshd(tmp / "sshd") as server:
         store = RunStore(fakeredis.FakeRedis())
-        worker = Worker(store, Settings(), lambda *_: None)
+        worker = Context(store, Settings(), lambda *_: None)
         leaders = []
         now = datetime.now(UTC)
         for t in range(targets):
@@ -137,13 +137,16 @@ def poll_tick(tmp: Path, targets: int, per_target: int, rounds: int) -> None:
                 store.follow(run_id)
         names = [f"t{t}" for t in range(targets)]
         for name in names:  # warm: connections open, logs read once
-            worker.watch_target(name, now)
+            watch.watch_target(worker, name, now)
         counter = Counting()
         batched = []
         for _ in range(rounds):
             counter.count = 0
             started = time.perf_counter()
-            threads = [threading.Thread(target=worker.watch_target, args=(n, now)) for n in names]
+            threads = [
+                threading.Thread(target=watch.watch_target, args=(worker, n, now))
+                for n in names
+            ]
             for thread in threads:
                 thread.start()
             for thread in threads:
@@ -160,11 +163,7 @@ def poll_tick(tmp: Path, targets: int, per_target: int, rounds: int) -> None:
                     run = store.get_run(run_id)
                     offsets = store.get_offsets(run_id)
                     assert run.job is not None
-                    token = secrets.token_hex(16)
-                    executor.transport.run(
-                        follow_script([(run.job, offsets.log, offsets.metrics)], token),
-                        action="follow",
-                    )
+                    executor.follow([FollowEntry(run.job, offsets.log, offsets.metrics)])
             single.append(time.perf_counter() - started)
         single_commands = counter.count
         for leader in leaders:

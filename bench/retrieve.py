@@ -50,6 +50,7 @@ from workers.executors import LocalExecutor, local_manifest, scripts
 from workers.executors.base import Executor
 from workers.executors.ssh import SshExecutor, SshTransport
 from workers.reaper import become_subreaper
+from workers.retrieval import disk as retrieval_disk
 
 TARGET_RATIO = 0.7
 SHARDS = 8
@@ -97,13 +98,13 @@ def reset(*paths: Path) -> None:
 
 
 class FlushTimer:
-    """Wraps `retrieval._flush` to add up the seconds retrieve spends in fsync."""
+    """Wraps `retrieval_disk.flush_tree` to add up the seconds retrieve spends in fsync."""
 
-    inner = staticmethod(retrieval._flush)
+    inner = staticmethod(retrieval_disk.flush_tree)
 
     def __init__(self) -> None:
         self.seconds = 0.0
-        self._inner = retrieval._flush
+        self._inner = retrieval_disk.flush_tree
 
     def __call__(self, root: Path) -> None:
         started = time.perf_counter()
@@ -255,7 +256,7 @@ def main() -> None:
     server: SshServer | None = None
     ssh: SshExecutor | None = None
     flush = FlushTimer()
-    retrieval._flush = flush  # type: ignore[assignment] # times the fsync share
+    retrieval_disk.flush_tree = flush  # type: ignore[assignment] # times the fsync share
     try:
         server = start_sshd(tmp)
         run = server.workdir / "run"

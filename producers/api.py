@@ -35,9 +35,10 @@ from schemas.events import (
     LaunchSpec,
     RetrieveBody,
     SnapshotRequestBody,
+    wire_config,
 )
 from schemas.run import ADOPTED_COMMAND, check_cancel, check_resumable, check_snapshot_request
-from schemas.store import RunStore
+from store import RunStore
 
 __all__ = ["OperationFailed", "Runwarden", "producer_app"]
 
@@ -50,23 +51,11 @@ class OperationFailed(RunError):
 
 
 def producer_app(settings: Settings) -> Celery:
-    """A Celery app that only publishes: JSON only, the same broker and result backend
-    as the workers, the same visibility timeout."""
-    url = settings.broker_url()
-    visibility = {"visibility_timeout": int(settings.visibility_timeout_s)}
-    app = Celery("runwarden-producer", broker=url, backend=url)
-    app.conf.update(
-        task_serializer="json",
-        result_serializer="json",
-        accept_content=["json"],
-        result_accept_content=["json"],
-        broker_transport_options=visibility,
-        result_backend_transport_options=visibility,
-        task_default_queue="runwarden",
-        task_routes={TASK_RETRIEVE: {"queue": "runwarden.retrieve"}},
-        task_send_sent_event=True,
-        broker_connection_retry_on_startup=True,
-    )
+    """A Celery app that only publishes, with the workers' wire contract
+    (`schemas.events.wire_config`): JSON only, the same broker, result backend,
+    visibility timeout, queues and routes."""
+    app = Celery("runwarden-producer")
+    app.conf.update(wire_config(settings))
     return app
 
 

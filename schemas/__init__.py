@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from .errors import (
+    BadRequest,
     Conflict,
     InvalidPath,
     InvalidRunId,
@@ -19,6 +20,7 @@ from .errors import (
     SchemaError,
     StoreError,
     UnknownTarget,
+    validation_message,
 )
 from .ids import (
     MAX_PID,
@@ -41,6 +43,7 @@ from .job import (
     check_secret_value,
 )
 from .paths import join_run_path, safe_relpath
+from .progress import Progress
 from .run import (
     TERMINAL_STATES,
     Artifacts,
@@ -56,14 +59,12 @@ from .snapshot import (
     END_TIMEOUT_S,
     PROOF_TIMEOUT_S,
     REQUEST_POLL_S,
-    STOP_LIMITS,
     Proof,
     ProofInvalid,
     ProofNone,
     ProofSaved,
     Snapshot,
     SnapshotReason,
-    StopLimits,
     expected_checkpoint,
     parse_proof,
 )
@@ -71,7 +72,6 @@ from .stops import (
     STOP_ID_PATTERN,
     Deadline,
     DeadlineKind,
-    Progress,
     StopId,
     StopPhase,
     StopState,
@@ -87,10 +87,10 @@ __all__ = [
     "REQUEST_POLL_S",
     "RUN_ID_MAX_LEN",
     "STOP_ID_PATTERN",
-    "STOP_LIMITS",
     "TERMINAL_STATES",
     "Artifacts",
     "ArtifactsPhase",
+    "BadRequest",
     "Conflict",
     "Container",
     "Deadline",
@@ -124,7 +124,6 @@ __all__ = [
     "SnapshotReason",
     "SshOptions",
     "StopId",
-    "StopLimits",
     "StopPhase",
     "StopState",
     "StoreError",
@@ -146,4 +145,5 @@ __all__ = [
     "safe_relpath",
     "slugify",
     "validate_run_id",
+    "validation_message",
 ]

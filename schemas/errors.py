@@ -1,33 +1,61 @@
-"""The error tree of `schemas`, rooted in [`RunwardenError`].
+"""The error tree of runwarden: one root, [`RunwardenError`], for every error the
+package raises on purpose, so a caller can catch one class. Library errors (Redis,
+paramiko, OSError, pydantic) are translated at the edges with `raise ... from`, so the
+cause stays visible.
 
-    RunwardenError
-    ├── SchemaError (ValueError)   input that does not fit a shape
+    RunwardenError                       (schemas.errors)
+    ├── SchemaError (ValueError)         input that does not fit a shape
     │   ├── InvalidRunId
-    │   └── InvalidPath
-    └── RunError                   the run store and the operations on runs
-        ├── StoreError      Redis could not be reached or refused a command; a stored
-        │                   value could not be read (translated with `raise ... from`)
-        ├── NotFound        no such run (run_id)
-        ├── UnknownTarget   no such target (name)
-        ├── NotStarted      the run has no job yet (run_id)
-        ├── NotRunning      the run already ended (run_id, state)
-        ├── NoSnapshots     the run's job cannot save a snapshot (run_id)
-        ├── NotResumable    the run cannot be resumed (run_id, why)
-        └── Conflict        a compare-and-set lost (run_id, state, wanted)
+    │   ├── InvalidPath
+    │   └── BadRequest                   a task body that does not fit its schema
+    ├── RunError                         the run store and the operations on runs
+    │   ├── StoreError                   Redis unreachable, refused, or a stored value
+    │   │                                unreadable
+    │   ├── NotFound                     no such run (run_id)
+    │   ├── UnknownTarget                no such target (name)
+    │   ├── NotStarted                   the run has no job yet (run_id)
+    │   ├── NotRunning                   the run already ended (run_id, state)
+    │   ├── NoSnapshots                  the run's job cannot save a snapshot (run_id)
+    │   ├── NotResumable                 the run cannot be resumed (run_id, why)
+    │   ├── Conflict                     a compare-and-set lost (run_id, state, wanted)
+    │   ├── OperationFailed              a task failed or no worker answered
+    │   │                                (producers.api)
+    │   └── NotServing                   nothing serves the embedded Redis
+    │                                    (producers.embedded)
+    ├── ExecError                        a target could not be reached or acted on
+    │   │                                (workers.executors.errors)
+    │   ├── IoError                      a local file could not be read or written
+    │   ├── SpawnError                   a local program could not be started
+    │   ├── CommandError                 a command on the target failed
+    │   ├── SshError                     the SSH connection failed or broke (kind)
+    │   ├── InvalidSecret                a secret cannot be passed to the job
+    │   ├── InvalidArgument              an argument cannot be used
+    │   └── ProtocolError                the target answered something unexpected
+    │       └── UnsafeArchive            an archive member would leave its destination
+    └── WorkerError                      a task of the workers failed (workers.errors)
+        ├── LaunchError                  a launch could not be carried out
+        │   └── SecretMissing            a secret the launch names is not set
+        └── RetrievalError               artifacts not retrieved (retryable or not)
+            ├── ArtifactMismatch         the download and the target's manifest differ
+            └── StoredArtifactsInvalid   a stored retrieval is missing or damaged
 
 Each error's `args` are its constructor's arguments (its message is `str()`), so it
 is rebuilt as itself by pickle and by Celery's JSON result backend (`cls(*args)`).
 
 Pydantic's own `ValidationError` is raised by model validation, as pydantic
 documents; the functions of this package that validate plain strings raise
-[`SchemaError`] subclasses. `NotStarted`, `NotRunning`, `NoSnapshots` and `NotFound`
-are the seeds' `RunError` names (DESIGN.md §3). Executors keep their own tree
-(`workers.executors.errors`). Every message is meant to be shown to a person as is.
+[`SchemaError`] subclasses, and [`validation_message`] turns a `ValidationError` into
+the one line a person reads. `NotStarted`, `NotRunning`, `NoSnapshots` and `NotFound`
+keep the names of the tool the on-target protocol comes from (docs/protocol.md).
+Every message is meant to be shown to a person as is.
 """
 
 from __future__ import annotations
 
+from pydantic import ValidationError
+
 __all__ = [
+    "BadRequest",
     "Conflict",
     "InvalidPath",
     "InvalidRunId",
@@ -41,11 +69,12 @@ __all__ = [
     "SchemaError",
     "StoreError",
     "UnknownTarget",
+    "validation_message",
 ]
 
 
 class RunwardenError(Exception):
-    """Root of every error `schemas` raises (pydantic's ValidationError aside)."""
+    """Root of every error runwarden raises on purpose (see the tree above)."""
 
 
 class SchemaError(RunwardenError, ValueError):
@@ -54,6 +83,11 @@ class SchemaError(RunwardenError, ValueError):
 
 class InvalidRunId(SchemaError):
     """A run id breaks the run-id rules of [`schemas.ids.validate_run_id`]."""
+
+
+class BadRequest(SchemaError):
+    """A task body (or another message from outside) does not fit its schema; the
+    message says what is wrong, never the input's values."""
 
 
 class InvalidPath(SchemaError):
@@ -69,7 +103,7 @@ class StoreError(RunError):
     """The run store failed: Redis is unreachable, timed out or refused a command, or a
     stored value is unreadable. The Redis exception (or validation error) is the
     `__cause__`. When Redis dropped mid-command, the operation may or may not have
-    taken effect (see `schemas.store` on retrying)."""
+    taken effect (see `store` on retrying)."""
 
 
 class NotFound(RunError):
@@ -165,3 +199,13 @@ class Conflict(RunError):
         self.state = None if state is None else str(state)
         self.wanted = None if wanted is None else str(wanted)
         super().__init__(message)
+
+
+def validation_message(error: ValidationError, what: str = "input") -> str:
+    """`error` as one line for a person: each problem as `<location>: <message>`,
+    joined with `; ` (`what` names the location of a problem with the whole value).
+    Never holds the input's values: a rejected secret must not reach a log."""
+    return "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or what}: {e['msg']}"
+        for e in error.errors(include_input=False)
+    )

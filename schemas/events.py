@@ -1,39 +1,49 @@
-"""The public task names and the bodies producers publish (DESIGN.md §4). A producer
-in another service needs only `celery` and these names; every body is JSON.
+"""The wire contract (docs/architecture.md, "Tasks"): the task names, the queues and
+routes, the serializer, and the bodies producers publish. The workers' Celery app,
+the producers' app and `runwarden serve` all take them from here. A producer in
+another service needs only `celery` and these names; every body is JSON.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .ids import RunId
 from .job import ENV_NAME, check_absolute_path
 from .run import RunLimits
+from .settings import Settings
 from .snapshot import SnapshotReason
 from .stops import AskedBy, StopId
 from .targets import TargetName
 
 __all__ = [
+    "QUEUE",
+    "QUEUE_RETRIEVE",
+    "SERIALIZER",
     "TASK_CANCEL",
     "TASK_END_TIMEOUT",
     "TASK_FOLLOW",
     "TASK_FOLLOW_TICK",
     "TASK_LAUNCH",
+    "TASK_POLICY_TARGET",
     "TASK_POLICY_TICK",
     "TASK_POLL_REQUESTS",
     "TASK_PROOF_TIMEOUT",
     "TASK_RECONCILE",
     "TASK_RETRIEVE",
+    "TASK_ROUTES",
     "TASK_SNAPSHOT_REQUEST",
+    "TASK_WATCH_TARGET",
     "CancelBody",
     "FollowBody",
     "LaunchSpec",
     "RetrieveBody",
     "SnapshotRequestBody",
     "TimeoutBody",
+    "wire_config",
 ]
 
 TASK_LAUNCH: Final = "runwarden.launch"
@@ -47,6 +57,49 @@ TASK_FOLLOW_TICK: Final = "runwarden.follow_tick"
 TASK_RECONCILE: Final = "runwarden.reconcile"
 TASK_POLICY_TICK: Final = "runwarden.policy_tick"
 TASK_RETRIEVE: Final = "runwarden.retrieve"
+
+TASK_WATCH_TARGET: Final = "runwarden.watch_target"
+"""Internal: one target's share of a follow tick (fanned out by `follow_tick` and
+`poll_requests`, one task per target so workers share the load)."""
+TASK_POLICY_TARGET: Final = "runwarden.policy_target"
+"""Internal: one target's share of a policy tick (fanned out by `policy_tick`)."""
+
+QUEUE: Final = "runwarden"
+"""The queue of every task but retrievals."""
+QUEUE_RETRIEVE: Final = "runwarden.retrieve"
+"""The queue of `runwarden.retrieve` alone: a retrieval may download for hours, and
+must never hold a worker process that a stop's deadline or a follow tick needs.
+`runwarden serve` (and compose) run one worker for it; a worker started without
+`-Q` consumes both queues."""
+TASK_ROUTES: Final = {TASK_RETRIEVE: {"queue": QUEUE_RETRIEVE}}
+SERIALIZER: Final = "json"
+"""The only serializer on the wire, for tasks, results and events: never pickle."""
+
+
+def wire_config(settings: Settings) -> dict[str, Any]:
+    """The Celery configuration every runwarden app shares, worker or producer: the
+    broker and result backend of `settings`, one visibility timeout for both (longer
+    than the longest countdown plus a task's run time, so that a countdown task held
+    for its ETA is never redelivered while it waits), JSON only, the default queue and
+    the routes. Contains the broker URL (with its password, if any): never log it."""
+    url = settings.broker_url()
+    visibility = {"visibility_timeout": int(settings.visibility_timeout_s)}
+    return {
+        "broker_url": url,
+        "result_backend": url,
+        "broker_transport_options": visibility,
+        "result_backend_transport_options": visibility,
+        "broker_connection_retry_on_startup": True,
+        "task_serializer": SERIALIZER,
+        "result_serializer": SERIALIZER,
+        "event_serializer": SERIALIZER,
+        "accept_content": [SERIALIZER],
+        "result_accept_content": [SERIALIZER],
+        "task_default_queue": QUEUE,
+        "task_routes": TASK_ROUTES,
+        "task_send_sent_event": True,
+    }
+
 
 class _Body(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")

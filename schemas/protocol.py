@@ -1,5 +1,7 @@
-"""Names of the on-target protocol: the files of a run directory, identical to the
-seeds' (overbrainer) so either tool can follow and stop a run started by the other.
+"""Names of the on-target protocol (docs/protocol.md): the files of a run directory,
+identical to those of overbrainer (the tool the protocol comes from) so either tool can
+follow and stop a run started by the other, and the variables of the job's
+environment.
 
 Every name is relative to the run directory `<workdir>/<run_id>`.
 """
@@ -13,14 +15,19 @@ __all__ = [
     "CANCEL_FILE",
     "CLAIM_FILE",
     "EXIT_FILE",
+    "FILTERED_ENV_PREFIXES",
     "JOBSIDE_DIR",
     "JOB_LOG",
     "MAX_TAIL_READ",
+    "METRICS_ENV",
     "METRICS_FILE",
     "OUTPUT_DIR",
     "PID_FILE",
     "PROOF_LIMIT",
+    "REQUEST_ENV",
     "RESUME_ENV",
+    "RUN_ID_ENV",
+    "SECRET_ENV_PREFIX",
     "SNAPSHOT_FILE",
     "SNAPSHOT_REQUEST",
 ]
@@ -48,9 +55,24 @@ METRICS_FILE: Final = "metrics.jsonl"
 JOBSIDE_DIR: Final = ".runwarden"
 """Where launch ships the stdlib-only job-side files; on the job's `PYTHONPATH`."""
 
+# --- the job's environment -------------------------------------------------------------
+# The job side (`workers/jobside/runwarden_job.py`, stdlib only) repeats these names;
+# a test pins that they agree.
+
+RUN_ID_ENV: Final = "RUNWARDEN_RUN_ID"
+"""The job's variable holding its run id (also how cancel finds the run's processes)."""
+REQUEST_ENV: Final = "RUNWARDEN_SNAPSHOT_REQUEST"
+"""The job's variable holding the absolute path of `snapshot.request`."""
+METRICS_ENV: Final = "RUNWARDEN_METRICS"
+"""The job's variable holding the absolute path of `metrics.jsonl`."""
 RESUME_ENV: Final = "RUNWARDEN_RESUME_FROM"
 """The job's variable naming the checkpoint (absolute path on the target) a resumed
-run continues from (the job side's `runwarden_job.RESUME_ENV`)."""
+run continues from."""
+SECRET_ENV_PREFIX: Final = "RUNWARDEN_SECRET_"  # noqa: S105 - a name prefix, not a secret
+"""A secret `NAME` a launch names is read on the worker from `RUNWARDEN_SECRET_NAME`."""
+FILTERED_ENV_PREFIXES: Final = ("RUNWARDEN_", "OVERBRAINER_", "VAULT_")
+"""A local job never inherits a variable whose name starts with one of these: they
+hold the service's own configuration and credentials."""
 
 PROOF_LIMIT: Final = 64 * 1024
 """Largest prefix of `snapshot.json` read from the target, in bytes."""

@@ -1,5 +1,5 @@
-"""Runs: the record of one job launched on a target, its states, and how a finished
-job's outcome is decided (DESIGN.md §3, as the seeds decide it)."""
+"""Runs: the record of one job launched on a target, its states, the rules of a state
+change, and how a finished job's outcome is decided (docs/architecture.md, "Runs")."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Annotated, Final
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .errors import NoSnapshots, NotResumable, NotRunning, NotStarted
+from .errors import Conflict, NoSnapshots, NotResumable, NotRunning, NotStarted
 from .ids import RunId
 from .job import WATCHDOG_MAX_S, JobId, JobStatus, check_absolute_path
 from .snapshot import ProofInvalid, ProofNone, ProofSaved, Snapshot
@@ -27,6 +27,7 @@ __all__ = [
     "check_resumable",
     "check_snapshot_request",
     "decide_outcome",
+    "transitioned",
 ]
 
 
@@ -54,6 +55,7 @@ ADOPTED_COMMAND: Final = "(adopted)"
 TERMINAL_STATES: Final = frozenset(
     {RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED, RunState.STOPPED}
 )
+_RANK: Final = {RunState.PREPARING: 0, RunState.RUNNING: 1} | dict.fromkeys(TERMINAL_STATES, 2)
 
 
 _Hours = Annotated[float, Field(gt=0, le=WATCHDOG_MAX_S / 3600, allow_inf_nan=False)]
@@ -156,6 +158,81 @@ class RunRecord(BaseModel):
         if value is None:
             return None
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def transitioned(
+    current: RunRecord,
+    to_state: RunState,
+    now: datetime,
+    *,
+    message: str | None = None,
+    snapshot: Snapshot | None = None,
+    job: JobId | None = None,
+    expect: set[RunState] | None = None,
+) -> RunRecord | None:
+    """The record `current` becomes when moved to `to_state` at `now`, or None when
+    the move changes nothing. The run store applies it as one compare-and-set.
+
+    Rules:
+
+    1. A terminal record stays as it is: asking for the same terminal state again
+       changes nothing (None, whatever `expect` says; the first outcome's message and
+       snapshot stay); a different state raises `Conflict`.
+    2. `expect`, when given: the current state must be one of these, else `Conflict`.
+    3. States only move forward (`preparing -> running -> terminal`); going back
+       raises `Conflict`.
+    4. When the state changes, `message` replaces the message (None clears it); when
+       it stays, a given `message` replaces it. `snapshot` and `job` replace theirs
+       when given.
+    5. Becoming running stamps `started` (the policies' clock); becoming terminal
+       stamps `ended` and, for a run that had a job and no retrieval yet, queues its
+       artifacts' retrieval (`artifacts` pending, due at once) in the same change, so
+       no crash can leave an ended run never retrieved.
+
+    Raises:
+        Conflict: by the rules above (naming the run, its state and the one wanted).
+    """
+    to_state = RunState(to_state)
+    run_id = current.id
+    if current.state in TERMINAL_STATES:
+        if current.state is to_state:
+            return None
+        raise Conflict(
+            f"run {run_id!r} already ended as {current.state}; it cannot become {to_state}",
+            run_id=run_id,
+            state=current.state,
+            wanted=to_state,
+        )
+    if expect is not None and current.state not in {RunState(s) for s in expect}:
+        shown = ", ".join(sorted(expect))
+        raise Conflict(
+            f"run {run_id!r} is {current.state}, not {shown}; it was not moved to {to_state}",
+            run_id=run_id,
+            state=current.state,
+            wanted=to_state,
+        )
+    if _RANK[to_state] < _RANK[current.state]:
+        raise Conflict(
+            f"run {run_id!r} is {current.state}; it cannot go back to {to_state}",
+            run_id=run_id,
+            state=current.state,
+            wanted=to_state,
+        )
+    update: dict[str, object] = {"state": to_state}
+    if to_state is not current.state or message is not None:
+        update["message"] = message
+    if to_state is not current.state:
+        if to_state is RunState.RUNNING:
+            update["started"] = now
+        elif to_state in TERMINAL_STATES:
+            update["ended"] = now
+            if (job or current.job) is not None and current.artifacts is None:
+                update["artifacts"] = Artifacts(next_attempt=now)
+    if snapshot is not None:
+        update["snapshot"] = snapshot
+    if job is not None:
+        update["job"] = job
+    return current.model_copy(update=update)
 
 
 def check_snapshot_request(run: RunRecord) -> JobId:

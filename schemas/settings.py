@@ -14,7 +14,8 @@ from typing import Annotated
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from .snapshot import END_TIMEOUT_S, PROOF_TIMEOUT_S, REQUEST_POLL_S, StopLimits
+from .policy import COST_FRACTION, DEADLINE_LEAD_S, DISK_CHECKPOINT_FACTOR, DISK_USED_LIMIT
+from .snapshot import END_TIMEOUT_S, PROOF_TIMEOUT_S, REQUEST_POLL_S
 
 __all__ = ["Settings"]
 
@@ -47,16 +48,18 @@ class Settings(BaseSettings):
     retrieve_max_runtime_s: _Positive = 6 * 3600.0
     """Longest run of one retrieval task (it downloads a whole checkpoint)."""
 
-    # --- policies (DESIGN.md §7) ---------------------------------------------------
+    # --- policies (defaults: schemas.policy) ------------------------------------------
     policy_s: _Positive = 30.0
     """How often beat evaluates the policies of running runs."""
-    deadline_lead_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 15 * 60.0
+    deadline_lead_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = DEADLINE_LEAD_S
     """How long before a run's `max_hours` its `deadline` snapshot is asked."""
-    cost_fraction: Annotated[float, Field(gt=0, le=1)] = 0.95
+    cost_fraction: Annotated[float, Field(gt=0, le=1)] = COST_FRACTION
     """Share of `max_cost_usd` at which the `cost` snapshot is asked."""
-    disk_used_fraction: Annotated[float, Field(gt=0, le=1)] = 0.92
+    disk_used_fraction: Annotated[float, Field(gt=0, le=1)] = DISK_USED_LIMIT
     """Used share of the run directory's filesystem at which `disk` is asked."""
-    disk_checkpoint_factor: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 1.5
+    disk_checkpoint_factor: Annotated[float, Field(ge=0, allow_inf_nan=False)] = (
+        DISK_CHECKPOINT_FACTOR
+    )
     """`disk` is asked when free space is below this many times the newest
     checkpoint's size."""
     disk_probe_s: _Positive = 60.0
@@ -80,10 +83,6 @@ class Settings(BaseSettings):
         if self.artifact_dir is not None:
             return self.artifact_dir.expanduser().absolute()
         return self.state_dir.expanduser().absolute() / "runs"
-
-    @property
-    def stop_limits(self) -> StopLimits:
-        return StopLimits(proof_timeout_s=self.proof_timeout_s, end_timeout_s=self.end_timeout_s)
 
     @property
     def embedded_socket(self) -> Path:
@@ -113,6 +112,6 @@ class Settings(BaseSettings):
     def visibility_timeout_s(self) -> float:
         """The broker's redelivery delay for unacknowledged messages, in seconds: longer
         than the longest countdown plus a task's run time, so a countdown task that is
-        waiting for its ETA is never delivered twice (DESIGN.md §4)."""
+        waiting for its ETA is never delivered twice (docs/architecture.md, "Durability")."""
         longest_task_s = max(self.task_max_runtime_s, self.launch_max_runtime_s)
         return max(self.proof_timeout_s, self.end_timeout_s) + longest_task_s + 60.0

@@ -1,5 +1,5 @@
 """Snapshots: the request that asks a job for one, the proof the job leaves, and the
-limits of a stop (seeds: `000_…`, the snapshot module).
+default limits of a stop (docs/protocol.md, "Snapshots").
 
 Anyone who can write the run directory asks for a snapshot by writing
 `snapshot.request` there, holding the reason. The job's plugin saves a checkpoint at
@@ -20,14 +20,12 @@ __all__ = [
     "END_TIMEOUT_S",
     "PROOF_TIMEOUT_S",
     "REQUEST_POLL_S",
-    "STOP_LIMITS",
     "Proof",
     "ProofInvalid",
     "ProofNone",
     "ProofSaved",
     "Snapshot",
     "SnapshotReason",
-    "StopLimits",
     "expected_checkpoint",
     "parse_proof",
 ]
@@ -195,18 +193,3 @@ def parse_proof(content: bytes) -> ProofNone | ProofSaved | ProofInvalid:
             checkpoint=checkpoint, step=step, reason=SnapshotReason.parse(reason)
         )
     )
-
-
-class StopLimits(BaseModel):
-    """How long a stop waits before it cancels the job instead, in seconds."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    proof_timeout_s: Annotated[float, Field(gt=0)] = PROOF_TIMEOUT_S
-    """For the proof, from the request."""
-    end_timeout_s: Annotated[float, Field(gt=0)] = END_TIMEOUT_S
-    """For the job to end once its proof is there."""
-
-
-STOP_LIMITS: Final = StopLimits()
-"""The seeds' limits: 30 min for the proof, then 10 more minutes for the job to end."""

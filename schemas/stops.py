@@ -1,5 +1,5 @@
-"""Stops in flight: the durable state of one graceful stop, its deadlines, and the
-progress a follower recorded (DESIGN.md §4, "Durability and exactly-once effects").
+"""Stops in flight: the durable state of one graceful stop and its deadlines
+(docs/architecture.md, "Durability").
 
 A stop is opened when a snapshot is asked for (by the CLI, a policy, or a request
 someone else wrote into the run directory) and lives until the run ends or the stop
@@ -33,7 +33,6 @@ __all__ = [
     "STOP_ID_PATTERN",
     "Deadline",
     "DeadlineKind",
-    "Progress",
     "StopId",
     "StopPhase",
     "StopState",
@@ -159,23 +158,3 @@ class Deadline(BaseModel):
             raise ValueError(f"not a deadline member: {member[:200]!r}")
         run_id, stop_id, kind = parts
         return cls.model_validate({"run_id": run_id, "stop_id": stop_id, "kind": kind, "due": due})
-
-
-class Progress(BaseModel):
-    """How far a run got, from the metrics lines its job wrote (`begin`, `log`, `end`)
-    as the follower recorded them. Every field is None until a line carried it."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-    max_steps: Annotated[int, Field(ge=0)] | None = None
-    """From the `begin` line."""
-    step: Annotated[int, Field(ge=0)] | None = None
-    """The step of the newest `log` (or `end`) line."""
-    loss: float | None = None
-    """The newest finite `loss` of a `log` line."""
-    loss_step: Annotated[int, Field(ge=0)] | None = None
-    """The step that `loss` was logged at."""
-    time: float | None = None
-    """Unix seconds of the newest line that had a numeric `time`."""
-    ended: bool = False
-    """Whether an `end` line was seen."""

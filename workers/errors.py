@@ -1,21 +1,40 @@
 """The workers' error tree: failures of the tasks themselves, rooted in
-[`WorkerError`]. The run store's errors (`StoreError`, `NotFound`, ...) are
-`schemas.errors.RunError`s, shared with producers; executors keep their own tree
-(`workers.executors.errors`).
+[`WorkerError`], a `RunwardenError` (the whole tree is drawn in `schemas.errors`).
+The run store's errors (`StoreError`, `NotFound`, ...) are `schemas.errors.RunError`s,
+shared with producers; executors keep their own subtree (`workers.executors.errors`).
 
     WorkerError
-    ├── LaunchError     a launch could not be carried out (a message for a person)
-    ├── SecretMissing   a secret a launch names is not set on the worker (name only)
-    └── RetrievalError  artifacts could not be retrieved or checked; says whether a
-                        retry may help (`workers.retrieval`, with its subclasses)
+    ├── LaunchError               a launch could not be carried out
+    │   └── SecretMissing         a secret the launch names is not set (name only)
+    └── RetrievalError            artifacts could not be retrieved or checked;
+        │                         `retryable` says whether trying again may help
+        ├── ArtifactMismatch      the download and the target's manifest disagree
+        └── StoredArtifactsInvalid  a stored retrieval is missing or damaged
 """
 
 from __future__ import annotations
 
-__all__ = ["LaunchError", "SecretMissing", "WorkerError"]
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Final
+
+from schemas import RunwardenError
+from schemas.protocol import SECRET_ENV_PREFIX
+
+__all__ = [
+    "ArtifactMismatch",
+    "LaunchError",
+    "RetrievalError",
+    "SecretMissing",
+    "StoredArtifactsInvalid",
+    "WorkerError",
+]
+
+MAX_LISTED: Final = 30
+"""Paths an error message names at most (the error's attributes hold them all)."""
 
 
-class WorkerError(Exception):
+class WorkerError(RunwardenError):
     """Root of every error of the workers' tasks."""
 
 
@@ -30,6 +49,62 @@ class SecretMissing(LaunchError):
     def __init__(self, name: str) -> None:
         self.name = name
         super().__init__(
-            f"secret {name} is not set on the worker: set RUNWARDEN_SECRET_{name} in its "
+            f"secret {name} is not set on the worker: set {SECRET_ENV_PREFIX}{name} in its "
             "environment"
         )
+
+
+def listed(kind: str, paths: Sequence[str]) -> str:
+    """`<n> <kind> ('a', 'b' and 3 more)`: at most [`MAX_LISTED`] paths named."""
+    shown = ", ".join(repr(p) for p in paths[:MAX_LISTED])
+    more = f" and {len(paths) - MAX_LISTED} more" if len(paths) > MAX_LISTED else ""
+    return f"{len(paths)} {kind} ({shown}{more})"
+
+
+class RetrievalError(WorkerError):
+    """A retrieval failed; nothing was made visible at its destination. `retryable`
+    says whether trying again may help: yes for a broken connection, an interrupted
+    stream, a target that changed during the retrieval, a full disk here; no for a
+    run directory that does not exist, a refused host key or login, a hostile
+    archive, a destination this process may not write."""
+
+    def __init__(self, message: str, *, retryable: bool) -> None:
+        self.retryable = retryable
+        super().__init__(message)
+
+
+class ArtifactMismatch(RetrievalError):
+    """The download does not match the target's manifest: files `missing` from it,
+    `differing` from the target's content, or `extra` (not in the manifest), each a
+    sorted list of paths relative to the run directory. Retryable: the target's files
+    changed while they were being retrieved, or bytes were damaged on the way."""
+
+    def __init__(
+        self, missing: Sequence[str], differing: Sequence[str], extra: Sequence[str]
+    ) -> None:
+        self.missing = list(missing)
+        self.differing = list(differing)
+        self.extra = list(extra)
+        parts = [
+            listed(kind, paths)
+            for kind, paths in (
+                ("missing", self.missing),
+                ("differing", self.differing),
+                ("extra", self.extra),
+            )
+            if paths
+        ]
+        super().__init__(
+            "the download does not match the target's manifest: " + "; ".join(parts),
+            retryable=True,
+        )
+
+
+class StoredArtifactsInvalid(RetrievalError):
+    """A retrieval in the artifact store is not there (no `manifest.json`), cannot be
+    read, or no longer matches its manifest (a listed file is missing or has another
+    size). Not retryable as such: the store must be retrieved into again."""
+
+    def __init__(self, dest: Path, message: str) -> None:
+        self.dest = dest
+        super().__init__(f"artifacts in {dest}: {message}", retryable=False)

@@ -9,20 +9,19 @@ import threading
 from pathlib import Path
 
 from schemas import TargetConfig
-from schemas.store import RunStore
+from store import RunStore
 
-from .executors import LocalExecutor, ScriptExecutor
-from .executors.ssh import SshExecutor
+from .executors import Executor, LocalExecutor, SshExecutor
 
 __all__ = ["build_executor", "executor_for"]
 
 _lock = threading.Lock()
-_cache: dict[str, tuple[TargetConfig, ScriptExecutor]] = {}
+_cache: dict[str, tuple[TargetConfig, Executor]] = {}
 # A forked child (a Celery prefork child) builds its own executors.
 os.register_at_fork(after_in_child=_cache.clear)
 
 
-def build_executor(config: TargetConfig) -> ScriptExecutor:
+def build_executor(config: TargetConfig) -> Executor:
     """A new executor for `config` (nothing is opened yet).
 
     Raises:
@@ -41,7 +40,7 @@ def build_executor(config: TargetConfig) -> ScriptExecutor:
     )
 
 
-def executor_for(store: RunStore, name: str) -> ScriptExecutor:
+def executor_for(store: RunStore, name: str) -> Executor:
     """The executor of target `name` for this process.
 
     Raises:

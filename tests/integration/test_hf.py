@@ -46,7 +46,7 @@ RESUMED_STEPS = 6
 
 
 def job_env(run_dir: Path, **extra: str) -> dict[str, str]:
-    """The environment launch gives a job (workers/runs.py, `Worker.launch`): this
+    """The environment launch gives a job (`workers.launch.launch`): this
     process's minus the `RUNWARDEN_`, `OVERBRAINER_` and `VAULT_` variables, then the
     job's own."""
     env = {

@@ -1,4 +1,4 @@
-"""Retrieval of a run's artifacts (workers/retrieval.py) over the real executors
+"""Retrieval of a run's artifacts (the `workers.retrieval` package) over the real executors
 (`target`: local, shell, ssh against a real sshd): the stopped and succeeded
 layouts, verification against the target's manifest (a file changed, added or
 removed on the target between the manifest and the download), an interrupted
@@ -23,7 +23,7 @@ from typing import IO, cast
 import pytest
 
 from schemas import RunState, Snapshot, SnapshotReason
-from workers.errors import WorkerError
+from workers.errors import ArtifactMismatch, RetrievalError, StoredArtifactsInvalid, WorkerError
 from workers.executors import LocalTransport, ScriptExecutor, local_manifest
 from workers.executors.base import Executor
 from workers.executors.digest import FileDigest
@@ -33,9 +33,6 @@ from workers.executors.ssh import CLIENT_REKEY_BYTES, SshTransport
 from workers.executors.transport import Completed
 from workers.retrieval import (
     MANIFEST_FILE,
-    ArtifactMismatch,
-    RetrievalError,
-    StoredArtifactsInvalid,
     check_stored,
     retrieval_plan,
     retrieve,

@@ -16,8 +16,7 @@ import pytest
 
 from schemas import JobCommand, JobStatus
 from workers.executors import CommandError, InvalidArgument, SshError
-from workers.executors.ssh import SshExecutor, connection_pool
-from workers.executors.ssh_config import SshDestination, resolve_destination
+from workers.executors.ssh import SshDestination, SshExecutor, connection_pool, resolve_destination
 
 from ..conftest import ssh_executor, wait_for
 from ..sshd import (
@@ -221,7 +220,7 @@ def test_a_forked_child_never_uses_its_parents_connection(sshd: SshServer, tmp_p
         try:
             os.close(read)
             # Whatever the child inherited may be finalized here at any time: force it.
-            from workers.executors import ssh
+            from workers.executors.ssh import connection as ssh
 
             ssh._INHERITED.clear()
             gc.collect()

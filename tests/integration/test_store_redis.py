@@ -21,7 +21,7 @@ from schemas.errors import StoreError
 from schemas.run import RunState
 from schemas.snapshot import SnapshotReason
 from schemas.stops import StopPhase
-from schemas.store import RunStore
+from store import RunStore
 from tests.redis_server import RedisServer, running_redis
 from tests.unit.test_store import *  # noqa: F403 - the shared contract, run on a real server
 from tests.unit.test_store import T0, running

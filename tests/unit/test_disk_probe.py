@@ -12,13 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from schemas.policy import DiskSample, disk_verdict
 from workers.executors import InvalidArgument, ProtocolError
-from workers.executors.probe import (
-    DiskSample,
-    disk_probe_script,
-    disk_verdict,
-    parse_disk_probe,
-)
+from workers.executors.probe import disk_probe_script, parse_disk_probe
 
 KIB = 1024
 MIB = 1024 * KIB

@@ -30,9 +30,11 @@ from schemas import (
 from schemas.events import TASK_RETRIEVE, TASK_SNAPSHOT_REQUEST, RetrieveBody, SnapshotRequestBody
 from schemas.policy import cost_request_after_s, deadline_request_after_s, time_verdict
 from schemas.run import check_resumable
-from schemas.store import RunStore
-from workers.retrieval import RetrievalError
-from workers.runs import Worker
+from store import RunStore
+from workers import finish, policies, stops
+from workers.artifacts import retrieve_artifacts as retrieve
+from workers.context import Context
+from workers.errors import RetrievalError
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
@@ -214,13 +216,13 @@ class Sent:
         return [k["body"] for n, k, _ in self.calls if n == name]
 
 
-def policy_worker(tmp_path: Path, **settings: Any) -> tuple[Worker, RunStore, Sent]:
+def policy_worker(tmp_path: Path, **settings: Any) -> tuple[Context, RunStore, Sent]:
     store = fresh_store()
     store.put_target("local", {"name": "local", "kind": "local", "workdir": str(tmp_path)})
     sent = Sent()
     options: dict[str, Any] = {"state_dir": tmp_path / "state", "disk_probe_s": 60}
     options.update(settings)
-    return Worker(store, Settings(**options), sent, "w"), store, sent
+    return Context(store, Settings(**options), sent, "w"), store, sent
 
 
 def running_run(store: RunStore, tmp_path: Path, run_id: str, **changes: Any) -> RunRecord:
@@ -245,7 +247,7 @@ def test_the_policy_tick_publishes_one_request_per_run_as_a_producer(tmp_path: P
     running_run(store, tmp_path, "costly",
                 limits=RunLimits(max_cost_usd=10, usd_per_hour=10, disk=False))  # fmt: skip
     running_run(store, tmp_path, "fine", limits=RunLimits(max_hours=100, disk=False))
-    result = worker.policy_target("local", datetime.now(UTC))
+    result = policies.policy_target(worker, "local", datetime.now(UTC))
     assert result == {"runs": 3, "asked": 2}
     published = sent.named(TASK_SNAPSHOT_REQUEST)
     bodies = {b["run_id"]: SnapshotRequestBody.model_validate(b) for b in published}
@@ -255,7 +257,7 @@ def test_the_policy_tick_publishes_one_request_per_run_as_a_producer(tmp_path: P
     assert all(b.only_if_none_open for b in bodies.values())
     assert bodies["costly"].asked_by == "policy:cost"
     # The next tick within the policy period publishes nothing more.
-    worker.policy_target("local", datetime.now(UTC))
+    policies.policy_target(worker, "local", datetime.now(UTC))
     assert len(sent.named(TASK_SNAPSHOT_REQUEST)) == 2
 
 
@@ -263,16 +265,16 @@ def test_a_run_with_an_open_stop_is_never_asked_by_a_policy(tmp_path: Path) -> N
     worker, store, sent = policy_worker(tmp_path)
     running_run(store, tmp_path, "asked", limits=RunLimits(max_hours=0.5, disk=False))
     store.open_stop("asked", SnapshotReason.REQUESTED, "cli", datetime.now(UTC), 60)
-    worker.policy_target("local", datetime.now(UTC))
+    policies.policy_target(worker, "local", datetime.now(UTC))
     assert sent.named(TASK_SNAPSHOT_REQUEST) == []
 
 
 def test_a_policy_request_keeps_the_first_reason_of_an_open_stop(tmp_path: Path) -> None:
     worker, store, sent = policy_worker(tmp_path)
     run = running_run(store, tmp_path, "r2", limits=RunLimits(max_hours=0.5))
-    worker.request_snapshot("r2", SnapshotReason.DISK, "policy:disk", datetime.now(UTC),
+    stops.request_snapshot(worker, "r2", SnapshotReason.DISK, "policy:disk", datetime.now(UTC),
                             only_if_none_open=True)  # fmt: skip
-    again = worker.request_snapshot("r2", SnapshotReason.DEADLINE, "policy:deadline",
+    again = stops.request_snapshot(worker, "r2", SnapshotReason.DEADLINE, "policy:deadline",
                                     datetime.now(UTC), only_if_none_open=True)  # fmt: skip
     assert again.reason is SnapshotReason.DISK
     assert (Path(run.remote_dir) / "snapshot.request").read_text() == "disk"
@@ -286,8 +288,9 @@ def test_a_policy_never_writes_over_a_request_already_in_the_run_directory(
     run = running_run(store, tmp_path, "r3", limits=RunLimits(max_hours=0.5))
     request = Path(run.remote_dir) / "snapshot.request"
     request.write_text("deadline\n")  # the watchdog's, not seen by a tick yet
-    stop = worker.request_snapshot("r3", SnapshotReason.DISK, "policy:disk", datetime.now(UTC),
-                                   only_if_none_open=True)  # fmt: skip
+    stop = stops.request_snapshot(
+        worker, "r3", SnapshotReason.DISK, "policy:disk", datetime.now(UTC), only_if_none_open=True
+    )
     assert stop.reason is SnapshotReason.DEADLINE
     assert stop.asked_by == "watch"
     assert request.read_text() == "deadline\n"
@@ -308,8 +311,8 @@ def test_the_disk_policy_probes_a_target_at_most_once_a_period(
         return real(script)
 
     monkeypatch.setattr(executor, "probe", counting)
-    worker.policy_target("local", datetime.now(UTC))
-    worker.policy_target("local", datetime.now(UTC))
+    policies.policy_target(worker, "local", datetime.now(UTC))
+    policies.policy_target(worker, "local", datetime.now(UTC))
     assert len(probes) == 1
     (body,) = sent.named(TASK_SNAPSHOT_REQUEST)
     assert body["reason"] == "disk"
@@ -339,7 +342,7 @@ def test_a_finished_run_queues_its_retrieval_and_retries_with_backoff(tmp_path: 
         retrieve_attempts=4,
     )  # fmt: skip
     run = ended_run(store, tmp_path)
-    ended = worker.finish(run, JobStatus.CANCELLED, worker.executor("local"))
+    ended = finish.finish(worker, run, JobStatus.CANCELLED, worker.executor("local"))
     assert ended.state is RunState.STOPPED
     assert ended.artifacts is not None
     assert ended.artifacts.phase is ArtifactsPhase.PENDING
@@ -347,11 +350,11 @@ def test_a_finished_run_queues_its_retrieval_and_retries_with_backoff(tmp_path: 
     now = datetime.now(UTC)
     waits = []
     for attempt in range(1, 5):
-        result = worker.retrieve("e1", now)
+        result = retrieve(worker, "e1", now)
         assert result.attempts == attempt
         assert result.error
         # A duplicate task before the next attempt is due changes nothing.
-        assert worker.retrieve("e1", now) == result
+        assert retrieve(worker, "e1", now) == result
         if attempt < 4:
             assert result.phase is ArtifactsPhase.PENDING
             assert result.next_attempt is not None
@@ -367,7 +370,7 @@ def test_a_finished_run_queues_its_retrieval_and_retries_with_backoff(tmp_path: 
     assert store.get_run("e1").artifacts == result
     # A person's retry, once the store is fixed, brings them home verified.
     blocked.unlink()
-    done = worker.retrieve("e1", now, force=True)
+    done = retrieve(worker, "e1", now, force=True)
     assert done.phase is ArtifactsPhase.DONE, done
     assert done.files == 3
     assert (blocked / "e1" / "output" / "checkpoint-3" / "weights.bin").read_bytes() == (
@@ -378,8 +381,8 @@ def test_a_finished_run_queues_its_retrieval_and_retries_with_backoff(tmp_path: 
 def test_reconcile_sends_due_retrievals_once_per_lease(tmp_path: Path) -> None:
     worker, store, sent = policy_worker(tmp_path)
     store.schedule_retrieval("x1", datetime.now(UTC) - timedelta(seconds=1))
-    worker.reconcile(datetime.now(UTC))
-    worker.reconcile(datetime.now(UTC))
+    stops.reconcile(worker, datetime.now(UTC))
+    stops.reconcile(worker, datetime.now(UTC))
     assert [b["run_id"] for b in sent.named(TASK_RETRIEVE)] == ["x1"]
 
 
@@ -395,11 +398,11 @@ def test_a_retryable_failure_backs_off_doubling(
     def broken(*args: object, **kwargs: object) -> None:
         raise RetrievalError("the connection dropped", retryable=True)
 
-    monkeypatch.setattr("workers.runs.retrieve", broken)
+    monkeypatch.setattr("workers.artifacts.retrieve", broken)
     now = datetime.now(UTC)
     waits = []
     for _ in range(4):
-        result = worker.retrieve("e1", now)
+        result = retrieve(worker, "e1", now)
         assert result.next_attempt is not None
         waits.append(round((result.next_attempt - now).total_seconds()))
         now = result.next_attempt
@@ -418,9 +421,9 @@ def test_a_killed_retrieval_still_counts_its_attempt(
     def killed(*args: object, **kwargs: object) -> None:
         raise SystemExit("the worker is going away")  # not an Exception: not recorded
 
-    monkeypatch.setattr("workers.runs.retrieve", killed)
+    monkeypatch.setattr("workers.artifacts.retrieve", killed)
     with pytest.raises(SystemExit):
-        worker.retrieve("e1", datetime.now(UTC))
+        retrieve(worker, "e1", datetime.now(UTC))
     artifacts = store.get_run("e1").artifacts
     assert artifacts is not None
     assert artifacts.attempts == 1
@@ -437,9 +440,9 @@ def test_a_retrieval_held_by_another_is_left_alone_and_a_forced_one_says_so(
     store.transition("e1", RunState.FAILED, message="x")
     assert store.lock("retrieve:e1", "someone-else", 60)
     before = store.get_run("e1").artifacts
-    assert worker.retrieve("e1", datetime.now(UTC)) == before
+    assert retrieve(worker, "e1", datetime.now(UTC)) == before
     with pytest.raises(Conflict, match="running now"):
-        worker.retrieve("e1", datetime.now(UTC), force=True)
+        retrieve(worker, "e1", datetime.now(UTC), force=True)
     assert not store.unlock("retrieve:e1", "not-the-holder")
     assert store.unlock("retrieve:e1", "someone-else")
 
@@ -460,12 +463,12 @@ def test_a_forced_retrieval_replaces_a_damaged_copy_and_keeps_it_aside(tmp_path:
     worker, store, _ = policy_worker(tmp_path)
     ended_run(store, tmp_path)
     store.transition("e1", RunState.SUCCEEDED)
-    assert worker.retrieve("e1", datetime.now(UTC)).phase is ArtifactsPhase.DONE
+    assert retrieve(worker, "e1", datetime.now(UTC)).phase is ArtifactsPhase.DONE
     home = worker.settings.artifacts_root / "e1"
     (home / "job.log").write_text("changed size")
     # Not forced: done stays done.
-    assert worker.retrieve("e1", datetime.now(UTC)).phase is ArtifactsPhase.DONE
-    again = worker.retrieve("e1", datetime.now(UTC), force=True)
+    assert retrieve(worker, "e1", datetime.now(UTC)).phase is ArtifactsPhase.DONE
+    again = retrieve(worker, "e1", datetime.now(UTC), force=True)
     assert again.phase is ArtifactsPhase.DONE
     assert (home / "job.log").read_text() == "hello\n"
     assert [p.name.split(".")[0] for p in home.parent.glob("e1.damaged-*")] == ["e1"]
@@ -475,6 +478,6 @@ def test_a_done_retrieval_needs_no_target_to_be_recorded_again(tmp_path: Path) -
     worker, store, _ = policy_worker(tmp_path)
     ended_run(store, tmp_path)
     store.transition("e1", RunState.SUCCEEDED)
-    assert worker.retrieve("e1", datetime.now(UTC)).phase is ArtifactsPhase.DONE
+    assert retrieve(worker, "e1", datetime.now(UTC)).phase is ArtifactsPhase.DONE
     store.remove_target("local")
-    assert worker.retrieve("e1", datetime.now(UTC), force=True).phase is ArtifactsPhase.DONE
+    assert retrieve(worker, "e1", datetime.now(UTC), force=True).phase is ArtifactsPhase.DONE

@@ -15,7 +15,6 @@ from schemas import (
     END_TIMEOUT_S,
     PROOF_TIMEOUT_S,
     REQUEST_POLL_S,
-    STOP_LIMITS,
     TERMINAL_STATES,
     Container,
     InvalidPath,
@@ -30,9 +29,9 @@ from schemas import (
     RunRecord,
     RunState,
     SchemaError,
+    Settings,
     Snapshot,
     SnapshotReason,
-    StopLimits,
     check_pid,
     decide_outcome,
     expected_checkpoint,
@@ -461,15 +460,15 @@ def test_stop_limits_defaults() -> None:
     assert PROOF_TIMEOUT_S == 1800
     assert END_TIMEOUT_S == 600
     assert REQUEST_POLL_S == 30
-    assert StopLimits() == STOP_LIMITS
-    assert STOP_LIMITS.proof_timeout_s == 1800
-    assert STOP_LIMITS.end_timeout_s == 600
-    assert StopLimits(proof_timeout_s=1, end_timeout_s=2).end_timeout_s == 2
+    defaults = Settings()
+    assert defaults.proof_timeout_s == PROOF_TIMEOUT_S
+    assert defaults.end_timeout_s == END_TIMEOUT_S
+    assert Settings(proof_timeout_s=1, end_timeout_s=2).end_timeout_s == 2
     for bad in [0, -1]:
         with pytest.raises(ValidationError):
-            StopLimits(proof_timeout_s=bad)
+            Settings(proof_timeout_s=bad)
         with pytest.raises(ValidationError):
-            StopLimits(end_timeout_s=bad)
+            Settings(end_timeout_s=bad)
 
 
 # --- outcomes ------------------------------------------------------------------------

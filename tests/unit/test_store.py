@@ -1,4 +1,4 @@
-"""The run store's contract (schemas/store.py), over fakeredis.
+"""The run store's contract (the `store` package), over fakeredis.
 
 `tests/integration/test_store_redis.py` runs these same test functions against a
 real `redis-server` by overriding the `redis_client` fixture; only what needs a real
@@ -20,12 +20,12 @@ import fakeredis
 import pytest
 import redis
 
+from schemas import Deadline, Progress, StopPhase, StopState
 from schemas.errors import Conflict, InvalidRunId, NotFound, StoreError, UnknownTarget
 from schemas.job import JobId
 from schemas.run import RunRecord, RunState
 from schemas.snapshot import Snapshot, SnapshotReason
-from schemas.stops import Deadline, Progress, StopPhase, StopState
-from schemas.store import LogEntry, Offsets, RunStore
+from store import LogEntry, Offsets, RunStore
 
 T0 = datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=UTC)
 JOB = JobId(dir="/work/r1", pid=4242)

@@ -9,8 +9,9 @@ from pathlib import Path
 import fakeredis
 
 from schemas import JobId, RunRecord, RunState, Settings
-from schemas.store import RunStore
-from workers.runs import Worker
+from store import RunStore
+from workers import stops
+from workers.context import Context
 
 
 def test_a_request_seen_by_a_stale_tick_opens_no_stop_for_an_ended_run(tmp_path: Path) -> None:
@@ -28,11 +29,11 @@ def test_a_request_seen_by_a_stale_tick_opens_no_stop_for_an_ended_run(tmp_path:
     )
     assert store.create_run(run)
     scheduled: list[tuple[str, object, float]] = []
-    worker = Worker(store, Settings(), lambda n, k, c: scheduled.append((n, k, c)), "w")
+    worker = Context(store, Settings(), lambda n, k, c: scheduled.append((n, k, c)), "w")
 
     stale = store.get_run("r1")  # what a watch tick read at its start
     store.transition("r1", RunState.CANCELLED)  # another worker recorded the end meanwhile
-    worker.notice_request(stale, "requested", now)  # the tick saw snapshot.request
+    stops.notice_request(worker, stale, "requested", now)  # the tick saw snapshot.request
 
     assert store.get_stop("r1") is None
     assert store.stop_history("r1") == []

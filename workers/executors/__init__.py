@@ -1,7 +1,13 @@
 """Executors: carry out actions in run directories on a target (this machine, or a
-remote one over SSH), with the on-target protocol of DESIGN.md §2."""
+remote one over SSH), with the on-target protocol (docs/protocol.md).
+
+This package's exports are the executors' public face: code outside
+`workers/executors/` imports from here, never from its modules.
+"""
 
 from __future__ import annotations
+
+from schemas.protocol import FILTERED_ENV_PREFIXES
 
 from .base import Executor
 from .digest import FileDigest, glob_match, local_manifest, parse_manifest, sha256_file
@@ -14,11 +20,13 @@ from .errors import (
     ProtocolError,
     SpawnError,
     SshError,
+    UnsafeArchive,
 )
 from .lines import LineStream, complete_lines
-from .local import FILTERED_ENV_PREFIXES, LocalExecutor, job_environment
-from .scripts import parse_status, quote
+from .local import LocalExecutor, job_environment
+from .scripts import FollowEntry, FollowUpdate, parse_status, quote
 from .shell import ScriptExecutor
+from .ssh import SshExecutor
 from .transport import Completed, LocalTransport, Transport
 
 __all__ = [
@@ -28,6 +36,8 @@ __all__ = [
     "ExecError",
     "Executor",
     "FileDigest",
+    "FollowEntry",
+    "FollowUpdate",
     "InvalidArgument",
     "InvalidSecret",
     "IoError",
@@ -38,7 +48,9 @@ __all__ = [
     "ScriptExecutor",
     "SpawnError",
     "SshError",
+    "SshExecutor",
     "Transport",
+    "UnsafeArchive",
     "complete_lines",
     "glob_match",
     "job_environment",

@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from schemas import JobCommand, JobId, JobStatus
+from schemas.policy import DiskSample
 
 from .digest import FileDigest
 from .errors import ProtocolError
 from .lines import LineStream
+from .scripts import FollowEntry, FollowUpdate
 
 __all__ = ["Executor"]
 
@@ -136,6 +138,31 @@ class Executor(Protocol):
         Raises:
             CommandError: (message `<remote> does not exist`) when `remote` is not a
                 directory.
+        """
+        ...
+
+    def follow(self, entries: Sequence[FollowEntry]) -> list[FollowUpdate]:
+        """One follow tick over `entries` (runs of this target), in one round trip:
+        for each, in order, its status (as [`status`] decides it, or a
+        `ProtocolError` for that run alone), the reason in `snapshot.request` (None
+        without one), and the bytes of `job.log` and `metrics.jsonl` past its offsets
+        (at most `scripts.FOLLOW_CHUNK_BYTES` of each) with the files' sizes.
+
+        Raises:
+            CommandError: (action `follow`) when the script fails or times out.
+            ProtocolError: when its answer is cut short or malformed.
+        """
+        ...
+
+    def disk_usage(self, run_dirs: Sequence[str]) -> list[DiskSample | ProtocolError]:
+        """The filesystem of each of `run_dirs` (`df -Pk`) and the size of its newest
+        checkpoint (`du -sk`), in order, from one read-only probe; a directory that
+        could not be probed gets a `ProtocolError` saying why, never hiding the
+        others.
+
+        Raises:
+            CommandError: (action `probe`) when the probe fails as a whole.
+            ProtocolError: when its answer is cut short or malformed.
         """
         ...
 

@@ -1,4 +1,5 @@
-"""The executor error tree: every failure to run or reach a job is an [`ExecError`].
+"""The executor error tree: every failure to run or reach a job is an [`ExecError`], a
+`RunwardenError` (the whole tree: `schemas.errors`).
 
 Library errors (OSError, subprocess, paramiko) are translated into these with
 `raise ... from`, so a caller catches one root and still sees the cause.
@@ -19,6 +20,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
+from schemas import RunwardenError
+
 __all__ = [
     "CommandError",
     "ExecError",
@@ -33,7 +36,7 @@ __all__ = [
 ]
 
 
-class ExecError(Exception):
+class ExecError(RunwardenError):
     """Root of every executor error."""
 
 

@@ -14,9 +14,9 @@ import shutil
 import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Final
 
 from schemas import JobCommand, JobId
+from schemas.protocol import FILTERED_ENV_PREFIXES
 
 from .digest import FileDigest, copy_hashed, glob_match, local_manifest
 from .errors import CommandError, InvalidArgument, IoError
@@ -32,9 +32,6 @@ from .transport import LocalTransport
 
 __all__ = ["FILTERED_ENV_PREFIXES", "LocalExecutor", "job_environment"]
 
-FILTERED_ENV_PREFIXES: Final = ("RUNWARDEN_", "OVERBRAINER_", "VAULT_")
-"""A local job never inherits a variable whose name starts with one of these: they
-hold the service's own configuration and credentials."""
 
 
 def job_environment(base: Mapping[str, str]) -> dict[str, str]:

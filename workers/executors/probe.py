@@ -1,6 +1,6 @@
-"""The read-only disk probe of a target, for the disk policy (DESIGN.md §7): one POSIX
-`sh` script for all run directories of a target, its parser, and the pure decision
-on one sample.
+"""The read-only disk probe of a target, for the disk policy: one POSIX `sh` script for
+all run directories of a target, and its parser into `schemas.policy.DiskSample`s
+(the decision on a sample is `schemas.policy.disk_verdict`).
 
 The script changes nothing on the target: it only runs `df -Pk`, `du -sk`, tests
 and a glob. Run it with `Executor.probe`.
@@ -8,57 +8,20 @@ and a glob. Run it with `Executor.probe`.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Final
 
+from schemas.policy import DiskSample
 from schemas.protocol import OUTPUT_DIR
 
 from .errors import InvalidArgument, ProtocolError
 from .scripts import quote
 
-__all__ = [
-    "DISK_CHECKPOINT_FACTOR",
-    "DISK_USED_LIMIT",
-    "DiskSample",
-    "disk_probe_script",
-    "disk_verdict",
-    "parse_disk_probe",
-]
+__all__ = ["disk_probe_script", "parse_disk_probe"]
 
-DISK_USED_LIMIT: Final = 0.92
-"""Used share of the run directory's filesystem at which `disk` is asked."""
-DISK_CHECKPOINT_FACTOR: Final = 1.5
-"""`disk` is asked when free space is below this many times the newest checkpoint."""
 _KIB: Final = 1024
 _MAX_STEP_DIGITS: Final = 18  # `[ -gt ]` compares 64-bit integers
-
-
-@dataclass(frozen=True)
-class DiskSample:
-    """The filesystem of one run directory, as `df -Pk` reports it, and the newest
-    checkpoint's disk usage (`du -sk`), all in bytes (KiB * 1024)."""
-
-    size_bytes: int
-    used_bytes: int
-    avail_bytes: int
-    """Free space an unprivileged writer can use (df's "Available")."""
-    checkpoint_bytes: int | None
-    """Disk usage of the newest `output/checkpoint-<N>` (highest N), or None when there
-    is none (or it could not be measured)."""
-
-    @property
-    def used_fraction(self) -> float:
-        """The used share as df's Use% computes it: used / (used + available), so the
-        blocks reserved for root count as neither (before df rounds it up to a whole
-        percent). A filesystem with neither used nor available blocks is full when
-        it has a size, else empty (df shows `-`)."""
-        total = self.used_bytes + self.avail_bytes
-        if total <= 0:
-            return 1.0 if self.size_bytes > 0 else 0.0
-        return self.used_bytes / total
 
 
 def disk_probe_script(run_dirs: Sequence[str], token: str) -> str:
@@ -185,46 +148,3 @@ def _result(
         return _sample(payload, checkpoint)
     except ProtocolError as error:
         return error
-
-
-def _size(n_bytes: float) -> str:
-    value = float(n_bytes)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < _KIB or unit == "TiB":
-            if unit == "B" or abs(value) >= 100:
-                return f"{value:.0f} {unit}"
-            return f"{value:.1f} {unit}"
-        value /= _KIB
-    raise AssertionError("unreachable")
-
-
-def disk_verdict(
-    sample: DiskSample,
-    used_limit: float = DISK_USED_LIMIT,
-    checkpoint_factor: float = DISK_CHECKPOINT_FACTOR,
-) -> str | None:
-    """Why the disk policy asks for a snapshot on `sample`, for a person, or None:
-
-    - the filesystem is at least `used_limit` used ([`DiskSample.used_fraction`]):
-      "the run directory's filesystem is 93 % used" (rounded up, as df shows it);
-    - else, with a newest checkpoint, free space is below `checkpoint_factor` times
-      its size: "412 MiB free, below 1.5x the newest checkpoint (300 MiB)".
-
-    Raises:
-        ValueError: when `used_limit` is not in (0, 1] or `checkpoint_factor` is not
-            a finite number at least 0.
-    """
-    if not 0 < used_limit <= 1:
-        raise ValueError(f"used_limit {used_limit!r} is not in (0, 1]")
-    if not math.isfinite(checkpoint_factor) or checkpoint_factor < 0:
-        raise ValueError(f"checkpoint_factor {checkpoint_factor!r} is not a finite number >= 0")
-    fraction = sample.used_fraction
-    if fraction >= used_limit:
-        return f"the run directory's filesystem is {math.ceil(fraction * 100 - 1e-9)} % used"
-    checkpoint = sample.checkpoint_bytes
-    if checkpoint is not None and sample.avail_bytes < checkpoint_factor * checkpoint:
-        return (
-            f"{_size(sample.avail_bytes)} free, below {checkpoint_factor:g}x "
-            f"the newest checkpoint ({_size(checkpoint)})"
-        )
-    return None

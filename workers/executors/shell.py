@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import secrets as _secrets
 import tarfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,6 +25,7 @@ from schemas import (
     check_secret_value,
     safe_relpath,
 )
+from schemas.policy import DiskSample
 
 from . import scripts
 from .digest import FileDigest, copy_hashed, parse_manifest
@@ -36,6 +38,8 @@ from .errors import (
     UnsafeArchive,
 )
 from .lines import LineStream
+from .probe import disk_probe_script, parse_disk_probe
+from .scripts import FollowEntry, FollowUpdate
 from .transport import Completed, Transport, error_line
 
 __all__ = [
@@ -307,6 +311,22 @@ class ScriptExecutor:
         result = self._transport.run(script, action="manifest", timeout_s=None)
         _checked(result, "manifest")
         return parse_manifest(result.stdout)
+
+    def follow(self, entries: Sequence[FollowEntry]) -> list[FollowUpdate]:
+        if not entries:
+            return []
+        # A random token frames the answer: no content of a job's file can forge it.
+        token = _secrets.token_hex(16)
+        result = self._transport.run(scripts.follow_script(entries, token), action="follow")
+        _checked(result, "follow")
+        return scripts.parse_follow(result.stdout, token, len(entries))
+
+    def disk_usage(self, run_dirs: Sequence[str]) -> list[DiskSample | ProtocolError]:
+        if not run_dirs:
+            return []
+        token = _secrets.token_hex(16)
+        output = self.probe(disk_probe_script(run_dirs, token))
+        return parse_disk_probe(output, token, len(run_dirs))
 
     def probe(self, script: str) -> bytes:
         return _checked(self._transport.run(script, action="probe"), "probe").stdout

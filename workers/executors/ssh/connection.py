@@ -1,16 +1,6 @@
-"""`SshExecutor`: the executor contract over SSH (paramiko), with the same shared
-scripts as the local executor.
-
-- One connection per destination and process, from a pool that a forked child
-  never inherits (a Celery prefork child opens its own), with keepalives; a dead
-  connection is detected and re-opened, and idempotent operations are retried once.
-- Small operations run on persistent remote `sh` processes (one round trip, no
-  session setup); `spawn` and transfers use their own exec channels.
-- Host keys are checked strictly against known_hosts (hashed entries and the
-  `[host]:port` form too); an unknown and a changed key are distinct errors; a key
-  is never added. Keys come from files and the agent; nothing ever prompts.
-- Every failure is an `ExecError`; paramiko and socket errors are translated.
-"""
+"""One SSH connection per destination and process: every hop host-key checked strictly,
+persistent remote shells for small commands, exec channels for the rest, and a pool
+that a forked child never inherits."""
 
 from __future__ import annotations
 
@@ -19,26 +9,22 @@ import os
 import secrets as _secrets
 import socket
 import threading
-import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import IO, Any, Final, NoReturn
+from collections.abc import Iterator
+from typing import Any, Final, NoReturn
 
 import paramiko
 
-from .errors import CommandError, SshError
-from .scripts import quote
-from .shell import ScriptExecutor
-from .ssh_config import SshDestination, resolve_destination
-from .transport import DEFAULT_TIMEOUT_S, MAX_SCRIPT_BYTES, Completed
+from ..errors import SshError
+from ..scripts import quote
+from ..transport import Completed
+from .config import SshDestination
 
 __all__ = [
     "CLIENT_REKEY_BYTES",
+    "MAX_PACKET",
     "MAX_SHELLS",
     "WINDOW_SIZE",
     "SshConnection",
-    "SshExecutor",
-    "SshTransport",
     "connection_pool",
 ]
 
@@ -59,8 +45,8 @@ PREFERRED_CIPHERS: Final = (
 )
 MAX_SHELLS: Final = 4
 """Persistent shells per connection: concurrent small operations beyond this wait."""
-_CHUNK: Final = 1024 * 1024
-_NOT_IDEMPOTENT: Final = frozenset({"spawn", "upload"})
+CHUNK: Final = 1024 * 1024
+"""Largest read from a channel at once, in bytes."""
 CLIENT_REKEY_BYTES: Final = 1 << 37
 """Bytes either way after which this client starts a key re-exchange itself (paramiko's
 default: 512 MiB). paramiko deadlocks for 30 s, then drops the connection, when the
@@ -145,7 +131,7 @@ class _Shell:
         buffer = bytearray()
         searched = 0
         while True:
-            chunk = self.channel.recv(_CHUNK)
+            chunk = self.channel.recv(CHUNK)
             if not chunk:
                 raise SshError("terminated", "the remote shell ended")
             buffer += chunk
@@ -419,261 +405,3 @@ os.register_at_fork(after_in_child=_POOL._forget)
 def connection_pool() -> _Pool:
     """The connection pool of this process."""
     return _POOL
-
-
-def _translate(error: BaseException) -> SshError:
-    if isinstance(error, SshError):
-        return error
-    if isinstance(error, (TimeoutError, socket.timeout)):
-        return SshError("disconnected", "the connection stopped answering")
-    return SshError("disconnected", f"the connection broke: {error}")
-
-
-class SshTransport:
-    """The [`Transport`](transport.Transport) of an SSH target: small scripts on
-    persistent shells, stdin-fed and streaming scripts on exec channels."""
-
-    def __init__(self, destination: SshDestination, retries: int = 1) -> None:
-        self.destination = destination
-        self.retries = retries
-
-    @property
-    def connection(self) -> SshConnection:
-        return _POOL.get(self.destination)
-
-    def _attempt(self, action: str, call: Callable[[SshConnection], Completed]) -> Completed:
-        attempts = 1 if action in _NOT_IDEMPOTENT else 1 + self.retries
-        for attempt in range(attempts):
-            connection = self.connection
-            used: paramiko.Transport | None = None
-            try:
-                used = connection.open()
-                return call(connection)
-            except SshError as error:
-                if error.kind in ("connect", "host_key", "auth") or attempt + 1 == attempts:
-                    raise
-                connection.reset(used)
-                time.sleep(0.05 * (attempt + 1))
-            except (paramiko.SSHException, OSError, EOFError) as error:
-                connection.reset(used)
-                if attempt + 1 == attempts:
-                    raise _translate(error) from error
-        raise AssertionError("unreachable")
-
-    def run(
-        self,
-        script: str,
-        *,
-        action: str,
-        stdin: bytes = b"",
-        timeout_s: float | None = DEFAULT_TIMEOUT_S,
-    ) -> Completed:
-        if len(script.encode()) > MAX_SCRIPT_BYTES:
-            raise CommandError(action, f"script of {len(script)} bytes is too long")
-        if stdin or action == "spawn":
-            # A launcher gets a channel of its own: its stdin carries the secrets, and
-            # nothing of the job can ever touch a shared shell.
-            return self._attempt(action, lambda c: self._exec(c, script, stdin, timeout_s))
-
-        def on_shell(connection: SshConnection) -> Completed:
-            with connection.shell(timeout_s) as shell:
-                try:
-                    return shell.run(script, timeout_s)
-                except TimeoutError as error:
-                    if connection.is_open:
-                        raise CommandError(action, f"timed out after {timeout_s} s") from error
-                    raise _translate(error) from error
-
-        return self._attempt(action, on_shell)
-
-    def run_to_end(self, script: str, *, action: str, pgid: int | None = None) -> Completed:
-        # The remote script runs to its end whatever happens here: an interrupt of
-        # this process does not stop it, and a retry after a broken connection runs
-        # the idempotent script again.
-        return self.run(script, action=action, timeout_s=None)
-
-    def _exec(
-        self, connection: SshConnection, script: str, stdin: bytes, timeout_s: float | None
-    ) -> Completed:
-        channel = connection.exec_channel()
-        try:
-            channel.exec_command("sh -c " + quote(script))
-            channel.sendall(stdin)
-            channel.shutdown_write()
-            return _drain(channel, timeout_s)
-        finally:
-            channel.close()
-
-    def send(self, script: str, *, action: str, source: Callable[[IO[bytes]], None]) -> Completed:
-        def call(connection: SshConnection) -> Completed:
-            channel = connection.exec_channel()
-            try:
-                channel.exec_command("sh -c " + quote(script))
-                writer = _ChannelWriter(channel)
-                source(writer)  # type: ignore[arg-type]
-                channel.shutdown_write()
-                return _drain(channel, None)
-            finally:
-                channel.close()
-
-        return self._attempt(action, call)
-
-    def receive(self, script: str, *, action: str, sink: Callable[[IO[bytes]], None]) -> Completed:
-        def call(connection: SshConnection) -> Completed:
-            channel = connection.exec_channel()
-            try:
-                channel.exec_command("sh -c " + quote(script))
-                channel.shutdown_write()
-                errors = _StderrDrain(channel)
-                reader = _ChannelReader(channel)
-                sink(reader)  # type: ignore[arg-type]
-                while reader.read(_CHUNK):
-                    pass
-                errors.join()
-                return Completed(_exit_status(channel), b"", errors.data)
-            finally:
-                channel.close()
-
-        return self._attempt(action, call)
-
-    def reap(self, pgid: int) -> None:
-        """Nothing to reap here: remote processes belong to the remote host."""
-
-    def close(self) -> None:
-        """Closes this destination's pooled connection (other executors of the same
-        destination re-open it lazily)."""
-        self.connection.close()
-
-
-class _ChannelReader:
-    """A minimal readable file over a channel, for `tarfile`. Each refill takes all
-    paramiko has buffered: a smaller recv makes paramiko's buffer shift the rest (up
-    to the 16 MiB window) on every call, and `channel.makefile` re-slices its own
-    buffer on every read; both turn quadratic once the reader lags (measured: 0.7-0.9x
-    OpenSSH's download rate before, 1.3x after)."""
-
-    def __init__(self, channel: paramiko.Channel) -> None:
-        self._channel = channel
-        self._data = memoryview(b"")
-
-    def read(self, size: int = -1) -> bytes:
-        if not self._data:
-            chunk = self._channel.recv(WINDOW_SIZE)
-            if not chunk:
-                return b""
-            self._data = memoryview(chunk)
-        if size < 0:
-            size = len(self._data)
-        out, self._data = self._data[:size], self._data[size:]
-        return bytes(out)
-
-
-class _ChannelWriter:
-    """A minimal writable file over a channel, for `tarfile`."""
-
-    def __init__(self, channel: paramiko.Channel) -> None:
-        self._channel = channel
-
-    def write(self, data: bytes) -> int:
-        # A memoryview: sendall slices what is left after every packet.
-        self._channel.sendall(memoryview(data))  # type: ignore[arg-type] # accepts buffers
-        return len(data)
-
-    def flush(self) -> None:
-        """Nothing buffered here."""
-
-
-class _StderrDrain:
-    def __init__(self, channel: paramiko.Channel) -> None:
-        self.data = b""
-        self._channel = channel
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        chunks = []
-        while True:
-            chunk = self._channel.recv_stderr(_CHUNK)
-            if not chunk:
-                break
-            chunks.append(chunk)
-        self.data = b"".join(chunks)
-
-    def join(self) -> None:
-        self._thread.join()
-
-
-def _exit_status(channel: paramiko.Channel, timeout_s: float = 30.0) -> int:
-    """The exit status of a command whose output has ended, waited for at most
-    `timeout_s` seconds (a server that never sends it is a broken connection)."""
-    if not channel.status_event.wait(timeout_s):
-        raise SshError("disconnected", "the server never sent the command's exit status")
-    if channel.recv_exit_status() < 0 and not channel.eof_received:
-        # Closed with neither an exit status nor the end of its output: the connection
-        # broke (a command killed by a signal still ends its output first).
-        raise SshError("disconnected", "the connection broke before the command ended")
-    return channel.recv_exit_status()
-
-
-def _drain(channel: paramiko.Channel, timeout_s: float | None) -> Completed:
-    """Reads stdout and stderr together until the command exits and both end, within
-    `timeout_s` seconds (never an unbounded wait for the exit status)."""
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    out: list[bytes] = []
-    err: list[bytes] = []
-    channel.setblocking(False)
-    while True:
-        progressed = False
-        while channel.recv_ready():
-            out.append(channel.recv(_CHUNK))
-            progressed = True
-        while channel.recv_stderr_ready():
-            err.append(channel.recv_stderr(_CHUNK))
-            progressed = True
-        idle = not channel.recv_ready() and not channel.recv_stderr_ready()
-        if idle and channel.exit_status_ready() and (channel.eof_received or channel.closed):
-            break
-        if deadline is not None and time.monotonic() > deadline:
-            raise CommandError("run", f"timed out after {timeout_s} s")
-        if channel.closed and not channel.recv_ready() and not channel.recv_stderr_ready():
-            if not channel.exit_status_ready():
-                raise SshError("disconnected", "the channel closed before the command ended")
-            break
-        if not progressed:
-            time.sleep(0.001)
-    return Completed(channel.recv_exit_status(), b"".join(out), b"".join(err))
-
-
-class SshExecutor(ScriptExecutor):
-    """Runs jobs in run directories under `workdir` on the SSH target `destination`.
-
-    A remote job gets the SSH server's non-interactive environment (no login shell,
-    no startup file), then its `env`, then its secrets, which travel on the
-    launcher's standard input only."""
-
-    def __init__(self, destination: SshDestination, workdir: str) -> None:
-        self.destination = destination
-        super().__init__(SshTransport(destination), workdir)
-
-    @classmethod
-    def connect(
-        cls,
-        text: str,
-        workdir: str,
-        *,
-        port: int | None = None,
-        identity: Path | None = None,
-        known_hosts: Path | None = None,
-        ssh_config: Path | None = None,
-    ) -> SshExecutor:
-        """An executor for the destination `text` (see `resolve_destination`); opens
-        nothing yet.
-
-        Raises:
-            InvalidArgument: for a malformed destination or config.
-        """
-        destination = resolve_destination(
-            text, port=port, identity=identity, known_hosts=known_hosts, ssh_config=ssh_config
-        )
-        return cls(destination, workdir)
-

@@ -16,7 +16,7 @@ from typing import Final
 
 import paramiko
 
-from .errors import InvalidArgument
+from ..errors import InvalidArgument
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT_S",

@@ -1,0 +1,32 @@
+"""The `runwarden` command line (typer + rich).
+
+Exit codes: 0 success, 1 the operation failed, 2 bad usage or bad input. Errors are
+one line on stderr, never a traceback for a user error.
+
+    common   apps, consoles, errors, client, formatting
+    serve    serve, demo
+    targets  targets add|ls|rm
+    runs     launch, resume, retrieve, follow, stop, cancel
+    views    runs, show, logs, stops
+"""
+
+from __future__ import annotations
+
+import sys
+
+from . import runs, serve, targets, views
+from .common import app, err
+
+__all__ = ["app", "main"]
+
+# The command modules register their commands on `app` when imported.
+_COMMANDS = (runs, serve, targets, views)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app()
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        sys.exit(130)

@@ -1,0 +1,7 @@
+"""`python -m producers.cli`: the `runwarden` command line."""
+
+from __future__ import annotations
+
+from . import main
+
+main()

@@ -1,0 +1,168 @@
+"""What every command shares: the Typer apps, the consoles, the error handling (one
+line on stderr and an exit code, never a traceback for a user error), the client, and
+the formatting of runs, stops and artifacts for a terminal."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, NoReturn, TypeVar
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.markup import escape
+
+from schemas import (
+    Conflict,
+    InvalidPath,
+    InvalidRunId,
+    NoSnapshots,
+    NotFound,
+    NotRunning,
+    NotStarted,
+    RunError,
+    RunRecord,
+    Settings,
+    StopState,
+    StoreError,
+    UnknownTarget,
+    validate_run_id,
+    validation_message,
+)
+from schemas import Progress as RunProgress
+from schemas.text import format_bytes
+
+from ..api import OperationFailed, Runwarden
+from ..embedded import EmbeddedRedis, NotServing
+
+__all__ = [
+    "app",
+    "artifacts_line",
+    "checked_run_id",
+    "client",
+    "err",
+    "fail",
+    "one_line",
+    "out",
+    "phase_line",
+    "print_json",
+    "print_outcome",
+    "progress_bar",
+    "run_op",
+    "targets_app",
+]
+
+app = typer.Typer(
+    name="runwarden",
+    help="Run long training jobs on local or SSH targets and stop them gracefully.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+targets_app = typer.Typer(help="Targets: this machine or SSH destinations.", no_args_is_help=True)
+app.add_typer(targets_app, name="targets")
+
+out = Console()
+err = Console(stderr=True)
+
+_T = TypeVar("_T")
+# Refusals of the request itself (bad input): exit 2. Everything else that fails: 1.
+_BAD_INPUT = (InvalidRunId, InvalidPath, UnknownTarget, NotFound, ValidationError, ValueError)
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    """Prints `message` as one error line on stderr and exits with `code`."""
+    err.print(f"[red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def one_line(error: BaseException) -> str:
+    """`error` as one line for a person (a `ValidationError` without its input)."""
+    if isinstance(error, ValidationError):
+        return validation_message(error)
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+def run_op(call: Callable[[], _T]) -> _T:
+    """Runs `call`, turning our errors into one line on stderr and an exit code."""
+    try:
+        return call()
+    except NotServing as error:
+        fail(f"{error} (start it with `runwarden serve`)")
+    except (NotStarted, NotRunning, NoSnapshots, Conflict) as error:
+        fail(one_line(error), 1)
+    except _BAD_INPUT as error:
+        fail(one_line(error), 2)
+    except (StoreError, OperationFailed, RunError) as error:
+        fail(one_line(error), 1)
+
+
+def client() -> Runwarden:
+    """The API client; with the embedded default, checks that `serve` is running."""
+    settings = Settings()
+    if settings.redis_url is None and not EmbeddedRedis(settings).ping():
+        fail(
+            f"nothing is serving on {settings.embedded_socket}: start `runwarden serve` "
+            "(or set RUNWARDEN_REDIS_URL)",
+            1,
+        )
+    return Runwarden(settings)
+
+
+def print_json(data: Any) -> None:
+    """Prints `data` as JSON (datetimes as strings)."""
+    out.print_json(json.dumps(data, default=str), highlight=False)
+
+
+def checked_run_id(run_id: str) -> str:
+    """`run_id` when valid, else an error line and exit 2."""
+    try:
+        return validate_run_id(run_id)
+    except InvalidRunId as error:
+        fail(one_line(error), 2)
+
+
+def artifacts_line(artifacts: Any) -> str:
+    if artifacts.phase == "done":
+        size = format_bytes(artifacts.bytes)
+        return f"done: {artifacts.files} files, {size}, verified, in {artifacts.path}"
+    text = f"{artifacts.phase}"
+    if artifacts.attempts:
+        text += f" after {artifacts.attempts} attempt(s)"
+    if artifacts.error:
+        text += f"; last error: {artifacts.error}"
+    if artifacts.phase == "pending" and artifacts.next_attempt is not None:
+        left = (artifacts.next_attempt - datetime.now(UTC)).total_seconds()
+        text += f"; next attempt in {max(0.0, left):.0f} s"
+    return text
+
+
+def phase_line(stop: StopState, now: datetime) -> str:
+    left = (stop.proof_deadline - now).total_seconds()
+    text = f"{stop.phase}, reason {stop.reason}; proof deadline in {max(0, left):.0f} s"
+    if stop.end_deadline is not None:
+        end_left = (stop.end_deadline - now).total_seconds()
+        text += f", end deadline in {max(0, end_left):.0f} s"
+    return text
+
+
+def print_outcome(run: RunRecord) -> None:
+    message = f" — {escape(run.message)}" if run.message else ""
+    out.print(f"{run.id}: [bold]{run.state}[/]{message}", highlight=False, soft_wrap=True)
+    if run.snapshot is not None:
+        out.print(
+            f"  checkpoint {run.remote_dir}/{run.snapshot.checkpoint} "
+            f"(step {run.snapshot.step}, {run.snapshot.reason})",
+            highlight=False, markup=False, soft_wrap=True,
+        )  # fmt: skip
+
+
+def progress_bar(progress: RunProgress | None, width: int = 20) -> str:
+    if progress is None or not progress.max_steps:
+        return ""
+    step = progress.step or 0
+    filled = int(width * min(1.0, step / progress.max_steps))
+    loss = f" loss {progress.loss:.4f}" if progress.loss is not None else ""
+    return f"{'█' * filled}{'░' * (width - filled)} {step}/{progress.max_steps}{loss}"

@@ -1,0 +1,96 @@
+"""`runwarden serve` (the service in the foreground) and `runwarden demo`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Annotated
+
+import typer
+
+from schemas import Settings
+from schemas.events import QUEUE, QUEUE_RETRIEVE
+
+from ..demo import run_demo
+from ..embedded import EmbeddedRedis, NotServing
+from .common import app, fail, out
+
+__all__ = ["demo", "serve"]
+
+
+@app.command()
+def serve(
+    concurrency: Annotated[int, typer.Option(min=1, max=64, help="Worker processes.")] = 2,
+    flower: Annotated[bool, typer.Option(help="Also run Flower.")] = False,
+    flower_port: Annotated[int, typer.Option(min=1, max=65535)] = 5555,
+) -> None:
+    """Run the service in the foreground: Redis (embedded default), worker and beat."""
+    settings = Settings()
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    embedded = EmbeddedRedis(settings) if settings.redis_url is None else None
+    if embedded is not None:
+        try:
+            embedded.start()
+        except NotServing as error:
+            fail(str(error), 1)
+        out.print(f"redis: embedded, {settings.embedded_socket}")
+    env = dict(os.environ)
+    procs: list[subprocess.Popen[bytes]] = []
+    python = sys.executable
+    commands = [
+        [python, "-m", "workers.reaper", "--restart", "--",
+         python, "-m", "celery", "-A", "workers.app", "worker", "-Q", QUEUE,
+         "-c", str(concurrency), "-E", "-n", "runwarden@%h", "--loglevel", "INFO"],
+        # Retrievals download for as long as they take, on a worker of their own.
+        [python, "-m", "workers.reaper", "--restart", "--",
+         python, "-m", "celery", "-A", "workers.app", "worker", "-Q", QUEUE_RETRIEVE,
+         "-c", "1", "-E", "-n", "retrieve@%h", "--loglevel", "INFO"],
+        [python, "-m", "celery", "-A", "workers.app", "beat", "--loglevel", "INFO",
+         "-s", str(settings.state_dir / "beat-schedule")],
+    ]  # fmt: skip
+    if flower:
+        commands.append(
+            [python, "-m", "celery", "-A", "workers.app", "flower",
+             f"--port={flower_port}", "--address=127.0.0.1"]
+        )  # fmt: skip
+    stopping = False
+
+    def on_signal(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    previous = signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        for command in commands:
+            procs.append(subprocess.Popen(command, env=env, start_new_session=True))
+        out.print(f"serving: worker (concurrency {concurrency}), retrieval worker, beat"
+                  + (f", flower on http://127.0.0.1:{flower_port}" if flower else "")
+                  + " — Ctrl-C stops everything")  # fmt: skip
+        while not stopping and all(p.poll() is None for p in procs):
+            time.sleep(0.2)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        # Soft shutdown: the worker finishes what it runs (a cancel runs to its end).
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        if embedded is not None:
+            embedded.stop()
+    failed = [p for p in procs if p.returncode not in (0, -signal.SIGTERM, None)]
+    raise typer.Exit(1 if failed and not stopping else 0)
+
+
+@app.command()
+def demo() -> None:
+    """Start the service (embedded), launch the toy trainer, stop it with a snapshot."""
+    raise typer.Exit(run_demo(out))

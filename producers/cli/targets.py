@@ -1,0 +1,72 @@
+"""`runwarden targets add|ls|rm`: where runs go."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from schemas import SshOptions, TargetConfig
+
+from .common import client, fail, out, print_json, run_op, targets_app
+
+__all__ = ["targets_add", "targets_ls", "targets_rm"]
+
+
+@targets_app.command("add")
+def targets_add(
+    name: str,
+    workdir: Annotated[str, typer.Option(help="Absolute directory of the run directories.")],
+    ssh: Annotated[str | None, typer.Option(help="user@host[:port] or ssh config alias")] = None,
+    port: Annotated[int | None, typer.Option(min=1, max=65535)] = None,
+    identity: Annotated[Path | None, typer.Option()] = None,
+    known_hosts: Annotated[Path | None, typer.Option()] = None,
+    ssh_config: Annotated[Path | None, typer.Option()] = None,
+) -> None:
+    """Add (or replace) a target."""
+
+    def build() -> TargetConfig:
+        options = None
+        if ssh is not None:
+            options = SshOptions(
+                destination=ssh, port=port,
+                identity=str(identity.expanduser().absolute()) if identity else None,
+                known_hosts=str(known_hosts.expanduser().absolute()) if known_hosts else None,
+                ssh_config=str(ssh_config.expanduser().absolute()) if ssh_config else None,
+            )  # fmt: skip
+        elif any(v is not None for v in (port, identity, known_hosts, ssh_config)):
+            raise ValueError("--port, --identity, --known-hosts and --ssh-config need --ssh")
+        return TargetConfig(
+            name=name, kind="ssh" if options else "local", workdir=workdir, ssh=options
+        )
+
+    config = run_op(build)
+    api = client()
+    run_op(lambda: api.add_target(config))
+    out.print(f"target {name}: {config.kind}, {config.workdir}", markup=False, soft_wrap=True)
+
+
+@targets_app.command("ls")
+def targets_ls(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """List targets."""
+    api = client()
+    targets = run_op(api.list_targets)
+    if as_json:
+        print_json([t.model_dump(mode="json") for t in targets])
+        return
+    table = Table("name", "kind", "workdir", "ssh")
+    for t in targets:
+        table.add_row(t.name, t.kind, escape(t.workdir), escape(t.ssh.destination) if t.ssh else "")
+    out.print(table)
+
+
+@targets_app.command("rm")
+def targets_rm(name: str) -> None:
+    """Remove a target."""
+    api = client()
+    if not run_op(lambda: api.remove_target(name)):
+        fail(f"no target {name!r}", 2)
+    out.print(f"removed target {name}")

@@ -1,0 +1,181 @@
+"""What every part of the run store shares: the Redis client, the key builders, the Lua
+scripts (loaded from `store/lua/*.lua`), and the translation of Redis errors.
+
+Every Redis failure leaves a store method as `StoreError`, from the Redis error
+(`raise ... from`): the [`translated`] decorator does it at this one edge.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from datetime import UTC, datetime
+from importlib import resources
+from typing import Any, Final, ParamSpec, TypeVar
+
+import redis
+from pydantic import BaseModel, ValidationError
+from redis.commands.core import Script
+from redis.exceptions import AuthenticationError, RedisError, ResponseError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from schemas import StoreError, validation_message
+
+from .keys import Keys
+
+__all__ = [
+    "HISTORY_CAP",
+    "LOG_CAP",
+    "MAX_ATTEMPTS",
+    "METRICS_CAP",
+    "StoreBase",
+    "aware",
+    "load_model",
+    "millis",
+    "replace_model",
+    "score",
+    "seconds",
+    "text",
+    "translated",
+]
+
+LOG_CAP: Final = 10_000
+"""Lines of `job.log` kept per run (approximately: Redis trims whole stream nodes, so
+up to about 100 more may stay)."""
+METRICS_CAP: Final = 5_000
+"""Metrics records kept per run (approximately, as [`LOG_CAP`])."""
+HISTORY_CAP: Final = 20
+"""Closed stops kept per run."""
+MAX_ATTEMPTS: Final = 64
+"""Compare-and-set attempts before a write gives up with `Conflict`."""
+
+_SCRIPTS: Final = (
+    "create_run",
+    "open_stop",
+    "cas_stop",
+    "close_stop",
+    "claim_deadline",
+    "follow",
+    "unfollow",
+    "extend_lock",
+    "release_lock",
+)
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def lua(name: str) -> str:
+    """The source of the store's Lua script `name` (`store/lua/<name>.lua`)."""
+    return resources.files(__package__).joinpath("lua", f"{name}.lua").read_text("utf-8")
+
+
+def _describe(operation: str, error: RedisError) -> str:
+    if isinstance(error, AuthenticationError):
+        return f"run store: Redis refused the credentials ({operation}): {error}"
+    if isinstance(error, RedisTimeoutError):
+        return f"run store: Redis did not answer in time ({operation}): {error}"
+    if isinstance(error, RedisConnectionError):
+        return f"run store: cannot reach Redis ({operation}): {error}"
+    if isinstance(error, ResponseError):
+        return f"run store: Redis refused {operation}: {error}"
+    return f"run store: {operation} failed: {error}"
+
+
+def translated(method: Callable[_P, _T]) -> Callable[_P, _T]:
+    """Raises every Redis error of `method` as `StoreError`, from the Redis error."""
+    operation = method.__name__
+
+    @functools.wraps(method)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _T:
+        try:
+            return method(*args, **kwargs)
+        except RedisError as error:
+            raise StoreError(_describe(operation, error)) from error
+
+    return wrapper
+
+
+def text(value: bytes | str) -> str:
+    """A Redis reply as text (undecodable bytes replaced)."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+def load_model(model: type[_M], raw: bytes | str, what: str) -> _M:
+    """`raw` JSON as a `model`; `StoreError` naming `what` when it does not fit."""
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as error:
+        raise StoreError(
+            f"run store: the stored {what} is unreadable ({validation_message(error)})"
+        ) from error
+
+
+def replace_model(model: _M, **changes: Any) -> _M:
+    """A validated copy of `model` with `changes` (unlike `model_copy`, validates)."""
+    return type(model).model_validate({**model.model_dump(), **changes})
+
+
+def aware(moment: datetime) -> datetime:
+    """`moment` in UTC; a naive datetime is taken to be UTC already."""
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+def score(moment: datetime) -> float:
+    """The sorted-set score of `moment`: unix seconds."""
+    return moment.timestamp()
+
+
+def seconds(value: float, what: str) -> float:
+    """`value` when it is a finite, positive number of seconds, else `ValueError`."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not (math.isfinite(value) and value > 0)
+    ):
+        raise ValueError(f"{what} must be a positive number of seconds, not {value!r}")
+    return float(value)
+
+
+def millis(value: float, what: str) -> int:
+    """[`seconds`] as whole milliseconds, rounded up, at least 1."""
+    return max(1, math.ceil(seconds(value, what) * 1000))
+
+
+class StoreBase:
+    """The state every part of the store shares. Thread-safe as far as the client is
+    (a `redis.Redis` with its connection pool is); one per process, never shared
+    across fork. Works with `decode_responses` either way."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        prefix: str = "rw:",
+        *,
+        log_cap: int = LOG_CAP,
+        metrics_cap: int = METRICS_CAP,
+        history_cap: int = HISTORY_CAP,
+        max_attempts: int = MAX_ATTEMPTS,
+    ) -> None:
+        if min(log_cap, metrics_cap, history_cap, max_attempts) < 1:
+            raise ValueError("caps and attempts must be at least 1")
+        self.client = client
+        self.prefix = prefix
+        self.keys = Keys(prefix)
+        # redis-py types every reply as `Awaitable[Any] | Any` (sync and async share
+        # the command mixins); the replies are handled as Any here.
+        self._r: Any = client
+        self._log_cap = log_cap
+        self._metrics_cap = metrics_cap
+        self._history_cap = history_cap
+        self._attempts = max_attempts
+        self._scripts: dict[str, Script] = {
+            name: client.register_script(lua(name)) for name in _SCRIPTS
+        }
+
+    def _script(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        """Runs the Lua script `name` (EVALSHA, loading it on first use)."""
+        return self._scripts[name](keys=keys, args=args)

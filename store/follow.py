@@ -1,0 +1,294 @@
+"""The follow in the run store: which runs each target follows, how far the follower
+read each run's files (byte offsets), the log and metrics streams it appended, and
+the run's progress folded from its metrics (`schemas.progress`)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+from pydantic import ValidationError
+from redis.exceptions import WatchError
+
+from schemas import Conflict, Progress, StoreError, validate_run_id
+from schemas.progress import finite, progress_fields
+
+from .base import text, translated
+from .runs import RunsMixin
+
+__all__ = ["FollowMixin", "LogEntry", "MetricsEntry", "Offsets"]
+
+
+class LogEntry(NamedTuple):
+    """One line of a run's log stream."""
+
+    id: str
+    """Stream entry id (`<ms>-<seq>`); pass it as `after_id` to read on."""
+    line: str
+
+
+class MetricsEntry(NamedTuple):
+    """One metrics record of a run's metrics stream."""
+
+    id: str
+    record: dict[str, Any]
+
+
+class Offsets(NamedTuple):
+    """How far the follower has read a run's files on its target, in bytes."""
+
+    log: int
+    metrics: int
+
+
+def _check_offsets(offsets: Offsets) -> Offsets:
+    for value in offsets:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"an offset is a non-negative integer, not {value!r}")
+    return Offsets(*offsets)
+
+
+def _metrics_json(record: Mapping[str, Any]) -> str:
+    if not isinstance(record, Mapping):
+        raise TypeError(f"a metrics record is a JSON object, not {type(record).__name__}")
+    return json.dumps(finite(record), allow_nan=False, separators=(",", ":"))
+
+
+def _entries(reply: Any) -> list[tuple[str, dict[str, str]]]:
+    """Stream entries from an XRANGE reply, or from an XREAD reply for one stream."""
+    if isinstance(reply, dict):  # RESP3 XREAD
+        reply = next(iter(reply.values()), [[]])[0] if reply else []
+    elif (
+        reply
+        and isinstance(reply[0], list | tuple)
+        and len(reply[0]) == 2
+        and isinstance(reply[0][1], list)
+    ):  # RESP2 XREAD: [[stream, entries]]
+        reply = reply[0][1]
+    return [
+        (text(entry_id), {text(k): text(v) for k, v in (fields or {}).items()})
+        for entry_id, fields in reply or []
+    ]
+
+
+class FollowMixin(RunsMixin):
+    """Followed runs, offsets, log and metrics streams, progress."""
+
+    # --- followed runs ----------------------------------------------------------------
+
+    @translated
+    def follow(self, run_id: str) -> None:
+        """Adds run `run_id` to the followed runs of its target (idempotent).
+        Raises `NotFound` when there is no such run."""
+        target = self.get_run(run_id).target
+        self._script(
+            "follow",
+            keys=[self.keys.followed(target), self.keys.followed_targets],
+            args=[run_id, target],
+        )
+
+    @translated
+    def unfollow(self, run_id: str) -> bool:
+        """Stops following run `run_id`; whether it was followed. Its offsets are
+        kept (following it again continues where it stopped). Raises `NotFound`
+        when there is no such run."""
+        target = self.get_run(run_id).target
+        removed = self._script(
+            "unfollow",
+            keys=[self.keys.followed(target), self.keys.followed_targets],
+            args=[run_id, target],
+        )
+        return bool(removed)
+
+    @translated
+    def followed(self, target: str) -> list[str]:
+        """Ids of the followed runs of `target`, sorted."""
+        return sorted(text(i) for i in self._r.smembers(self.keys.followed(target)))
+
+    @translated
+    def followed_targets(self) -> list[str]:
+        """Targets with at least one followed run, sorted."""
+        return sorted(text(t) for t in self._r.smembers(self.keys.followed_targets))
+
+    # --- offsets ----------------------------------------------------------------------
+
+    @translated
+    def get_offsets(self, run_id: str) -> Offsets:
+        """How far the follower has read `job.log` and `metrics.jsonl` of run `run_id`,
+        in bytes; (0, 0) before the first read."""
+        log_raw, metrics_raw = self._r.hmget(self.keys.offsets(run_id), ["log", "metrics"])
+        return Offsets(int(log_raw or 0), int(metrics_raw or 0))
+
+    @translated
+    def get_offsets_many(self, run_ids: Sequence[str]) -> list[Offsets]:
+        """[`get_offsets`] of each of `run_ids`, in order, in one round trip."""
+        pipe = self._r.pipeline(transaction=False)
+        for run_id in run_ids:
+            pipe.hmget(self.keys.offsets(run_id), ["log", "metrics"])
+        return [Offsets(int(log or 0), int(metrics or 0)) for log, metrics in pipe.execute()]
+
+    @translated
+    def set_offsets(self, run_id: str, log: int, metrics: int) -> None:
+        """Records how far the follower has read (bytes, non-negative). Prefer
+        [`record_tail`], which appends and advances at once."""
+        offsets = _check_offsets(Offsets(log, metrics))
+        self._r.hset(
+            self.keys.offsets(run_id),
+            mapping={"log": offsets.log, "metrics": offsets.metrics},
+        )
+
+    @translated
+    def record_tail(
+        self,
+        run_id: str,
+        *,
+        lines: Sequence[str],
+        records: Sequence[Mapping[str, Any]],
+        from_offsets: Offsets,
+        to_offsets: Offsets,
+    ) -> bool:
+        """Appends what the follower read and advances its offsets, all in one
+        transaction, only if the stored offsets are still `from_offsets`. False (and
+        nothing changed) when they are not: another follower already recorded that
+        part, so lines are never appended twice.
+
+        Raises:
+            ValueError, TypeError: a record is not plain JSON, or an offset is negative.
+            Conflict: still losing to other writers after the bounded attempts.
+        """
+        key = self.keys.offsets(run_id)
+        expected, target = _check_offsets(from_offsets), _check_offsets(to_offsets)
+        encoded = [_metrics_json(r) for r in records]
+        with self._r.pipeline(transaction=True) as pipe:
+            for _ in range(self._attempts):
+                try:
+                    pipe.watch(key)
+                    log_raw, metrics_raw = pipe.hmget(key, ["log", "metrics"])
+                    if Offsets(int(log_raw or 0), int(metrics_raw or 0)) != expected:
+                        pipe.unwatch()
+                        return False
+                    pipe.multi()
+                    self._queue_tail(pipe, run_id, lines, records, encoded)
+                    pipe.hset(key, mapping={"log": target.log, "metrics": target.metrics})
+                    pipe.execute()
+                    return True
+                except WatchError:
+                    continue
+        raise Conflict(f"the offsets of run {run_id!r} keep changing; try again", run_id=run_id)
+
+    # --- streams ----------------------------------------------------------------------
+
+    @translated
+    def append_log(self, run_id: str, lines: Sequence[str]) -> str | None:
+        """Appends `lines` (one stream entry each, in order) to the run's log stream,
+        trimmed to about the log cap; returns the last entry id, None for no lines.
+        Text that cannot be encoded as UTF-8 (lone surrogates) is replaced by `?`."""
+        return self._append(run_id, lines, [], [])
+
+    @translated
+    def append_metrics(self, run_id: str, records: Sequence[Mapping[str, Any]]) -> str | None:
+        """Appends metrics `records` (in order) to the run's metrics stream, trimmed to
+        about the metrics cap, and updates its [`Progress`] in the same transaction;
+        returns the last entry id, None for no records. NaN and infinities are stored
+        as null (strict JSON, as the job side writes them).
+
+        Raises:
+            ValueError, TypeError: a record is not plain JSON (nothing appended).
+        """
+        return self._append(run_id, [], records, [_metrics_json(r) for r in records])
+
+    def _append(
+        self,
+        run_id: str,
+        lines: Sequence[str],
+        records: Sequence[Mapping[str, Any]],
+        encoded: Sequence[str],
+    ) -> str | None:
+        validate_run_id(run_id)
+        if not lines and not records:
+            return None
+        with self._r.pipeline(transaction=True) as pipe:
+            self._queue_tail(pipe, run_id, lines, records, encoded)
+            replies = pipe.execute()
+        ids = [r for r in replies if isinstance(r, bytes | str)]
+        return text(ids[-1]) if ids else None
+
+    def _queue_tail(
+        self,
+        pipe: Any,
+        run_id: str,
+        lines: Sequence[str],
+        records: Sequence[Mapping[str, Any]],
+        encoded: Sequence[str],
+    ) -> None:
+        log_key, metrics_key = self.keys.log(run_id), self.keys.metrics(run_id)
+        for line in lines:
+            data = line.encode("utf-8", "replace")
+            pipe.xadd(log_key, {"l": data}, maxlen=self._log_cap, approximate=True)
+        for item in encoded:
+            pipe.xadd(metrics_key, {"m": item}, maxlen=self._metrics_cap, approximate=True)
+        fields = progress_fields(records)
+        if fields:
+            pipe.hset(
+                self.keys.progress(run_id),
+                mapping={name: json.dumps(value) for name, value in fields.items()},
+            )
+
+    @translated
+    def read_log(
+        self,
+        run_id: str,
+        after_id: str = "0-0",
+        count: int = 1000,
+        block_ms: int | None = None,
+    ) -> list[LogEntry]:
+        """Up to `count` log lines after entry `after_id`, oldest first. With
+        `block_ms`, waits up to that long for a line when there is none yet (the
+        client's `socket_timeout` must be longer). Lines trimmed by the cap are gone."""
+        entries = self._read(self.keys.log(run_id), after_id, count, block_ms)
+        return [LogEntry(i, fields.get("l", "")) for i, fields in entries]
+
+    @translated
+    def read_metrics(
+        self,
+        run_id: str,
+        after_id: str = "0-0",
+        count: int = 1000,
+        block_ms: int | None = None,
+    ) -> list[MetricsEntry]:
+        """Up to `count` metrics records after entry `after_id`, oldest first; as
+        [`read_log`]."""
+        out: list[MetricsEntry] = []
+        for entry_id, fields in self._read(self.keys.metrics(run_id), after_id, count, block_ms):
+            try:
+                record = json.loads(fields.get("m", ""))
+            except ValueError as error:
+                raise StoreError(
+                    f"run store: metrics entry {entry_id} of run {run_id!r} is not JSON"
+                ) from error
+            out.append(MetricsEntry(entry_id, record))
+        return out
+
+    def _read(
+        self, key: str, after_id: str, count: int, block_ms: int | None
+    ) -> list[tuple[str, dict[str, str]]]:
+        if count < 1:
+            raise ValueError("count must be at least 1")
+        if block_ms is not None:
+            return _entries(self._r.xread({key: after_id}, count=count, block=block_ms))
+        return _entries(self._r.xrange(key, f"({after_id}", "+", count=count))
+
+    @translated
+    def last_metrics(self, run_id: str) -> Progress | None:
+        """The run's progress from every metrics record appended so far (kept apart
+        from the capped stream, so `max_steps` of the `begin` line survives the
+        trimming); None before the first record."""
+        raw = self._r.hgetall(self.keys.progress(run_id))
+        if not raw:
+            return None
+        try:
+            data = {text(k): json.loads(v) for k, v in raw.items()}
+            return Progress.model_validate(data)
+        except (ValueError, ValidationError) as error:
+            raise StoreError(f"run store: the progress of run {run_id!r} is unreadable") from error

@@ -1,0 +1,116 @@
+"""Every Redis key of the run store, named in one place.
+
+`P` is the prefix (default `rw:`); `<id>` a run id, only `[a-z0-9_.-]` as
+`schemas.ids` checks it, so never `:` or `|`; `<target>` a target name.
+
+| key | type | holds |
+| --- | --- | --- |
+| `P targets` | hash | target name -> target config (JSON object) |
+| `P run:<id>` | string | the run record (`RunRecord` JSON) |
+| `P runs` | sorted set | run ids, score = `created` (unix seconds) |
+| `P runs:t:<target>` | sorted set | the same, for one target |
+| `P follow:targets` | set | targets with at least one followed run |
+| `P follow:t:<target>` | set | ids of the followed runs of a target |
+| `P offsets:<id>` | hash | `log`, `metrics`: byte offsets the follower has read to |
+| `P stop:<id>` | string | the run's open stop (`StopState` JSON); absent when none |
+| `P stops` | set | ids of the runs with an open stop |
+| `P stops:h:<id>` | list | closed stops of the run (`StopState` JSON), newest first, capped |
+| `P deadlines` | sorted set | `run_id|stop_id|kind`, score = due (unix seconds) |
+| `P lease:<run_id|stop_id|kind>` | string | worker id holding a deadline (expires) |
+| `P log:<id>` | stream | `l` = one line of `job.log` (capped, approximate) |
+| `P metrics:<id>` | stream | `m` = one metrics record, JSON (capped, approximate) |
+| `P progress:<id>` | hash | `Progress` fields, each a JSON value |
+| `P once:<key>` | string | marker of an effect done once (expires) |
+| `P retrievals` | sorted set | ids of runs with `artifacts` pending, score = next attempt |
+| `P lock:<key>` | string | a lock holder's token (expires; its holder extends, releases) |
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from schemas import validate_run_id
+
+__all__ = ["DEFAULT_PREFIX", "Keys"]
+
+DEFAULT_PREFIX = "rw:"
+
+
+@dataclass(frozen=True)
+class Keys:
+    """The key builders of one store (see the module docstring for the layout). Every
+    builder that takes a run id validates it (`InvalidRunId`, a `ValueError`), so no
+    key is ever built from an unchecked id."""
+
+    prefix: str = DEFAULT_PREFIX
+
+    def _key(self, *parts: str) -> str:
+        return self.prefix + ":".join(parts)
+
+    # --- targets and runs ------------------------------------------------------------
+
+    @property
+    def targets(self) -> str:
+        return self._key("targets")
+
+    def run(self, run_id: str) -> str:
+        return self._key("run", validate_run_id(run_id))
+
+    @property
+    def runs(self) -> str:
+        return self._key("runs")
+
+    def runs_of(self, target: str) -> str:
+        return self._key("runs", "t", target)
+
+    # --- the follow -------------------------------------------------------------------
+
+    @property
+    def followed_targets(self) -> str:
+        return self._key("follow", "targets")
+
+    def followed(self, target: str) -> str:
+        return self._key("follow", "t", target)
+
+    def offsets(self, run_id: str) -> str:
+        return self._key("offsets", validate_run_id(run_id))
+
+    def log(self, run_id: str) -> str:
+        return self._key("log", validate_run_id(run_id))
+
+    def metrics(self, run_id: str) -> str:
+        return self._key("metrics", validate_run_id(run_id))
+
+    def progress(self, run_id: str) -> str:
+        return self._key("progress", validate_run_id(run_id))
+
+    # --- stops and deadlines ----------------------------------------------------------
+
+    def stop(self, run_id: str) -> str:
+        return self._key("stop", validate_run_id(run_id))
+
+    @property
+    def stops(self) -> str:
+        return self._key("stops")
+
+    def stop_history(self, run_id: str) -> str:
+        return self._key("stops", "h", validate_run_id(run_id))
+
+    @property
+    def deadlines(self) -> str:
+        return self._key("deadlines")
+
+    def lease(self, member: str) -> str:
+        return self._key("lease", member)
+
+    # --- retrievals and coordination --------------------------------------------------
+
+    @property
+    def retrievals(self) -> str:
+        return self._key("retrievals")
+
+    def once(self, key: str) -> str:
+        return self._key("once", key)
+
+    def lock(self, key: str) -> str:
+        return self._key("lock", key)

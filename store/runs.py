@@ -1,0 +1,212 @@
+"""Runs in the run store: records, their indexes (all runs and runs by target, by
+creation time), and state transitions as compare-and-set (WATCH/MULTI, bounded
+retries) under the rules of `schemas.run.transitioned`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from redis.exceptions import WatchError
+
+from schemas import (
+    ArtifactsPhase,
+    Conflict,
+    JobId,
+    NotFound,
+    RunRecord,
+    RunState,
+    Snapshot,
+)
+from schemas.run import transitioned
+
+from .base import StoreBase, aware, load_model, score, text, translated
+
+__all__ = ["RunsMixin"]
+
+_CHUNK = 500
+"""Records read per MGET when listing runs."""
+
+
+class RunsMixin(StoreBase):
+    """Run records: create, read, list, update, transition."""
+
+    @translated
+    def create_run(self, record: RunRecord) -> bool:
+        """Stores a new run record, atomically with its indexes. False (and nothing
+        changed) when a run with this id already exists."""
+        done = self._script(
+            "create_run",
+            keys=[self.keys.run(record.id), self.keys.runs, self.keys.runs_of(record.target)],
+            args=[record.model_dump_json(), record.created.timestamp(), record.id],
+        )
+        return bool(done)
+
+    @translated
+    def get_run(self, run_id: str) -> RunRecord:
+        """The record of run `run_id`. Raises `NotFound` when there is none."""
+        raw = self._r.get(self.keys.run(run_id))
+        if raw is None:
+            raise NotFound(run_id)
+        return load_model(RunRecord, raw, f"record of run {run_id!r}")
+
+    @translated
+    def get_runs(self, run_ids: Sequence[str]) -> list[RunRecord | None]:
+        """The records of `run_ids`, in order, in one round trip (MGET); None for a run
+        that does not exist. Raises `StoreError` for an unreadable record."""
+        if not run_ids:
+            return []
+        raws = self._r.mget([self.keys.run(run_id) for run_id in run_ids])
+        return [
+            None if raw is None else load_model(RunRecord, raw, f"record of run {run_id!r}")
+            for run_id, raw in zip(run_ids, raws, strict=True)
+        ]
+
+    @translated
+    def list_runs(
+        self,
+        target: str | None = None,
+        states: Iterable[RunState] | None = None,
+        limit: int | None = None,
+    ) -> list[RunRecord]:
+        """Runs, newest `created` first (equal times: by id, descending), of `target`
+        when given, in one of `states` when given, at most `limit` of them."""
+        index = self.keys.runs if target is None else self.keys.runs_of(target)
+        wanted = None if states is None else {RunState(s) for s in states}
+        if limit is not None and limit < 1:
+            raise ValueError("limit must be at least 1")
+        last = limit - 1 if wanted is None and limit is not None else -1
+        ids = [text(i) for i in self._r.zrevrange(index, 0, last)]
+        runs: list[RunRecord] = []
+        for start in range(0, len(ids), _CHUNK):
+            chunk = ids[start : start + _CHUNK]
+            raws = self._r.mget([self.keys.run(i) for i in chunk])
+            for run_id, raw in zip(chunk, raws, strict=True):
+                if raw is None:
+                    continue
+                record = load_model(RunRecord, raw, f"record of run {run_id!r}")
+                if wanted is None or record.state in wanted:
+                    runs.append(record)
+                    if limit is not None and len(runs) >= limit:
+                        return runs
+        return runs
+
+    @translated
+    def update_run(self, run_id: str, mutate: Callable[[RunRecord], RunRecord | None]) -> RunRecord:
+        """Applies `mutate` to run `run_id` as one optimistic transaction (WATCH/MULTI)
+        and returns the record stored after the call.
+
+        `mutate` gets a fresh copy of the stored record and returns the new record,
+        or None to leave it unchanged. It may be called several times (once per
+        attempt, when another writer changed the record meanwhile), so it must not
+        have side effects; an exception it raises propagates, nothing changed. The
+        new record is validated; its `id` must not change (a changed `target` or
+        `created` moves the run in the indexes). A change of `artifacts` moves the run
+        in the retrieval queue in the same transaction.
+
+        Raises:
+            NotFound: no such run.
+            Conflict: still losing to other writers after the bounded attempts.
+            ValueError: the new record is invalid or changes the id.
+        """
+        return self._update(run_id, mutate)[0]
+
+    def _update(
+        self, run_id: str, mutate: Callable[[RunRecord], RunRecord | None]
+    ) -> tuple[RunRecord, bool]:
+        key = self.keys.run(run_id)
+        with self._r.pipeline(transaction=True) as pipe:
+            for _ in range(self._attempts):
+                try:
+                    pipe.watch(key)
+                    raw = pipe.get(key)
+                    if raw is None:
+                        raise NotFound(run_id)
+                    current = load_model(RunRecord, raw, f"record of run {run_id!r}")
+                    new = mutate(current.model_copy(deep=True))
+                    if new is None or new == current:
+                        pipe.unwatch()
+                        return current, False
+                    new = RunRecord.model_validate_json(new.model_dump_json())
+                    if new.id != run_id:
+                        raise ValueError("update_run cannot change a run's id")
+                    pipe.multi()
+                    pipe.set(key, new.model_dump_json())
+                    if new.artifacts != current.artifacts:
+                        self._index_retrieval(pipe, new)
+                    created = new.created.timestamp()
+                    if new.target != current.target:
+                        pipe.zrem(self.keys.runs_of(current.target), run_id)
+                    pipe.zadd(self.keys.runs, {run_id: created})
+                    pipe.zadd(self.keys.runs_of(new.target), {run_id: created})
+                    pipe.execute()
+                    return new, True
+                except WatchError:
+                    continue
+        raise Conflict(
+            f"run {run_id!r} is being changed by too many writers at once; try again",
+            run_id=run_id,
+        )
+
+    def _index_retrieval(self, pipe: Any, record: RunRecord) -> None:
+        """Keeps the retrieval queue in step with the record's `artifacts`, in the
+        same transaction: pending -> queued at its next attempt; else not queued."""
+        artifacts = record.artifacts
+        if artifacts is not None and artifacts.phase is ArtifactsPhase.PENDING:
+            due = artifacts.next_attempt or datetime.now(UTC)
+            pipe.zadd(self.keys.retrievals, {record.id: score(aware(due))})
+        else:
+            pipe.zrem(self.keys.retrievals, record.id)
+
+    @translated
+    def transition(
+        self,
+        run_id: str,
+        to_state: RunState,
+        *,
+        message: str | None = None,
+        snapshot: Snapshot | None = None,
+        job: JobId | None = None,
+        expect: set[RunState] | None = None,
+    ) -> RunRecord:
+        """Moves run `run_id` to `to_state` atomically and returns the stored record.
+        Same as [`apply_transition`], without saying whether anything changed."""
+        return self.apply_transition(
+            run_id, to_state, message=message, snapshot=snapshot, job=job, expect=expect
+        )[0]
+
+    @translated
+    def apply_transition(
+        self,
+        run_id: str,
+        to_state: RunState,
+        *,
+        message: str | None = None,
+        snapshot: Snapshot | None = None,
+        job: JobId | None = None,
+        expect: set[RunState] | None = None,
+    ) -> tuple[RunRecord, bool]:
+        """Moves run `run_id` to `to_state` as one compare-and-set, under the rules of
+        `schemas.run.transitioned` (checked against the stored record inside the
+        transaction), and returns the stored record and whether this call changed it.
+        To make an effect happen once ("the outcome is recorded by one worker"), act
+        only when this returns True.
+
+        Raises:
+            NotFound: no such run.
+            Conflict: by the rules (nothing changed), or too many concurrent writers.
+        """
+
+        def mutate(current: RunRecord) -> RunRecord | None:
+            return transitioned(
+                current,
+                to_state,
+                datetime.now(UTC),
+                message=message,
+                snapshot=snapshot,
+                job=job,
+                expect=expect,
+            )
+
+        return self._update(run_id, mutate)

@@ -1,0 +1,99 @@
+"""Targets in the run store: where runs go, by name. A target config is stored as
+given (its meaning belongs to the executors), but never holds a secret."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any, Final
+
+from schemas import UnknownTarget
+
+from .base import StoreBase, text, translated
+
+__all__ = ["TargetsMixin"]
+
+_SECRET_KEY: Final = re.compile(r"password|passphrase|secret|token|private_key", re.IGNORECASE)
+_TARGET_KINDS: Final = frozenset({"local", "ssh"})
+
+
+def _check_target_name(name: str) -> str:
+    if not isinstance(name, str) or not 1 <= len(name) <= 64:
+        raise ValueError("a target name is 1 to 64 characters")
+    if any(ord(c) < 0x21 or ord(c) == 0x7F for c in name):
+        raise ValueError(f"a target name cannot hold spaces or control characters: {name!r}")
+    return name
+
+
+def _secret_keys(value: Any, path: str = "") -> list[str]:
+    found: list[str] = []
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            where = f"{path}.{key}" if path else str(key)
+            if _SECRET_KEY.search(str(key)):
+                found.append(where)
+            found += _secret_keys(item, where)
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            found += _secret_keys(item, f"{path}[{index}]")
+    return found
+
+
+def _target_json(config: Mapping[str, Any]) -> str:
+    if not isinstance(config, Mapping):
+        raise ValueError("a target config is a JSON object")
+    if config.get("kind") not in _TARGET_KINDS:
+        raise ValueError(f"a target's kind is 'local' or 'ssh', not {config.get('kind')!r}")
+    secret = _secret_keys(config)
+    if secret:
+        raise ValueError(
+            f"a target config cannot hold secrets ({', '.join(secret)}): use a key file "
+            "or an ssh agent, named by path"
+        )
+    try:
+        return json.dumps(config, allow_nan=False, sort_keys=True, separators=(",", ":"))
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"a target config must be plain JSON: {error}") from error
+
+
+class TargetsMixin(StoreBase):
+    """Targets: `put_target`, `get_target`, `list_targets`, `remove_target`."""
+
+    @translated
+    def put_target(self, name: str, config: Mapping[str, Any]) -> None:
+        """Adds or replaces target `name`.
+
+        `config` is a JSON object: `kind` (`local` or `ssh`), `workdir`, and for ssh
+        the destination fields (host, port, user, identity path, known_hosts path...).
+        It is stored as given; its meaning belongs to the executors.
+
+        Raises:
+            ValueError: for a name that is empty, longer than 64 characters or holds
+                spaces or control characters; a config that is not plain JSON, has no
+                valid `kind`, or holds a key that looks like a secret (`password`,
+                `passphrase`, `secret`, `token`, `private_key`, at any depth).
+        """
+        self._r.hset(self.keys.targets, _check_target_name(name), _target_json(config))
+
+    @translated
+    def get_target(self, name: str) -> dict[str, Any]:
+        """The config of target `name`. Raises `UnknownTarget` when there is none."""
+        raw = self._r.hget(self.keys.targets, name)
+        if raw is None:
+            raise UnknownTarget(name)
+        value: dict[str, Any] = json.loads(raw)
+        return value
+
+    @translated
+    def list_targets(self) -> dict[str, dict[str, Any]]:
+        """Every target and its config, ordered by name."""
+        raw = self._r.hgetall(self.keys.targets)
+        items = {text(name): json.loads(config) for name, config in raw.items()}
+        return dict(sorted(items.items()))
+
+    @translated
+    def remove_target(self, name: str) -> bool:
+        """Forgets target `name`; whether it existed. Runs recorded on it keep its
+        name (and stay followed): their target can be added again."""
+        return bool(self._r.hdel(self.keys.targets, name))

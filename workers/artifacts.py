@@ -1,0 +1,193 @@
+"""A finished run's artifacts: sending its retrieval, and the retrieval task itself
+(attempts counted, backoff, a lock with a heartbeat), around the verified retrieval
+of `workers.retrieval`."""
+
+from __future__ import annotations
+
+import logging
+import secrets as _secrets
+import threading
+import time
+from datetime import datetime, timedelta
+from typing import Final
+
+from schemas import Artifacts, ArtifactsPhase, Conflict, RunError, RunRecord
+from schemas.events import TASK_RETRIEVE
+
+from .context import Context, utcnow
+from .errors import RetrievalError
+from .executors import ExecError
+from .retrieval import retrieval_plan, retrieve, reuse_stored
+
+log = logging.getLogger("runwarden")
+
+__all__ = [
+    "RETRIEVE_LEASE_S",
+    "RETRIEVE_RESEND_S",
+    "queue_retrieval",
+    "resend_due_retrievals",
+    "retrieve_artifacts",
+]
+
+RETRIEVE_RESEND_S: Final = 3600.0
+"""When reconcile sent a due retrieval, how long until it sends it again if the task
+has not started by then (it waits behind long ones on its queue; a duplicate is a
+no-op, a lost message costs at most this long)."""
+RETRIEVE_LEASE_S: Final = 120.0
+"""How long a retrieval's lock lasts without its worker extending it, in seconds."""
+
+
+def queue_retrieval(ctx: Context, run: RunRecord) -> None:
+    """Sends the retrieval task of the ended `run`. The retrieval itself was queued
+    durably by the transition that ended the run (the store's retrieval queue, which
+    `reconcile` drains), so a failure to send loses nothing."""
+    if run.artifacts is not None and run.artifacts.phase is ArtifactsPhase.PENDING:
+        _send(ctx, run.id)
+
+
+def _send(ctx: Context, run_id: str) -> None:
+    try:
+        ctx.schedule(TASK_RETRIEVE, {"body": {"run_id": run_id}}, 0.0)
+    except Exception:  # noqa: BLE001 - reconcile sends it from the retrieval queue
+        log.warning("run %s: cannot send the retrieval task", run_id)
+
+
+def resend_due_retrievals(ctx: Context, now: datetime, limit: int) -> None:
+    """Sends the retrieval task of every retrieval that is due (a first one whose task
+    was lost, or the next attempt after a failure); each is moved ahead first, so the
+    next tick does not send it again while it waits in the queue."""
+    for run_id in ctx.store.due_retrievals(now, limit):
+        ctx.store.schedule_retrieval(run_id, now + timedelta(seconds=RETRIEVE_RESEND_S))
+        _send(ctx, run_id)
+
+
+def _due(run: RunRecord, now: datetime) -> bool:
+    artifacts = run.artifacts
+    if artifacts is None:
+        return run.job is not None
+    if artifacts.phase is not ArtifactsPhase.PENDING:
+        return False
+    return artifacts.next_attempt is None or artifacts.next_attempt <= now + timedelta(seconds=1)
+
+
+def retrieve_artifacts(
+    ctx: Context, run_id: str, now: datetime, *, force: bool = False
+) -> Artifacts:
+    """Brings the artifacts of the ended run `run_id` into the artifact store, verified
+    against the target's manifest (`workers.retrieval.retrieve`), and records the
+    result. The attempt is counted before it starts (a worker killed mid-way still
+    counts it); a failure is recorded with its error and tried again after a backoff
+    (`retrieve_backoff_s`, doubled each time, at most `retrieve_backoff_max_s`; the
+    maximum at once for an error that needs a person) until `retrieve_attempts`, then
+    marked failed: never dropped silently. A call before the next attempt is due, or
+    for a retrieval done or given up, changes nothing (a duplicate task). `force` (a
+    person's `runwarden retrieve`) tries now, whatever the state. A stored copy that
+    lost a file or changed a file's size is moved aside and retrieved again. One
+    retrieval of a run runs at a time, under a lock held by its holder only.
+
+    Raises:
+        NotFound: no such run.
+        Conflict: the run has not ended, or (with `force`) a retrieval of it is
+            running now.
+    """
+    run = ctx.store.get_run(run_id)
+    if not run.state.is_terminal:
+        raise Conflict(f"run {run_id!r} is {run.state}: its artifacts come when it ends")
+    if not force and not _due(run, now):
+        return run.artifacts or Artifacts(phase=ArtifactsPhase.FAILED, error="no job")
+    lock, token = f"retrieve:{run_id}", _secrets.token_hex(16)
+    if not ctx.store.lock(lock, token, RETRIEVE_LEASE_S):
+        if force:
+            raise Conflict(f"a retrieval of run {run_id!r} is running now")
+        return run.artifacts or Artifacts()
+    # While it runs, the lock and the queue entry are kept ahead of the clock, so
+    # reconcile does not send it again; a worker killed mid-way lets both lapse within
+    # a lease, and reconcile sends it again then.
+    done = threading.Event()
+
+    def heartbeat() -> None:
+        while not done.wait(RETRIEVE_LEASE_S / 4):
+            try:
+                if not ctx.store.extend_lock(lock, token, RETRIEVE_LEASE_S):
+                    log.error("run %s: the retrieval lock lapsed", run_id)
+                    return
+                ctx.store.schedule_retrieval(run_id, utcnow() + timedelta(seconds=RETRIEVE_LEASE_S))
+            except Exception:  # noqa: BLE001 - Redis trouble: the lease may lapse
+                log.warning("run %s: cannot extend the retrieval lease", run_id)
+
+    beat = threading.Thread(target=heartbeat, name=f"lease-{run_id}", daemon=True)
+    try:
+        run = ctx.store.get_run(run_id)  # as it is now that this call holds the lock
+        if not force and not _due(run, now):
+            return run.artifacts or Artifacts()
+        attempts = (run.artifacts.attempts if run.artifacts else 0) + 1
+        previous = run.artifacts.error if run.artifacts else None
+        lease_end = utcnow() + timedelta(seconds=RETRIEVE_LEASE_S)
+        counted = Artifacts(attempts=attempts, error=previous, next_attempt=lease_end)
+        ctx.store.update_run(run_id, lambda r: r.model_copy(update={"artifacts": counted}))
+        beat.start()
+        try:
+            result = _attempt(ctx, run, attempts, now)
+        finally:
+            done.set()
+            beat.join()
+
+        def record(current: RunRecord) -> RunRecord | None:
+            stored = current.artifacts
+            if stored is not None and stored.phase is ArtifactsPhase.DONE and not force:
+                return None  # another retrieval finished meanwhile: keep it
+            return current.model_copy(update={"artifacts": result})
+
+        return ctx.store.update_run(run_id, record).artifacts or result
+    finally:
+        done.set()
+        ctx.store.unlock(lock, token)
+
+
+def _attempt(ctx: Context, run: RunRecord, attempts: int, now: datetime) -> Artifacts:
+    """One attempt, started at `now`; returns the artifacts to record. Never raises for
+    a failed retrieval: every error becomes a recorded failure, whose backoff counts
+    from when it failed (a long transfer that broke is not due at once)."""
+    settings = ctx.settings
+    dest = settings.artifacts_root / run.id
+    started = time.monotonic()
+    try:
+        entries, exclude = retrieval_plan(run.state, run.snapshot)
+        # Complete and intact already (a retry after the record's update was lost, or
+        # `force`): no need to reach the target, which may be gone.
+        done = reuse_stored(dest)
+        if done is None:
+            done = retrieve(ctx.executor(run.target), run.remote_dir, dest, entries, exclude)
+    except Exception as error:
+        if not isinstance(error, (RetrievalError, ExecError, RunError, OSError)):
+            log.exception("run %s: retrieval failed unexpectedly", run.id)
+        text = str(error)[:500] or type(error).__name__
+        if attempts >= settings.retrieve_attempts:
+            log.error(
+                "run %s: artifacts NOT retrieved after %d attempts: %s", run.id, attempts, text
+            )
+            return Artifacts(phase=ArtifactsPhase.FAILED, attempts=attempts, error=text)
+        wait_s = min(
+            settings.retrieve_backoff_s * 2 ** (attempts - 1), settings.retrieve_backoff_max_s
+        )
+        if isinstance(error, RetrievalError) and not error.retryable:
+            # Needs a person (a host key, a permission): try seldom.
+            wait_s = settings.retrieve_backoff_max_s
+        log.warning(
+            "run %s: retrieval attempt %d failed, next in %g s: %s", run.id, attempts, wait_s, text
+        )
+        failed_at = now + timedelta(seconds=time.monotonic() - started)
+        upcoming = failed_at + timedelta(seconds=wait_s)
+        return Artifacts(attempts=attempts, error=text, next_attempt=upcoming)
+    log.info(
+        "run %s: artifacts retrieved and verified: %d files, %d bytes in %.1f s",
+        run.id, done.files, done.bytes, time.monotonic() - started,
+    )  # fmt: skip
+    return Artifacts(
+        phase=ArtifactsPhase.DONE,
+        attempts=attempts,
+        path=str(done.path),
+        files=done.files,
+        bytes=done.bytes,
+        retrieved=utcnow(),
+    )

@@ -1,0 +1,76 @@
+"""The POSIX `sh` scripts of the on-target protocol, written once and run by every
+executor (local and SSH), and the parsers of their answers.
+
+Every value that reaches a script goes through [`quote`]: paths, owners, patterns,
+names, file content. Scripts run under dash and busybox `sh`; they use only POSIX
+utilities plus `setsid`, `head -c`, `find -print0`, `xargs -0` (and GNU `tar` and
+`sha256sum -z` where a faster path exists, with a portable fallback for hashing).
+
+    common   quoting, process-group signalling, pid checks
+    status   status and cancel (the order of the protocol's status rules)
+    files    claim, byte ranges, small files, archives, manifests
+    launch   launcher, job wrapper, on-target watchdog
+    follow   the batched follow tick
+"""
+
+from __future__ import annotations
+
+from .common import GROUP_SIGNAL, quote
+from .files import (
+    MANIFEST_OPENSSL_ABOVE,
+    archive_script,
+    check_exclude,
+    check_owner,
+    claim_script,
+    manifest_script,
+    parse_claim,
+    put_file_script,
+    read_range_script,
+    unpack_script,
+)
+from .follow import (
+    FOLLOW_CHUNK_BYTES,
+    FollowEntry,
+    FollowUpdate,
+    follow_script,
+    parse_follow,
+)
+from .launch import WATCHDOG_PID_FILE, launcher_script, watchdog_script, wrapper_script
+from .status import (
+    CANCEL_KILL_WAIT_S,
+    CANCEL_TERM_WAIT_S,
+    cancel_script,
+    parse_status,
+    parse_statuses,
+    status_script,
+)
+
+__all__ = [
+    "CANCEL_KILL_WAIT_S",
+    "CANCEL_TERM_WAIT_S",
+    "FOLLOW_CHUNK_BYTES",
+    "GROUP_SIGNAL",
+    "MANIFEST_OPENSSL_ABOVE",
+    "WATCHDOG_PID_FILE",
+    "FollowEntry",
+    "FollowUpdate",
+    "archive_script",
+    "cancel_script",
+    "check_exclude",
+    "check_owner",
+    "claim_script",
+    "follow_script",
+    "launcher_script",
+    "manifest_script",
+    "parse_claim",
+    "parse_follow",
+    "parse_status",
+    "parse_statuses",
+    "put_file_script",
+    "quote",
+    "read_range_script",
+    "status_script",
+    "unpack_script",
+    "watchdog_script",
+    "wrapper_script",
+]

@@ -1,0 +1,194 @@
+"""The follow tick's one script per target: every followed run's status, request and
+new log and metrics bytes in one round trip, and the parser of its answer."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final, NamedTuple
+
+from schemas import JobId, JobStatus
+from schemas.protocol import JOB_LOG, METRICS_FILE, SNAPSHOT_REQUEST
+
+from ..errors import InvalidArgument, ProtocolError
+from ..lines import complete_lines
+from .common import GROUP_SIGNAL, check_job_pid, quote
+from .status import parse_status, status_function
+
+__all__ = ["FOLLOW_CHUNK_BYTES", "FollowEntry", "FollowUpdate", "follow_script", "parse_follow"]
+
+FOLLOW_CHUNK_BYTES: Final = 256 * 1024
+"""Most new bytes of one file a follow tick reads for one run; the rest comes next
+tick."""
+
+
+class FollowEntry(NamedTuple):
+    """One run of a follow tick: its job, and how far its files were read (bytes)."""
+
+    job: JobId
+    log_offset: int
+    metrics_offset: int
+
+
+def follow_script(
+    entries: Sequence[tuple[JobId, int, int]], token: str, chunk: int = FOLLOW_CHUNK_BYTES
+) -> str:
+    """One script for a whole target's follow tick: for each `(job, log_offset,
+    metrics_offset)` it prints, each record introduced by `token` (random, so no
+    file content can forge one):
+
+    - `S <i> <status>`: the job's status, as [`status_script`] decides it;
+    - `Q <i> <reason>` when `snapshot.request` holds a reason (first line, at most
+      32 bytes), `Q <i>` with nothing when there is no request;
+    - `L <i> <n>` then the bytes of `job.log` from its offset, and `M <i> <n>` then
+      those of `metrics.jsonl`, at most `chunk` bytes each, only for files that grew
+      past their offset (`n` is the file's size).
+
+    Sizes come from one `find -printf` (GNU) for the whole batch, else one `wc -c`
+    per file; statuses and requests are read with shell builtins: a tick over idle
+    runs starts one process, whatever their number.
+    """
+    if not token.isalnum():
+        raise InvalidArgument("the follow token is alphanumeric")
+    rows = []
+    for index, (job, log_offset, metrics_offset) in enumerate(entries):
+        if log_offset < 0 or metrics_offset < 0:
+            raise InvalidArgument("offsets are non-negative")
+        rows.append(
+            f"rw_one {index} {quote(job.dir)} {check_job_pid(job)} {log_offset} {metrics_offset}"
+        )
+    body = "\n".join(rows)
+    return (
+        GROUP_SIGNAL
+        + status_function()
+        + f"""
+rw_t={token}
+rw_chunk={chunk}
+set --
+rw_flags=
+for rw_d in {" ".join(quote(job.dir) for job, _, _ in entries)}; do
+  for rw_f in "$rw_d/{JOB_LOG}" "$rw_d/{METRICS_FILE}"; do
+    if [ -f "$rw_f" ]; then set -- "$@" "$rw_f"; rw_flags="${{rw_flags}}1"
+    else rw_flags="${{rw_flags}}0"; fi
+  done
+done
+rw_count=$#
+rw_sizes=
+if [ "$rw_count" -gt 0 ]; then
+  rw_sizes=$(find "$@" -maxdepth 0 -printf '%s ' 2>/dev/null) || rw_sizes=
+  set -- $rw_sizes
+  # A file gone meanwhile, or no GNU find: sizes one by one instead.
+  [ "$#" -eq "$rw_count" ] || rw_sizes=
+fi
+rw_read() {{
+  # $1 tag, $2 index, $3 file, $4 offset. A file is read only when it was listed
+  # above ($rw_flags, one character a file, in order), so sizes never shift.
+  rw_listed=${{rw_flags%"${{rw_flags#?}}"}}; rw_flags=${{rw_flags#?}}
+  [ "$rw_listed" = 1 ] || return 0
+  if [ -n "$rw_sizes" ]; then
+    rw_n=${{rw_sizes%% *}}; rw_sizes=${{rw_sizes#* }}
+  else
+    rw_n=$(wc -c < "$3" 2>/dev/null) || return 0
+  fi
+  [ "${{rw_n:-0}}" -gt "$4" ] 2>/dev/null || return 0
+  printf '%s %s %s %s\\n' "$rw_t" "$1" "$2" "$rw_n"
+  tail -c +$(($4 + 1)) -- "$3" | head -c "$rw_chunk"
+}}
+rw_one() {{
+  printf '%s S %s ' "$rw_t" "$1"
+  rw_status "$2" "$3"
+  rw_q=
+  if [ -f "$2/{SNAPSHOT_REQUEST}" ]; then
+    IFS= read -r rw_q < "$2/{SNAPSHOT_REQUEST}" || :
+    [ -n "$rw_q" ] || rw_q=requested
+  fi
+  printf '%s Q %s %.32s\\n' "$rw_t" "$1" "$rw_q"
+  rw_read L "$1" "$2/{JOB_LOG}" "$4"
+  rw_read M "$1" "$2/{METRICS_FILE}" "$5"
+}}
+{body}
+printf '%s E\\n' "$rw_t"
+"""
+    )
+
+
+@dataclass(frozen=True)
+class FollowUpdate:
+    """What one follow tick found for one run."""
+
+    status: JobStatus | ProtocolError
+    request: str | None
+    """The reason in `snapshot.request`, or None when there is none."""
+    log: bytes = b""
+    log_size: int = 0
+    metrics: bytes = b""
+    metrics_size: int = 0
+
+    def log_lines(self) -> tuple[list[str], int]:
+        """The complete lines of [`log`] and how many of its bytes they used (the
+        next tick reads on from there); see [`chunk_lines`]."""
+        return chunk_lines(self.log)
+
+    def metrics_lines(self) -> tuple[list[str], int]:
+        """The complete lines of [`metrics`], as [`log_lines`]."""
+        return chunk_lines(self.metrics)
+
+
+def chunk_lines(chunk: bytes, chunk_bytes: int = FOLLOW_CHUNK_BYTES) -> tuple[list[str], int]:
+    """The complete lines of `chunk`, a read of at most `chunk_bytes` bytes, and how
+    many bytes they used. A full chunk with no line end (a line at least as long as a
+    tick reads) is cut and emitted, so a long line never stalls the follow."""
+    cap = chunk_bytes - 1 if len(chunk) >= chunk_bytes else None
+    lines, used, _ = complete_lines(chunk, cap=cap)
+    return lines, used
+
+
+def parse_follow(output: bytes, token: str, count: int) -> list[FollowUpdate]:
+    """The updates of a [`follow_script`] run over `count` runs, in order.
+
+    Raises:
+        ProtocolError: when the output is cut short (no end record) or malformed.
+    """
+    marker = token.encode()
+    parts = output.split(marker)
+    if parts[0].strip():
+        raise ProtocolError("follow output before its first record")
+    status: dict[int, JobStatus | ProtocolError] = {}
+    request: dict[int, str | None] = {}
+    files: dict[tuple[str, int], tuple[bytes, int]] = {}
+    ended = False
+    for part in parts[1:]:
+        head, _, payload = part.partition(b"\n")
+        words = head.decode("utf-8", "replace").split(" ")
+        try:
+            kind = words[1]
+            if kind == "E":
+                ended = True
+                continue
+            index = int(words[2])
+            if not 0 <= index < count:
+                raise ProtocolError(f"follow record for run {index} of {count}")
+            if kind == "S":
+                try:
+                    status[index] = parse_status(" ".join(words[3:]))
+                except ProtocolError as error:
+                    status[index] = error
+            elif kind == "Q":
+                reason = " ".join(words[3:]).strip()
+                request[index] = reason or None
+            elif kind in ("L", "M"):
+                files[(kind, index)] = (payload, int(words[3]))
+            else:
+                raise ProtocolError(f"follow record {kind!r}")
+        except (IndexError, ValueError) as error:
+            raise ProtocolError(f"follow record {head[:80]!r}") from error
+    if not ended or len(status) != count:
+        raise ProtocolError("the follow output was cut short")
+    updates = []
+    for index in range(count):
+        log, log_size = files.get(("L", index), (b"", 0))
+        metrics, metrics_size = files.get(("M", index), (b"", 0))
+        updates.append(
+            FollowUpdate(status[index], request.get(index), log, log_size, metrics, metrics_size)
+        )
+    return updates

@@ -1,0 +1,245 @@
+"""The [`Transport`](..transport.Transport) of an SSH target: small scripts on
+persistent shells, stdin-fed and streaming scripts on exec channels; idempotent
+operations retried once on a broken connection."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import IO, Final
+
+import paramiko
+
+from ..errors import CommandError, SshError
+from ..scripts import quote
+from ..transport import DEFAULT_TIMEOUT_S, MAX_SCRIPT_BYTES, Completed
+from .config import SshDestination
+from .connection import CHUNK, WINDOW_SIZE, SshConnection, connection_pool
+
+__all__ = ["SshTransport"]
+
+_NOT_IDEMPOTENT: Final = frozenset({"spawn", "upload"})
+
+def _translate(error: BaseException) -> SshError:
+    if isinstance(error, SshError):
+        return error
+    if isinstance(error, (TimeoutError, socket.timeout)):
+        return SshError("disconnected", "the connection stopped answering")
+    return SshError("disconnected", f"the connection broke: {error}")
+
+
+class SshTransport:
+    """The [`Transport`](transport.Transport) of an SSH target: small scripts on
+    persistent shells, stdin-fed and streaming scripts on exec channels."""
+
+    def __init__(self, destination: SshDestination, retries: int = 1) -> None:
+        self.destination = destination
+        self.retries = retries
+
+    @property
+    def connection(self) -> SshConnection:
+        return connection_pool().get(self.destination)
+
+    def _attempt(self, action: str, call: Callable[[SshConnection], Completed]) -> Completed:
+        attempts = 1 if action in _NOT_IDEMPOTENT else 1 + self.retries
+        for attempt in range(attempts):
+            connection = self.connection
+            used: paramiko.Transport | None = None
+            try:
+                used = connection.open()
+                return call(connection)
+            except SshError as error:
+                if error.kind in ("connect", "host_key", "auth") or attempt + 1 == attempts:
+                    raise
+                connection.reset(used)
+                time.sleep(0.05 * (attempt + 1))
+            except (paramiko.SSHException, OSError, EOFError) as error:
+                connection.reset(used)
+                if attempt + 1 == attempts:
+                    raise _translate(error) from error
+        raise AssertionError("unreachable")
+
+    def run(
+        self,
+        script: str,
+        *,
+        action: str,
+        stdin: bytes = b"",
+        timeout_s: float | None = DEFAULT_TIMEOUT_S,
+    ) -> Completed:
+        if len(script.encode()) > MAX_SCRIPT_BYTES:
+            raise CommandError(action, f"script of {len(script)} bytes is too long")
+        if stdin or action == "spawn":
+            # A launcher gets a channel of its own: its stdin carries the secrets, and
+            # nothing of the job can ever touch a shared shell.
+            return self._attempt(action, lambda c: self._exec(c, script, stdin, timeout_s))
+
+        def on_shell(connection: SshConnection) -> Completed:
+            with connection.shell(timeout_s) as shell:
+                try:
+                    return shell.run(script, timeout_s)
+                except TimeoutError as error:
+                    if connection.is_open:
+                        raise CommandError(action, f"timed out after {timeout_s} s") from error
+                    raise _translate(error) from error
+
+        return self._attempt(action, on_shell)
+
+    def run_to_end(self, script: str, *, action: str, pgid: int | None = None) -> Completed:
+        # The remote script runs to its end whatever happens here: an interrupt of
+        # this process does not stop it, and a retry after a broken connection runs
+        # the idempotent script again.
+        return self.run(script, action=action, timeout_s=None)
+
+    def _exec(
+        self, connection: SshConnection, script: str, stdin: bytes, timeout_s: float | None
+    ) -> Completed:
+        channel = connection.exec_channel()
+        try:
+            channel.exec_command("sh -c " + quote(script))
+            channel.sendall(stdin)
+            channel.shutdown_write()
+            return _drain(channel, timeout_s)
+        finally:
+            channel.close()
+
+    def send(self, script: str, *, action: str, source: Callable[[IO[bytes]], None]) -> Completed:
+        def call(connection: SshConnection) -> Completed:
+            channel = connection.exec_channel()
+            try:
+                channel.exec_command("sh -c " + quote(script))
+                writer = _ChannelWriter(channel)
+                source(writer)  # type: ignore[arg-type]
+                channel.shutdown_write()
+                return _drain(channel, None)
+            finally:
+                channel.close()
+
+        return self._attempt(action, call)
+
+    def receive(self, script: str, *, action: str, sink: Callable[[IO[bytes]], None]) -> Completed:
+        def call(connection: SshConnection) -> Completed:
+            channel = connection.exec_channel()
+            try:
+                channel.exec_command("sh -c " + quote(script))
+                channel.shutdown_write()
+                errors = _StderrDrain(channel)
+                reader = _ChannelReader(channel)
+                sink(reader)  # type: ignore[arg-type]
+                while reader.read(CHUNK):
+                    pass
+                errors.join()
+                return Completed(_exit_status(channel), b"", errors.data)
+            finally:
+                channel.close()
+
+        return self._attempt(action, call)
+
+    def reap(self, pgid: int) -> None:
+        """Nothing to reap here: remote processes belong to the remote host."""
+
+    def close(self) -> None:
+        """Closes this destination's pooled connection (other executors of the same
+        destination re-open it lazily)."""
+        self.connection.close()
+
+
+class _ChannelReader:
+    """A minimal readable file over a channel, for `tarfile`. Each refill takes all
+    paramiko has buffered: a smaller recv makes paramiko's buffer shift the rest (up
+    to the 16 MiB window) on every call, and `channel.makefile` re-slices its own
+    buffer on every read; both turn quadratic once the reader lags (measured: 0.7-0.9x
+    OpenSSH's download rate before, 1.3x after)."""
+
+    def __init__(self, channel: paramiko.Channel) -> None:
+        self._channel = channel
+        self._data = memoryview(b"")
+
+    def read(self, size: int = -1) -> bytes:
+        if not self._data:
+            chunk = self._channel.recv(WINDOW_SIZE)
+            if not chunk:
+                return b""
+            self._data = memoryview(chunk)
+        if size < 0:
+            size = len(self._data)
+        out, self._data = self._data[:size], self._data[size:]
+        return bytes(out)
+
+
+class _ChannelWriter:
+    """A minimal writable file over a channel, for `tarfile`."""
+
+    def __init__(self, channel: paramiko.Channel) -> None:
+        self._channel = channel
+
+    def write(self, data: bytes) -> int:
+        # A memoryview: sendall slices what is left after every packet.
+        self._channel.sendall(memoryview(data))  # type: ignore[arg-type] # accepts buffers
+        return len(data)
+
+    def flush(self) -> None:
+        """Nothing buffered here."""
+
+
+class _StderrDrain:
+    def __init__(self, channel: paramiko.Channel) -> None:
+        self.data = b""
+        self._channel = channel
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        chunks = []
+        while True:
+            chunk = self._channel.recv_stderr(CHUNK)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        self.data = b"".join(chunks)
+
+    def join(self) -> None:
+        self._thread.join()
+
+
+def _exit_status(channel: paramiko.Channel, timeout_s: float = 30.0) -> int:
+    """The exit status of a command whose output has ended, waited for at most
+    `timeout_s` seconds (a server that never sends it is a broken connection)."""
+    if not channel.status_event.wait(timeout_s):
+        raise SshError("disconnected", "the server never sent the command's exit status")
+    if channel.recv_exit_status() < 0 and not channel.eof_received:
+        # Closed with neither an exit status nor the end of its output: the connection
+        # broke (a command killed by a signal still ends its output first).
+        raise SshError("disconnected", "the connection broke before the command ended")
+    return channel.recv_exit_status()
+
+
+def _drain(channel: paramiko.Channel, timeout_s: float | None) -> Completed:
+    """Reads stdout and stderr together until the command exits and both end, within
+    `timeout_s` seconds (never an unbounded wait for the exit status)."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    out: list[bytes] = []
+    err: list[bytes] = []
+    channel.setblocking(False)
+    while True:
+        progressed = False
+        while channel.recv_ready():
+            out.append(channel.recv(CHUNK))
+            progressed = True
+        while channel.recv_stderr_ready():
+            err.append(channel.recv_stderr(CHUNK))
+            progressed = True
+        idle = not channel.recv_ready() and not channel.recv_stderr_ready()
+        if idle and channel.exit_status_ready() and (channel.eof_received or channel.closed):
+            break
+        if deadline is not None and time.monotonic() > deadline:
+            raise CommandError("run", f"timed out after {timeout_s} s")
+        if channel.closed and not channel.recv_ready() and not channel.recv_stderr_ready():
+            if not channel.exit_status_ready():
+                raise SshError("disconnected", "the channel closed before the command ended")
+            break
+        if not progressed:
+            time.sleep(0.001)
+    return Completed(channel.recv_exit_status(), b"".join(out), b"".join(err))

@@ -1,0 +1,107 @@
+"""The watch: one follow tick over a target's followed runs, through one batched read
+of the target (`Executor.follow`): records new log lines and metrics, opens a stop for
+a request someone else wrote, and finishes runs whose job ended."""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import datetime
+from typing import Any
+
+from schemas import JobStatus, NotFound, RunRecord, StoreError
+from store import Offsets
+
+from .context import Context
+from .executors import FollowEntry
+from .finish import finish
+from .stops import notice_request
+
+log = logging.getLogger("runwarden")
+
+__all__ = ["records", "watch_target", "watched_targets"]
+
+
+def watched_targets(ctx: Context) -> list[str]:
+    """The targets with at least one followed run (the fan-out of a tick)."""
+    return ctx.store.followed_targets()
+
+
+def records(ctx: Context, run_ids: list[str]) -> list[RunRecord | None]:
+    """The records of `run_ids` in one round trip; an unreadable one is logged and
+    read as missing (it must not stop the others)."""
+    try:
+        return ctx.store.get_runs(run_ids)
+    except StoreError:
+        found: list[RunRecord | None] = []
+        for run_id in run_ids:
+            try:
+                found.append(ctx.store.get_run(run_id))
+            except (StoreError, NotFound):
+                log.exception("run %s: unreadable; no longer followed", run_id)
+                found.append(None)
+        return found
+
+
+def watch_target(ctx: Context, target: str, now: datetime) -> dict[str, int]:
+    """One tick over every followed run of `target`: one batched read for their
+    statuses, new log and metrics bytes and snapshot requests; records lines, opens
+    stops for requests someone else wrote, finishes runs that ended. Runs that ended
+    or have no job are no longer followed. Returns how many runs it looked at and how
+    many ended.
+
+    Raises:
+        ExecError: the target could not be read (the tick is retried next time).
+        StoreError: the store failed.
+    """
+    ids = ctx.store.followed(target)
+    runs: list[RunRecord] = []
+    for run_id, found in zip(ids, records(ctx, ids), strict=True):
+        if found is None or found.job is None or found.state.is_terminal:
+            ctx.store.unfollow(run_id)
+            continue
+        runs.append(found)
+    if not runs:
+        return {"runs": 0}
+    executor = ctx.executor(target)
+    offsets = ctx.store.get_offsets_many([run.id for run in runs])
+    entries = [
+        FollowEntry(run.job, o.log, o.metrics)
+        for run, o in zip(runs, offsets, strict=True)
+        if run.job is not None
+    ]
+    updates = executor.follow(entries)
+    ended = 0
+    for run, offset, update in zip(runs, offsets, updates, strict=True):
+        lines, used_log = update.log_lines()
+        metric_lines, used_metrics = update.metrics_lines()
+        metrics = _records(metric_lines)
+        if used_log or used_metrics:
+            ctx.store.record_tail(
+                run.id,
+                lines=lines,
+                records=metrics,
+                from_offsets=offset,
+                to_offsets=Offsets(offset.log + used_log, offset.metrics + used_metrics),
+            )
+        if update.request is not None and ctx.store.get_stop(run.id) is None:
+            notice_request(ctx, run, update.request, now)
+        if isinstance(update.status, JobStatus) and update.status.is_finished:
+            finish(ctx, run, update.status, executor)
+            ended += 1
+        elif not isinstance(update.status, JobStatus):
+            log.warning("run %s: %s", run.id, update.status)
+    return {"runs": len(runs), "ended": ended}
+
+
+def _records(lines: list[str]) -> list[dict[str, Any]]:
+    """The JSON objects among metrics `lines`; any other line is skipped."""
+    found = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            found.append(record)
+    return found
