@@ -1,6 +1,6 @@
 """A job on a target: how to start it, its handle, and what it is doing.
 
-JSON shapes of [`JobId`] and [`JobStatus`] match the seeds' serde shapes, so a
+JSON shapes of [`JobId`] and [`JobStatus`] match overbrainer's serde shapes (docs/protocol.md), so a
 record written by overbrainer reads here and the other way round:
 `{"dir": "/w/r1", "pid": 42, "container": null}`, and `"running"`,
 `{"exited": 3}`, `"cancelled"`, `"lost"`.

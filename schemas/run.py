@@ -236,7 +236,7 @@ def transitioned(
 
 
 def check_snapshot_request(run: RunRecord) -> JobId:
-    """The run's job when a snapshot may be asked of it, else raises, as the seeds do.
+    """The run's job when a snapshot may be asked of it, else raises, as overbrainer does (docs/protocol.md).
 
     Raises:
         NotStarted: the run has no job; NotRunning: it is not running;
@@ -300,7 +300,7 @@ class Outcome(BaseModel):
 def decide_outcome(
     status: JobStatus, proof: ProofNone | ProofSaved | ProofInvalid | None
 ) -> Outcome:
-    """How a finished job's run ends, as the seeds decide it.
+    """How a finished job's run ends, as overbrainer decides it (docs/architecture.md, "Runs").
 
     exited 0 -> succeeded; exited N -> failed; cancelled -> cancelled; lost -> failed.
     When that is succeeded or cancelled, the proof (read after the job ended) decides

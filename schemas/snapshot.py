@@ -123,7 +123,7 @@ Proof = Annotated[ProofNone | ProofSaved | ProofInvalid, Field(discriminator="ki
 
 
 class _NotStrictJson(ValueError):
-    """JSON that Python accepts but serde_json (the seeds' parser) refuses."""
+    """JSON that Python accepts but serde_json (overbrainer's parser) refuses."""
 
 
 def _reject_constant(name: str) -> object:

@@ -1,4 +1,4 @@
-"""The `Executor` protocol: the seeds' operations on a target, synchronous (Celery
+"""The `Executor` protocol: overbrainer's operations on a target (docs/protocol.md), synchronous (Celery
 tasks are synchronous), each stating what it guarantees and how it fails.
 
 A job is detached from whoever started it: it runs in its own session, writes its
@@ -75,8 +75,8 @@ class Executor(Protocol):
         ...
 
     def status(self, job: JobId) -> JobStatus:
-        """What `job` is doing now, decided by one script on the target in the seeds'
-        order (see `scripts.status_script`).
+        """What `job` is doing now, decided by one script on the target in the
+        protocol's order (see `scripts.status_script`).
 
         Raises:
             ProtocolError: when the run directory answers garbage (an `exit_code`

@@ -15,7 +15,7 @@ Use::
     trainer = Trainer(model, args, ..., callbacks=[RunwardenCallback()])
     trainer.train(resume_from_checkpoint=resume_checkpoint())
 
-What the callback does (DESIGN.md §6):
+What the callback does:
 
 - ``on_train_begin``: ``begin`` metrics line (``max_steps``, ``first_step``).
 - ``on_log``: a ``log`` line with the numeric values of the log at the global step.

@@ -138,7 +138,7 @@ def snapshot_requested(*, path: str | None = None) -> str | None:
         return None
     finally:
         os.close(fd)
-    # Only zero bytes is no request (the seeds test `is_empty`); whitespace is one.
+    # Only zero bytes is no request (overbrainer tests `is_empty`); whitespace is one.
     if not content:
         return None
     return parse_reason(content)

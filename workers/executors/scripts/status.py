@@ -54,7 +54,7 @@ rw_status() {{
 
 def status_script(jobs: Sequence[JobId]) -> str:
     """A script printing one status line per job of `jobs`, in order: `running`,
-    `exited <code>`, `cancelled` or `lost`, decided in the seeds' order:
+    `exited <code>`, `cancelled` or `lost`, decided in the protocol's order (docs/protocol.md):
 
     1. `cancelled` exists -> cancelled;
     2. `cancelling` exists and the group is alive -> running;
@@ -112,7 +112,7 @@ def parse_statuses(output: bytes, count: int) -> list[JobStatus | ProtocolError]
 
 
 def cancel_script(job: JobId) -> str:
-    """A script that cancels `job` as the seeds do, to its end:
+    """A script that cancels `job` as the protocol says, to its end:
 
     - no-op (exit 0) when `cancelled` or `exit_code` already exists: a recycled pid
       is never signalled, an exited job is never marked cancelled;
