@@ -176,6 +176,9 @@ class StoreBase:
             name: client.register_script(lua(name)) for name in _SCRIPTS
         }
 
-    def _script(self, name: str, keys: list[str], args: list[Any]) -> Any:
-        """Runs the Lua script `name` (EVALSHA, loading it on first use)."""
-        return self._scripts[name](keys=keys, args=args)
+    def _script(
+        self, name: str, keys: list[str], args: list[Any], client: Any = None
+    ) -> Any:
+        """Runs the Lua script `name` (EVALSHA, loading it on first use); with a
+        pipeline as `client`, queues it there."""
+        return self._scripts[name](keys=keys, args=args, client=client)

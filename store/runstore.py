@@ -1,6 +1,6 @@
 """[`RunStore`]: the run store, one object over one Redis client, composed of the
-parts in this package (targets, runs, the follow, stops and deadlines, retrievals,
-coordination)."""
+parts in this package (targets, runs, the follow, stops and deadlines, the end of a
+run, retrievals, coordination)."""
 
 from __future__ import annotations
 
@@ -10,17 +10,14 @@ from redis.retry import Retry
 
 from .base import translated
 from .coordination import CoordinationMixin
-from .follow import FollowMixin
+from .ending import EndingMixin
 from .retrievals import RetrievalsMixin
-from .stops import StopsMixin
 from .targets import TargetsMixin
 
 __all__ = ["RunStore"]
 
 
-class RunStore(
-    TargetsMixin, FollowMixin, StopsMixin, RetrievalsMixin, CoordinationMixin
-):
+class RunStore(TargetsMixin, EndingMixin, RetrievalsMixin, CoordinationMixin):
     """The run store over one Redis client (keys: `store.keys`).
 
     Thread-safe as far as the client is (a `redis.Redis` with its connection pool is);

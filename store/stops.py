@@ -29,7 +29,7 @@ from schemas import (
 from .base import aware, load_model, millis, replace_model, score, seconds, text, translated
 from .runs import RunsMixin
 
-__all__ = ["StopsMixin"]
+__all__ = ["StopsMixin", "stop_members"]
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ _PHASE_RANK: Final = {
 }
 
 
-def _members(stop: StopState) -> tuple[str, str]:
+def stop_members(stop: StopState) -> tuple[str, str]:
     """The sorted-set members of both deadlines a stop may have."""
     base = f"{stop.run_id}|{stop.stop_id}|"
     return base + "proof", base + "end"
@@ -207,7 +207,7 @@ class StopsMixin(RunsMixin):
                     run_id=run_id, stop_id=stop_id, kind="end", due=changes["end_deadline"]
                 )
             changed = replace_model(current, **changes)
-            if self._cas_stop(raw, changed, remove=_members(current), add=add):
+            if self._cas_stop(raw, changed, remove=stop_members(current), add=add):
                 return changed
         raise Conflict(f"the stop of run {run_id!r} keeps changing; try again", run_id=run_id)
 
@@ -262,7 +262,7 @@ class StopsMixin(RunsMixin):
 
     def _archive_stop(self, expected: bytes | str, closed: StopState) -> bool:
         run_id = closed.run_id
-        proof, end = _members(closed)
+        proof, end = stop_members(closed)
         done = self._script(
             "close_stop",
             keys=[

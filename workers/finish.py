@@ -20,9 +20,10 @@ __all__ = ["finish"]
 
 def finish(ctx: Context, run: RunRecord, status: JobStatus, executor: Executor) -> RunRecord:
     """Records how `run` ended (its outcome from `status` and, for an exit 0 or a
-    cancel, its proof read once from the target), closes its stop, clears its
-    deadlines and stops following it; the first to record the end sends the
-    retrieval. A run already ended keeps its state. Returns the stored record."""
+    cancel, its proof read once from the target) and, in the same transaction, closes
+    its stop (its deadlines cleared) and stops following it; the first to record the
+    end sends the retrieval. A run already ended keeps its state. Returns the stored
+    record."""
     proof = None
     if status.kind == "cancelled" or status == JobStatus.exited(0):
         try:
@@ -32,17 +33,18 @@ def finish(ctx: Context, run: RunRecord, status: JobStatus, executor: Executor) 
         except ExecError as error:
             log.warning("run %s: cannot read its proof: %s", run.id, error)
     outcome = decide_outcome(status, proof)
+    note = f"the run ended {outcome.state}"
     try:
-        record, changed = ctx.store.apply_transition(
-            run.id, outcome.state, message=outcome.message, snapshot=outcome.snapshot
+        record, changed = ctx.store.end_run(
+            run.id, outcome.state, message=outcome.message, snapshot=outcome.snapshot, note=note
         )
     except Conflict as error:
+        # Ended otherwise by another worker: its stop and follow close as it ended.
         log.info("run %s: already ended: %s", run.id, error)
         record, changed = ctx.store.get_run(run.id), False
+        ctx.store.close_stop(run.id, None, note=f"the run ended {record.state}")
+        ctx.store.unfollow(run.id)
     if changed:
         log.info("run %s: %s (%s)", run.id, record.state, record.message or "")
-    ctx.store.close_stop(run.id, None, note=f"the run ended {record.state}")
-    ctx.store.unfollow(run.id)
-    if changed:
         queue_retrieval(ctx, record)
     return record

@@ -1,5 +1,6 @@
-"""The `Executor` protocol: overbrainer's operations on a target (docs/protocol.md), synchronous (Celery
-tasks are synchronous), each stating what it guarantees and how it fails.
+"""The `Executor` protocol: overbrainer's operations on a target (docs/protocol.md),
+synchronous (Celery tasks are synchronous), each stating what it guarantees and how it
+fails.
 
 A job is detached from whoever started it: it runs in its own session, writes its
 output to `job.log`, its pid to `job.pid` and, when it ends, its exit code to
