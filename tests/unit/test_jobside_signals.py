@@ -8,6 +8,7 @@ use SIGUSR1/SIGUSR2 on this process, with every disposition put back afterwards.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -26,14 +27,18 @@ from workers import jobside
 from workers.jobside import runwarden_job as job
 from workers.jobside import runwarden_preempt as preempt
 
+from ..conftest import process_alive, wait_for
+
 ROOT = Path(__file__).resolve().parents[2]
 JOBSIDE = ROOT / "workers" / "jobside"
 STEP_S = 0.02
 
 # A training loop in miniature. argv: `--wait-go` (look for requests only once the
 # file `go` exists), `--ignore-term` (SIGTERM ignored before the install),
-# `--restore` (restore the handlers right after installing them). It prints `ready`
-# once installed, then `stop <step> <reason> <notice signal or ->` and exits 0.
+# `--restore` (restore the handlers right after installing them), `--fork` (fork a
+# child that sleeps forever, as a DataLoader worker; its pid goes to `child.pid`).
+# It prints `ready` once installed, then `stop <step> <reason> <notice signal or ->`
+# and exits 0.
 LOOP = f"""\
 import os, signal, sys, time
 import runwarden_job, runwarden_preempt
@@ -42,6 +47,16 @@ if "--ignore-term" in sys.argv:
 installed = runwarden_job.install_preemption_signals()
 if "--restore" in sys.argv:
     runwarden_job.restore_preemption_signals()
+if "--fork" in sys.argv:
+    child = os.fork()
+    if child == 0:
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        while True:
+            time.sleep(3600)
+    with open("child.pid", "w") as file:
+        file.write(str(child))
 print("ready", ",".join(s.name for s in installed) or "-", flush=True)
 step = 0
 while True:
@@ -517,3 +532,29 @@ def test_restored_handlers_let_the_signal_end_the_job(tmp_path: Path, loops: lis
     process.send_signal(signal.SIGUSR1)
     code, out, _ = outcome(process)
     assert code == -signal.SIGUSR1, out
+
+
+def test_a_forked_worker_survives_a_group_signal_but_not_a_cancel(
+    tmp_path: Path, loops: list[Any]
+) -> None:
+    process = start_loop(tmp_path, "--fork")
+    loops.append(process)
+    ready(process)
+    child = int((tmp_path / "child.pid").read_text())
+    try:
+        # A signal to the whole group, as systemd or Slurm send it.
+        os.killpg(process.pid, signal.SIGTERM)
+        code, out, err = outcome(process)
+        assert (code, out.split()[2:]) == (0, ["preempted", "SIGTERM"]), err
+        time.sleep(0.2)
+        assert process_alive(child)  # not killed mid-batch: its parent shuts it down
+        (tmp_path / job.CANCELLING_FILE).touch()
+        os.kill(child, signal.SIGTERM)
+        wait_for(lambda: not process_alive(child))
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
+    # Re-parented to this process (a subreaper, tests/conftest.py): reap it.
+    _, status = os.waitpid(child, 0)
+    assert os.WIFSIGNALED(status)
+    assert os.WTERMSIG(status) == signal.SIGTERM

@@ -18,9 +18,10 @@ Use::
 What the callback does (DESIGN.md §6):
 
 - ``on_train_begin``: ``begin`` metrics line (``max_steps``, ``first_step``); on every
-  rank, installs the preemption signal handlers (``runwarden_job.
-  install_preemption_signals``: ``$RUNWARDEN_PREEMPT_SIGNALS``, default ``TERM,USR1``;
-  the constructor's ``preempt_signals`` overrides it, ``""`` turns them off).
+  rank, installs the preemption signal handlers (see
+  ``runwarden_job.install_preemption_signals``: ``$RUNWARDEN_PREEMPT_SIGNALS``,
+  default ``TERM,USR1``; the constructor's ``preempt_signals`` overrides it, ``""``
+  turns them off).
 - ``on_log``: a ``log`` line with the numeric values of the log at the global step.
 - ``on_step_end``: world rank 0 reads ``snapshot.request``; every rank adds whether it
   received a preemption signal; under an initialized ``torch.distributed`` with more
@@ -252,7 +253,8 @@ class _RunwardenLogic:
       holding it if none exists, so runwarden sees why. A request is acted on once
       per ``train()`` call.
     - Signal handlers are installed at ``on_train_begin`` and the earlier ones restored
-      at ``on_train_end``, on every rank. Only the main thread may install them: a
+      at ``on_train_end``, on every rank (a ``train()`` that raises leaves them: the
+      process normally ends then). Only the main thread may install them: a
       Trainer run in another thread logs a warning and runs without them. A signal
       handled while a request is pending does not end the process (runwarden's own
       cancel still does: see ``runwarden_preempt.py``). transformers' own

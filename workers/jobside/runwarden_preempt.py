@@ -42,6 +42,11 @@ The contract:
   ``RuntimeError`` elsewhere (nothing is installed then; a restore with nothing
   installed does nothing anywhere). The notice itself is process-wide: any thread
   may read it.
+- **Children.** A process forked without ``exec`` after the install (a DataLoader or
+  multiprocessing worker) inherits the handler: a signal sent to the whole process
+  group (systemd, Slurm) does not kill it in the middle of a batch, so the main
+  process can finish its step and save, then shut its workers down as usual.
+  runwarden's cancel still ends them. ``exec`` (a subprocess) resets the handler.
 - The run directory (where ``cancelling`` is looked for) is fixed at install: the
   directory of ``$RUNWARDEN_SNAPSHOT_REQUEST`` when set, else the current directory.
 """
