@@ -11,6 +11,13 @@ saves `output/checkpoint-<step>/` (`state.json`, `weights.bin`), writes the proo
 logs `end` and exits 0. After the last step it saves `output/checkpoint-<steps>/`
 and exits 0.
 
+Preemption: it installs `runwarden_job.install_preemption_signals()` (the signals of
+`$RUNWARDEN_PREEMPT_SIGNALS`, default `TERM,USR1`; empty: none), so SIGTERM or
+SIGUSR1 from outside makes it save at the end of the current step and write a proof
+with reason `preempted`, then exit 0; runwarden's cancel (which writes `cancelling`
+first) still ends it at once. With `--ignore-requests` nothing is installed (a
+signal acts as by default); with `--ignore-sigterm` SIGTERM is ignored.
+
 Some flags make it misbehave on purpose, for the tests of stop and cancel:
 `--ignore-requests`, `--hang-after-proof`, `--ignore-sigterm`, `--spawn-child`,
 `--fail-at`.
@@ -234,6 +241,9 @@ def train(args: argparse.Namespace, metrics: runwarden_job.Metrics) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if not args.ignore_requests:
+        # Before --ignore-sigterm, which then overrides the SIGTERM handler.
+        runwarden_job.install_preemption_signals()
     if args.ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     print_env(args.print_env)

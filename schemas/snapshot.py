@@ -57,6 +57,11 @@ class SnapshotReason(StrEnum):
     """The run's spending cap (`max_cost_usd`) was near."""
     DISK = "disk"
     """The target's disk was nearly full."""
+    PREEMPTED = "preempted"
+    """The job was told it is about to be ended from outside (a preemption or shutdown
+    signal such as SIGTERM or SIGUSR1, turned into a request at the job's next step
+    end by `runwarden_job.install_preemption_signals`). A reader that does not know
+    this reason (an older job side or tool) reads it as `requested`."""
 
     @classmethod
     def parse(cls, text: str | bytes | None) -> SnapshotReason:

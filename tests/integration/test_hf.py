@@ -471,10 +471,22 @@ def test_the_declared_job_api_matches_runwarden_job() -> None:
         ]
 
     api = hf._JobApi
-    for name in ("run_dir", "snapshot_requested", "write_proof"):
+    functions = (
+        "run_dir",
+        "snapshot_requested",
+        "request_snapshot",
+        "preemption_pending",
+        "install_preemption_signals",
+        "restore_preemption_signals",
+        "write_proof",
+    )
+    for name in functions:
         assert params(getattr(api, name)) == params(getattr(job, name)), name
+        assert inspect.signature(getattr(api, name)).return_annotation == (
+            inspect.signature(getattr(job, name)).return_annotation
+        ), name
     assert params(api.Metrics) == params(job.Metrics)
     for name in ("begin", "log", "end", "close"):
         assert params(getattr(hf._MetricsApi, name)) == params(getattr(job.Metrics, name)), name
-    for name in ("OUTPUT_DIR", "RESUME_ENV", "REQUEST_ENV", "REASONS"):
+    for name in ("OUTPUT_DIR", "RESUME_ENV", "REQUEST_ENV", "REASONS", "PREEMPTED"):
         assert hasattr(job, name), name

@@ -90,7 +90,7 @@ def test_constants_match_the_protocol() -> None:
     assert job.REQUEST_ENV == "RUNWARDEN_SNAPSHOT_REQUEST"
     assert job.METRICS_ENV == "RUNWARDEN_METRICS"
     assert job.RESUME_ENV == "RUNWARDEN_RESUME_FROM"
-    assert job.REASONS == ("requested", "deadline", "cost", "disk")
+    assert job.REASONS == ("requested", "deadline", "cost", "disk", "preempted")
     assert set(job.REASONS) == set(REASONS)
     assert job.REASONS[0] == SnapshotReason.REQUESTED.value
 
@@ -677,7 +677,16 @@ def test_trainer_ignores_sigterm(trainer_run: Path, processes: list[Any]) -> Non
 
 
 def test_trainer_spawns_a_stubborn_child(trainer_run: Path, processes: list[Any]) -> None:
-    process = start_trainer(trainer_run, "--steps", "500", "--step-time", "0.02", "--spawn-child")
+    # No preemption signals: SIGTERM must end the leader here (see test_preemption.py).
+    process = start_trainer(
+        trainer_run,
+        "--steps",
+        "500",
+        "--step-time",
+        "0.02",
+        "--spawn-child",
+        RUNWARDEN_PREEMPT_SIGNALS="",
+    )
     processes.append(process)
     wait_for((trainer_run / "child.pid").exists)
     child = int((trainer_run / "child.pid").read_text())

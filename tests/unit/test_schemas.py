@@ -108,7 +108,13 @@ def test_reasons_read_back_and_default_to_requested() -> None:
     assert SnapshotReason.parse(b"disk\n") is SnapshotReason.DISK
     assert SnapshotReason.parse(b"\xff\xfe") is SnapshotReason.REQUESTED
     assert SnapshotReason.parse("COST") is SnapshotReason.REQUESTED
-    assert [r.value for r in SnapshotReason] == ["requested", "deadline", "cost", "disk"]
+    assert [r.value for r in SnapshotReason] == [
+        "requested",
+        "deadline",
+        "cost",
+        "disk",
+        "preempted",
+    ]
 
 
 # --- parse_proof edge cases ---------------------------------------------------------

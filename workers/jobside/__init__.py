@@ -17,7 +17,11 @@ from typing import Final
 
 __all__ = ["JOBSIDE_FILES", "jobside_dir", "jobside_files"]
 
-JOBSIDE_FILES: Final[tuple[str, ...]] = ("runwarden_job.py", "runwarden_hf.py")
+JOBSIDE_FILES: Final[tuple[str, ...]] = (
+    "runwarden_job.py",
+    "runwarden_preempt.py",
+    "runwarden_hf.py",
+)
 """The names of the files to ship, relative to `jobside_dir()`."""
 
 

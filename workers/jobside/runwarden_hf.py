@@ -17,20 +17,27 @@ Use::
 
 What the callback does:
 
-- ``on_train_begin``: ``begin`` metrics line (``max_steps``, ``first_step``).
+- ``on_train_begin``: ``begin`` metrics line (``max_steps``, ``first_step``); on every
+  rank, installs the preemption signal handlers (see
+  ``runwarden_job.install_preemption_signals``: ``$RUNWARDEN_PREEMPT_SIGNALS``,
+  default ``TERM,USR1``; the constructor's ``preempt_signals`` overrides it, ``""``
+  turns them off).
 - ``on_log``: a ``log`` line with the numeric values of the log at the global step.
-- ``on_step_end``: world rank 0 reads ``snapshot.request``; under an initialized
-  ``torch.distributed`` with more than one rank, rank 0 broadcasts its decision so
-  every rank stops at the same step. A request seen at or after the last step
-  (``global_step >= max_steps``) changes nothing: the run ends normally. On a request
-  it sets ``control.should_save`` and ``control.should_training_stop``.
+- ``on_step_end``: world rank 0 reads ``snapshot.request``; every rank adds whether it
+  received a preemption signal; under an initialized ``torch.distributed`` with more
+  than one rank, these are gathered by every rank, so every rank reaches the same
+  decision at the same step: rank 0's file request, else ``preempted`` when any rank
+  got a signal. A request seen at or after the last step (``global_step >=
+  max_steps``) changes nothing: the run ends normally. On a request it sets
+  ``control.should_save`` and ``control.should_training_stop``.
 - ``on_save``: the Trainer has saved ``<output_dir>/checkpoint-<global_step>``; after
   every rank has finished saving, rank 0 flushes the checkpoint to disk and writes
   the proof ``snapshot.json`` naming ``output/checkpoint-<step>``. This is only
   possible when ``output_dir`` is the run directory's ``output``; otherwise a
   warning is logged and no proof is written (runwarden then sees a job that ends
   without a proof).
-- ``on_train_end``: ``end`` metrics line (with ``reason`` after a snapshot).
+- ``on_train_end``: ``end`` metrics line (with ``reason`` after a snapshot); on every
+  rank, the signal handlers from before ``on_train_begin`` are restored.
 
 Metrics are written by world process zero only.
 """
@@ -42,7 +49,9 @@ import importlib
 import logging
 import numbers
 import os
+import signal
 import sys
+from collections.abc import Sequence
 from typing import Any, Final, Protocol, cast
 
 # `RunwardenCallback` is left out: a star import must not import transformers.
@@ -74,10 +83,17 @@ class _JobApi(Protocol):
     RESUME_ENV: str
     REQUEST_ENV: str
     REASONS: tuple[str, ...]
+    PREEMPTED: str
 
     def Metrics(self, path: str | None = None) -> _MetricsApi: ...
     def run_dir(self) -> str: ...
     def snapshot_requested(self, *, path: str | None = None) -> str | None: ...
+    def request_snapshot(self, reason: str, *, path: str | None = None) -> str | None: ...
+    def preemption_pending(self) -> bool: ...
+    def install_preemption_signals(
+        self, signals: str | Sequence[str | int] | None = None
+    ) -> tuple[signal.Signals, ...]: ...
+    def restore_preemption_signals(self) -> tuple[signal.Signals, ...]: ...
     def write_proof(self, step: int, reason: str, *, directory: str | None = None) -> str: ...
 
 
@@ -182,6 +198,16 @@ def _fsync_tree(root: str) -> None:
     _fsync_path(os.path.dirname(os.path.abspath(root)), directory=True)
 
 
+def _agreed(gathered: Sequence[object]) -> str | None:
+    """The decision of every rank from what each contributed at a step end (index =
+    rank): rank 0's reason (its file request, or ``preempted``), else ``preempted``
+    when any other rank got a preemption signal, else ``None``."""
+    first = gathered[0] if gathered else None
+    if isinstance(first, str) and first in _job.REASONS:
+        return first
+    return _job.PREEMPTED if _job.PREEMPTED in gathered[1:] else None
+
+
 def _numeric(logs: object) -> dict[str, object]:
     """The values of an HF log dict that a metrics line takes: real numbers (not
     ``bool``) under string keys other than ``event``, ``time`` and ``step``."""
@@ -209,12 +235,30 @@ class _RunwardenLogic:
     Add one instance to a Trainer whose ``output_dir`` is ``output`` (run from the run
     directory) or the absolute ``<run_dir>/output``.
 
+    ``preempt_signals``: the signals turned into a ``preempted`` request on every rank
+    (``runwarden_job.install_preemption_signals``): ``None`` (the default) reads
+    ``$RUNWARDEN_PREEMPT_SIGNALS`` at train begin (unset: ``TERM,USR1``); a string
+    (``"TERM,USR2"``) or a sequence of names names them; ``""`` or ``()`` installs
+    none. A bad name raises ``ValueError`` from ``on_train_begin``, before any step.
+
     Contracts:
 
     - Every rank decides the same thing at the same step: only rank 0 reads the
-      request; under an initialized ``torch.distributed`` with more than one rank its
-      decision is broadcast from rank 0 at every step end, so every rank must run this
-      callback (the Trainer does). A request is acted on once per ``train()`` call.
+      request file; every rank contributes whether it received a preemption signal;
+      under an initialized ``torch.distributed`` with more than one rank, every rank
+      gathers all contributions at every step end (``all_gather_object``) and reaches
+      the same decision: rank 0's file request (its reason wins), else ``preempted``
+      if any rank got a signal. So every rank must run this callback (the Trainer
+      does). When the decision is ``preempted``, rank 0 writes ``snapshot.request``
+      holding it if none exists, so runwarden sees why. A request is acted on once
+      per ``train()`` call.
+    - Signal handlers are installed at ``on_train_begin`` and the earlier ones restored
+      at ``on_train_end``, on every rank (a ``train()`` that raises leaves them: the
+      process normally ends then). Only the main thread may install them: a
+      Trainer run in another thread logs a warning and runs without them. A signal
+      handled while a request is pending does not end the process (runwarden's own
+      cancel still does: see ``runwarden_preempt.py``). transformers' own
+      ``enable_jit_checkpoint`` also handles SIGTERM: use one or the other.
     - A request seen at or after the last step changes nothing.
     - The proof is written once, by rank 0, after every rank has returned from saving
       the checkpoint (a barrier under ``torch.distributed``) and after the checkpoint's
@@ -230,7 +274,11 @@ class _RunwardenLogic:
       may raise ``OSError``; writing a line never does.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, preempt_signals: str | Sequence[str | int] | None = None) -> None:
+        self.preempt_signals = preempt_signals
+        """The signals to install at train begin (``None``: the environment's)."""
+        self.installed: tuple[signal.Signals, ...] = ()
+        """The signals handled during the current ``train()``."""
         self.reason: str | None = None
         """The reason of the snapshot requested during the current ``train()``, if any."""
         self.stop_step: int | None = None
@@ -244,10 +292,16 @@ class _RunwardenLogic:
     # return value is None: the Trainer keeps its `control`, changed in place.
 
     def on_train_begin(self, args: _Args, state: _State, control: _Control, **kwargs: Any) -> None:
-        """Forgets any earlier request and, on world process zero, opens the metrics
-        and writes ``begin`` (``max_steps``, ``first_step`` = the step after the
-        resumed one); warns when a proof would be impossible."""
+        """Forgets any earlier request, installs the preemption signals (every rank)
+        and, on world process zero, opens the metrics and writes ``begin``
+        (``max_steps``, ``first_step`` = the step after the resumed one); warns when a
+        proof would be impossible. Raises ``ValueError`` for a bad signal name."""
         self.reason = self.stop_step = self.proof_path = self._saved_step = None
+        try:
+            self.installed = _job.install_preemption_signals(self.preempt_signals)
+        except RuntimeError as error:
+            self.installed = ()
+            _log.warning("runwarden: preemption signals not installed: %s", error)
         if not state.is_world_process_zero:
             return
         if self._metrics is not None:
@@ -273,21 +327,29 @@ class _RunwardenLogic:
                 self._metrics.log(state.global_step, **values)
 
     def on_step_end(self, args: _Args, state: _State, control: _Control, **kwargs: Any) -> None:
-        """Looks for a request (rank 0), shares the decision (every rank), and on one
-        sets ``should_save`` and ``should_training_stop``."""
+        """Looks for a request (rank 0: the file or its own signal; other ranks: their
+        signal), agrees on the decision (every rank), and on one sets ``should_save``
+        and ``should_training_stop``."""
         if self.reason is not None:
             return
         dist = _distributed()
         reader = dist.get_rank() == 0 if dist is not None else state.is_world_process_zero
-        reason: str | None = None
-        if reader and state.global_step < state.max_steps:
-            reason = _job.snapshot_requested()
+        mine: str | None = None
+        if state.global_step < state.max_steps:
+            if reader:
+                mine = _job.snapshot_requested()
+            elif _job.preemption_pending():
+                mine = _job.PREEMPTED
+        reason = mine
         if dist is not None:
-            shared: list[object] = [reason]
-            dist.broadcast_object_list(shared, src=0)
-            reason = shared[0] if shared[0] in _job.REASONS else None
+            gathered: list[object] = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, mine)
+            reason = _agreed(gathered)
         if reason is None:
             return
+        if reader and reason == _job.PREEMPTED and mine is None:
+            # Another rank got the signal: rank 0 owns the run directory's files.
+            _job.request_snapshot(reason)
         self.reason, self.stop_step = reason, state.global_step
         control.should_save = True
         control.should_training_stop = True
@@ -330,8 +392,15 @@ class _RunwardenLogic:
         control.should_save = self._saved_step != state.global_step
 
     def on_train_end(self, args: _Args, state: _State, control: _Control, **kwargs: Any) -> None:
-        """Writes ``end`` (with ``reason`` after a requested snapshot) and closes the
-        metrics (world process zero); warns when a requested snapshot got no proof."""
+        """Restores the signal handlers (every rank); writes ``end`` (with ``reason``
+        after a requested snapshot) and closes the metrics (world process zero); warns
+        when a requested snapshot got no proof."""
+        if self.installed:
+            self.installed = ()
+            try:
+                _job.restore_preemption_signals()
+            except RuntimeError as error:
+                _log.warning("runwarden: preemption signals not restored: %s", error)
         if not state.is_world_process_zero:
             return
         if self.reason is not None and self.proof_path is None:
@@ -389,10 +458,10 @@ def _build_class() -> type[_RunwardenLogic]:
     return _callback_class
 
 
-def callback() -> _RunwardenLogic:
-    """A new ``RunwardenCallback`` (a ``transformers.TrainerCallback``): imports
-    transformers. Raises ``ImportError`` without it."""
-    return _build_class()()
+def callback(preempt_signals: str | Sequence[str | int] | None = None) -> _RunwardenLogic:
+    """A new ``RunwardenCallback`` (a ``transformers.TrainerCallback``; see its
+    ``preempt_signals``): imports transformers. Raises ``ImportError`` without it."""
+    return _build_class()(preempt_signals)
 
 
 def __getattr__(name: str) -> Any:

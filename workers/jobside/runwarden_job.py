@@ -8,10 +8,17 @@ The contract with runwarden (and with overbrainer, whose file names are kept):
 
 - **Request.** Anyone who wants the job to stop with a checkpoint writes
   ``snapshot.request`` in the run directory, holding the reason (``requested``,
-  ``deadline``, ``cost`` or ``disk``). launch sets ``RUNWARDEN_SNAPSHOT_REQUEST``
-  to its absolute path. The job calls :func:`snapshot_requested` at the end of
-  every step; an empty or missing file is no request, and any other content is a
-  request (unknown text reads as ``requested``).
+  ``deadline``, ``cost``, ``disk`` or ``preempted``). launch sets
+  ``RUNWARDEN_SNAPSHOT_REQUEST`` to its absolute path. The job calls
+  :func:`snapshot_requested` at the end of every step; an empty or missing file is
+  no request, and any other content is a request (unknown text reads as
+  ``requested``, so a newer reason is still a request to an older reader).
+- **Preemption signals (opt-in).** After :func:`install_preemption_signals` (default
+  ``$RUNWARDEN_PREEMPT_SIGNALS``, else ``TERM,USR1``) such a signal is a request too:
+  its handler only records it; the next :func:`snapshot_requested` returns
+  ``preempted`` (a file request's reason wins) and writes it to ``snapshot.request``
+  when none exists. runwarden's own cancel (``cancelling`` written first) still ends
+  the job at once. The contract: ``runwarden_preempt.py``, shipped next to this file.
 - **Checkpoint, then proof.** On a request the job saves its checkpoint to
   ``output/checkpoint-<step>`` in the run directory, and only then calls
   :func:`write_proof`, which refuses to run before that directory exists. The proof,
@@ -32,20 +39,26 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import importlib
 import json
 import math
 import numbers
 import os
 import secrets
+import signal
+import sys
 import threading
 import time
+from collections.abc import Sequence
 from types import TracebackType
-from typing import Final
+from typing import Final, cast
 
 __all__ = [
+    "CANCELLING_FILE",
     "METRICS_ENV",
     "METRICS_FILE",
     "OUTPUT_DIR",
+    "PREEMPTED",
     "REASONS",
     "REQUEST_ENV",
     "RESUME_ENV",
@@ -53,8 +66,12 @@ __all__ = [
     "SNAPSHOT_REQUEST",
     "Metrics",
     "checkpoint_path",
+    "install_preemption_signals",
     "parse_reason",
+    "preemption_pending",
     "request_path",
+    "request_snapshot",
+    "restore_preemption_signals",
     "run_dir",
     "snapshot_requested",
     "write_proof",
@@ -70,6 +87,8 @@ OUTPUT_DIR: Final = "output"
 """Where checkpoints are saved, relative to the run directory."""
 METRICS_FILE: Final = "metrics.jsonl"
 """The metrics file in the run directory, appended by :class:`Metrics`."""
+CANCELLING_FILE: Final = "cancelling"
+"""Written in the run directory by runwarden's cancel before it signals the job."""
 
 REQUEST_ENV: Final = "RUNWARDEN_SNAPSHOT_REQUEST"
 """Environment variable holding the absolute path of ``snapshot.request``."""
@@ -78,13 +97,18 @@ METRICS_ENV: Final = "RUNWARDEN_METRICS"
 RESUME_ENV: Final = "RUNWARDEN_RESUME_FROM"
 """Environment variable naming a checkpoint directory to resume from, when set."""
 
-REASONS: Final[tuple[str, ...]] = ("requested", "deadline", "cost", "disk")
+REASONS: Final[tuple[str, ...]] = ("requested", "deadline", "cost", "disk", "preempted")
 """Every reason a request or a proof may hold; the first is the default."""
+PREEMPTED: Final = "preempted"
+"""The reason of a request made by a preemption signal."""
 
 _DEFAULT_REASON: Final = REASONS[0]
 _REQUEST_LIMIT: Final = 4 * 1024
 _STEP_MAX: Final = 2**64 - 1
 _RESERVED_KEYS: Final = frozenset({"event", "time"})
+# The signal half of the job side, shipped next to this file: a sibling in this
+# package when imported as part of one, else a top-level module on PYTHONPATH.
+_PREEMPT_MODULE: Final = f"{__package__}.runwarden_preempt" if __package__ else "runwarden_preempt"
 
 
 def request_path() -> str:
@@ -116,17 +140,9 @@ def parse_reason(text: str | bytes | None) -> str:
     return name if name in REASONS else _DEFAULT_REASON
 
 
-def snapshot_requested(*, path: str | None = None) -> str | None:
-    """Whether a snapshot is requested, and why: ``None`` when the request file
-    (``path``, default :func:`request_path`) is missing, empty or cannot be read;
-    otherwise its reason, one of :data:`REASONS` (see :func:`parse_reason`).
-
-    Meant to be called at every step: it costs one ``open`` and one ``read`` of at
-    most 4 KiB, with no ``stat`` beforehand, so a file that appears or vanishes
-    between calls cannot make it fail. Never raises ``OSError``: a file that is
-    missing, a directory, unreadable (permissions) or otherwise broken is no request.
-    A FIFO in its place does not block (it is opened non-blocking)."""
-    target = path if path is not None else request_path()
+def _read_request(target: str) -> str | None:
+    """The reason of the request file ``target``, or ``None`` (see
+    :func:`snapshot_requested`). Never raises ``OSError``."""
     try:
         # O_NONBLOCK: a FIFO put in place of the file must not stall training.
         fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
@@ -142,6 +158,121 @@ def snapshot_requested(*, path: str | None = None) -> str | None:
     if not content:
         return None
     return parse_reason(content)
+
+
+def snapshot_requested(*, path: str | None = None) -> str | None:
+    """Whether a snapshot is requested, and why: the reason the request file
+    (``path``, default :func:`request_path`) holds, one of :data:`REASONS` (see
+    :func:`parse_reason`); else ``"preempted"`` when a preemption signal is pending
+    (:func:`preemption_pending`); else ``None``.
+
+    Meant to be called at every step: without a pending signal it costs one ``open``
+    and one ``read`` of at most 4 KiB, with no ``stat`` beforehand, so a file that
+    appears or vanishes between calls cannot make it fail. Never raises ``OSError``:
+    a file that is missing, empty, a directory, unreadable (permissions) or otherwise
+    broken is no request. A FIFO in its place does not block (opened non-blocking).
+
+    With a signal pending and no file request, it also makes the request visible to
+    runwarden, at the step boundary and not in the signal handler: it writes the
+    file holding ``preempted`` when none exists (:func:`request_snapshot`; a failure
+    is ignored). A request that appears meanwhile wins: the first reason is kept."""
+    target = path if path is not None else request_path()
+    reason = _read_request(target)
+    if reason is not None or not preemption_pending():
+        return reason
+    return request_snapshot(PREEMPTED, path=target) or PREEMPTED
+
+
+def request_snapshot(reason: str, *, path: str | None = None) -> str | None:
+    """Asks for a snapshot for ``reason`` unless one is asked already: creates the
+    request file (``path``, default :func:`request_path`) holding ``reason`` only when
+    no file is there, and returns the reason the file holds afterwards (``reason``, or
+    the earlier request's), or ``None`` when it holds no request (it could not be
+    written, or an empty file is in the way).
+
+    An existing file is never replaced: the reason is written to a complete temp file
+    unique to this writer (pid and random) in the same directory, then hard-linked
+    into place, which fails when a file exists (as runwarden's on-target watchdog
+    does). Only where hard links are not supported and still no file exists is the
+    temp file renamed into place (a request written in that instant may be lost). The
+    file is not fsynced: the proof is what must survive a crash.
+
+    Raises:
+        ValueError: ``reason`` is not one of :data:`REASONS`. Never ``OSError``.
+    """
+    if not isinstance(reason, str) or reason not in REASONS:
+        raise ValueError(f"reason must be one of {', '.join(REASONS)}, not {reason!r}")
+    try:
+        target = os.path.abspath(path if path is not None else request_path())
+    except OSError:
+        return None
+    directory, name = os.path.split(target)
+    temp = os.path.join(directory, f".{name}.{os.getpid()}.{secrets.token_hex(8)}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(temp, flags, 0o644)
+    except OSError:
+        return _read_request(target)
+    try:
+        try:
+            _write_all(fd, reason.encode("ascii"))
+        finally:
+            os.close(fd)
+        try:
+            os.link(temp, target)
+        except FileExistsError:
+            pass  # asked first by someone else: that reason stays
+        except OSError:
+            if not os.path.lexists(target):
+                os.rename(temp, target)
+    except OSError:
+        pass  # no request written; the caller still knows its own reason
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+    return _read_request(target)
+
+
+def preemption_pending() -> bool:
+    """Whether a preemption signal was received (and not cleared) since
+    :func:`install_preemption_signals`. Cheap, never imports ``runwarden_preempt``
+    (no handler exists before it is loaded): call it at every step."""
+    module = sys.modules.get(_PREEMPT_MODULE)
+    return module is not None and module.preemption_notice() is not None
+
+
+def install_preemption_signals(
+    signals: str | Sequence[str | int] | None = None,
+) -> tuple[signal.Signals, ...]:
+    """Turns ``signals`` (default ``$RUNWARDEN_PREEMPT_SIGNALS``, comma-separated names
+    such as ``TERM,USR1``; ``TERM,USR1`` when unset; empty: none) into preemption
+    notices, and returns the signals handled: :func:`snapshot_requested` then returns
+    ``preempted`` at the step end after one arrives. Call it once, in the main
+    thread, before training; :func:`restore_preemption_signals` undoes it. The full
+    contract (allowed signals, the ``cancelling`` marker, threads) is
+    ``runwarden_preempt.install_preemption_signals``.
+
+    Raises:
+        ValueError: a signal is empty, unknown or not allowed (nothing changed).
+        RuntimeError: not called from the main thread (nothing changed).
+        ImportError: ``runwarden_preempt.py`` is not next to this file.
+    """
+    module = importlib.import_module(_PREEMPT_MODULE)
+    return cast(tuple[signal.Signals, ...], module.install_preemption_signals(signals))
+
+
+def restore_preemption_signals() -> tuple[signal.Signals, ...]:
+    """Gives the signals :func:`install_preemption_signals` handles back their earlier
+    dispositions; returns those restored (none when nothing was installed). A pending
+    notice is kept.
+
+    Raises:
+        RuntimeError: something is installed and this is not the main thread.
+    """
+    module = sys.modules.get(_PREEMPT_MODULE)
+    if module is None:
+        return ()
+    return cast(tuple[signal.Signals, ...], module.restore_preemption_signals())
 
 
 def _check_step(step: object, name: str = "step") -> int:
