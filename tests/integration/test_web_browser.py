@@ -105,6 +105,12 @@ def test_an_operator_follows_and_stops_a_run_in_a_real_browser(tmp_path: Path) -
         pipeline.wait_step(run_id, 2)
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
+            # Wrong credentials: the browser gets no page (the server answers 401).
+            wrong = browser.new_context(http_credentials={"username": USER, "password": "x"})
+            refused = wrong.new_page().goto(base + "/")
+            assert refused is not None
+            assert refused.status == 401
+            wrong.close()
             context = browser.new_context(
                 http_credentials={"username": USER, "password": PASSWORD},
                 viewport={"width": 1280, "height": 800},
