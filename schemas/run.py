@@ -236,7 +236,8 @@ def transitioned(
 
 
 def check_snapshot_request(run: RunRecord) -> JobId:
-    """The run's job when a snapshot may be asked of it, else raises, as overbrainer does (docs/protocol.md).
+    """The run's job when a snapshot may be asked of it, else raises, as overbrainer
+    does (docs/protocol.md).
 
     Raises:
         NotStarted: the run has no job; NotRunning: it is not running;

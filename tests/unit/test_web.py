@@ -24,7 +24,7 @@ from producers.web.server import is_loopback
 from producers.web.text import clean, left_text
 from schemas import JobId, RunRecord, RunState, Settings, SnapshotReason
 from schemas.events import TASK_CANCEL, TASK_SNAPSHOT_REQUEST, SnapshotRequestBody
-from schemas.store import RunStore
+from store import RunStore
 
 USER, PASSWORD = "ops", "s3cret pw:with colon"
 AUTH = (USER, PASSWORD)
