@@ -23,8 +23,8 @@ from schemas.snapshot import SnapshotReason
 from schemas.stops import StopPhase
 from store import RunStore
 from tests.redis_server import RedisServer, running_redis
-from tests.unit.test_store import *  # noqa: F403 - the shared contract, run on a real server
-from tests.unit.test_store import T0, running
+from tests.unit.store.test_stops import *  # noqa: F403 - the shared contract, run on a real server
+from tests.unit.store.test_stops import T0, running
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,9 @@ import pytest
 from schemas import RunRecord, RunState
 from schemas.events import TASK_PROOF_TIMEOUT
 
-from ..conftest import wait_for
-from ..pipeline import Pipeline
-from .test_pipeline_faults import (  # noqa: F401 - fixtures
+from ...conftest import wait_for
+from ...pipeline import Pipeline
+from ..service.test_faults import (  # noqa: F401 - fixtures
     deadlines_of,
     launch,
     outcome_lines,

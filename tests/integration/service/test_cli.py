@@ -28,8 +28,8 @@ import pytest
 
 from schemas import RunRecord, RunState, SshOptions, StopState, TargetConfig, validate_run_id
 
-from ..conftest import JOBSIDE, ROOT, TOY_TRAINER
-from ..pipeline import CLOCKS, Pipeline, running_pipeline
+from ...conftest import JOBSIDE, ROOT, TOY_TRAINER
+from ...pipeline import CLOCKS, Pipeline, running_pipeline
 
 pytestmark = pytest.mark.slow
 

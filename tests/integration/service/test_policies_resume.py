@@ -18,8 +18,8 @@ import pytest
 from schemas import ArtifactsPhase, RunLimits, RunRecord, RunState, SnapshotReason, TargetConfig
 from schemas.events import LaunchSpec
 
-from ..conftest import process_alive
-from ..pipeline import Pipeline, running_pipeline, toy
+from ...conftest import process_alive
+from ...pipeline import Pipeline, running_pipeline, toy
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ import pytest
 from schemas import RunState, SnapshotReason
 from schemas.events import LaunchSpec
 
-from ..pipeline import Pipeline, running_pipeline, toy
+from ...pipeline import Pipeline, running_pipeline, toy
 
 pytestmark = pytest.mark.slow
 
@@ -114,7 +114,7 @@ def test_the_hf_trainer_launched_through_runwarden_stops_with_a_loadable_checkpo
 
     from workers.executors import quote
 
-    from ..conftest import ROOT
+    from ...conftest import ROOT
 
     trainer = ROOT / "examples" / "hf_tiny_trainer.py"
     command = (

@@ -18,8 +18,8 @@ from schemas import JobCommand, JobStatus
 from workers.executors import CommandError, InvalidArgument, SshError
 from workers.executors.ssh import SshDestination, SshExecutor, connection_pool, resolve_destination
 
-from ..conftest import ssh_executor, wait_for
-from ..sshd import (
+from .....conftest import ssh_executor, wait_for
+from .....sshd import (
     SshServer,
     make_key,
     running_jump_chain,

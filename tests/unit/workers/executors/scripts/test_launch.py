@@ -19,7 +19,7 @@ from schemas.protocol import CANCEL_FILE, EXIT_FILE, PID_FILE, SNAPSHOT_REQUEST
 from workers.executors import InvalidArgument
 from workers.executors.scripts import WATCHDOG_PID_FILE, launcher_script, watchdog_script
 
-from ..conftest import wait_for
+from .....conftest import wait_for
 
 POLL_S = 0.2
 HOSTILE_DIR = "r $(touch PWNED) 'q' \"d\" `touch PWNED` ;&|<>*?\n\tend"

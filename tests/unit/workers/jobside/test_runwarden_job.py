@@ -38,7 +38,8 @@ from schemas.snapshot import (
 from workers import jobside
 from workers.jobside import runwarden_job as job
 
-ROOT = Path(__file__).resolve().parents[2]
+from ....conftest import ROOT
+
 JOBSIDE = ROOT / "workers" / "jobside"
 TOY = ROOT / "examples" / "toy_trainer.py"
 REASONS = [reason.value for reason in SnapshotReason]

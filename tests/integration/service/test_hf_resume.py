@@ -18,11 +18,11 @@ from schemas import ArtifactsPhase, RunRecord, RunState
 from schemas.events import LaunchSpec
 from workers.executors import quote
 
-from ..pipeline import Pipeline, running_pipeline
+from ...conftest import ROOT
+from ...pipeline import Pipeline, running_pipeline
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
 HF_TRAINER = ROOT / "examples" / "hf_tiny_trainer.py"
 START_TIMEOUT_S = 180.0  # importing torch and transformers on a loaded machine
 

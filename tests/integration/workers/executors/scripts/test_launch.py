@@ -19,7 +19,7 @@ from schemas.protocol import SNAPSHOT_FILE, SNAPSHOT_REQUEST
 from workers.executors import InvalidArgument
 from workers.executors.scripts import WATCHDOG_PID_FILE
 
-from ..conftest import Target, process_alive, toy_command, toy_env, wait_for
+from .....conftest import Target, process_alive, toy_command, toy_env, wait_for
 
 POLL_S = 0.2
 HOSTILE_DIR = "r $(touch PWNED) 'q' \"d\" `touch PWNED` ;&|<>* x"

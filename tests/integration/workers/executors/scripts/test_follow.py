@@ -10,7 +10,7 @@ from schemas import JobCommand, JobId, JobStatus
 from workers.executors import ProtocolError, quote
 from workers.executors.scripts import follow_script, parse_follow
 
-from ..conftest import Target, wait_for
+from .....conftest import Target, wait_for
 
 
 def tick(target: Target, entries: list[tuple[JobId, int, int]], chunk: int = 256 * 1024) -> list:  # type: ignore[type-arg]

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+from ...conftest import ROOT
+
 SECRETS = {
     "RUNWARDEN_REDIS_PASSWORD": "s3cret-pw",
     "FLOWER_USER": "ops",

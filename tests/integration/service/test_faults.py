@@ -45,8 +45,8 @@ from schemas.events import (
 )
 from workers.executors import quote
 
-from ..conftest import TOY_TRAINER, wait_for
-from ..pipeline import Pipeline, running_pipeline, toy
+from ...conftest import TOY_TRAINER, wait_for
+from ...pipeline import Pipeline, running_pipeline, toy
 
 pytestmark = pytest.mark.slow
 

@@ -27,7 +27,7 @@ from workers.executors import (
 )
 from workers.executors.errors import ExecError
 
-from ..conftest import Target, toy_command, toy_env, wait_for
+from ....conftest import Target, toy_command, toy_env, wait_for
 
 HOSTILE_NAMES = [
     "sp ace",

@@ -31,7 +31,7 @@ from workers.executors import (
     local_manifest,
 )
 
-from ..conftest import wait_for
+from .....conftest import wait_for
 
 SHELLS = [("sh",), ("busybox", "sh")]
 EXPECTED_BINARY = {("sh",): "dash", ("busybox", "sh"): "busybox"}

@@ -33,9 +33,10 @@ from workers import jobside
 from workers.jobside import runwarden_hf as hf
 from workers.jobside import runwarden_job as job
 
+from ....conftest import ROOT
+
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
 JOBSIDE = ROOT / "workers" / "jobside"
 HF_TRAINER = ROOT / "examples" / "hf_tiny_trainer.py"
 # Generous: importing torch and transformers takes seconds, more on a loaded machine.

@@ -17,7 +17,7 @@ from schemas.policy import DiskSample, disk_verdict
 from workers.executors import ProtocolError
 from workers.executors.probe import disk_probe_script, parse_disk_probe
 
-from ..conftest import Target
+from ....conftest import Target
 
 KIB = 1024
 MIB = 1024 * KIB

@@ -40,9 +40,9 @@ from workers.retrieval import (
     stored_manifest,
 )
 
-from ..conftest import Target, ssh_executor
-from ..sshd import SshServer, _descendants, _is_sshd, _sigkill, running_sshd
-from .test_executor_contract import HOSTILE_NAMES
+from ....conftest import Target, ssh_executor
+from ....sshd import SshServer, _descendants, _is_sshd, _sigkill, running_sshd
+from ..executors.test_contract import HOSTILE_NAMES
 
 SNAPSHOT = Snapshot(checkpoint="output/checkpoint-6", step=6, reason=SnapshotReason.REQUESTED)
 

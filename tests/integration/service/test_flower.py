@@ -20,8 +20,8 @@ import pytest
 from schemas import RunState, SnapshotReason
 from schemas.events import LaunchSpec
 
-from ..conftest import ROOT
-from ..pipeline import Pipeline, running_pipeline, toy
+from ...conftest import ROOT
+from ...pipeline import Pipeline, running_pipeline, toy
 
 pytestmark = pytest.mark.slow
 AUTH = "ops:fl0wer-pw"
