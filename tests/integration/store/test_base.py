@@ -1,9 +1,8 @@
-"""The run store against a real `redis-server` (AOF on, unix socket).
-
-Every contract test of `tests/unit/test_store.py` runs here again: they are imported
-below and the `redis_client` fixture is overridden to give a flushed real server.
-The tests after that need a real server: data surviving a restart (AOF), and a
-server that is down giving `StoreError` quickly.
+"""The run store against a real `redis-server` of each test's own (AOF on, unix
+socket), for what needs a real server: data surviving a restart (AOF; the Lua
+scripts loaded again, `store.base`), and a server that is down or hangs giving
+`StoreError` quickly (the translation at `store.base`'s edge). The store's
+contract runs over fake and real Redis in tests/unit/store/.
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
@@ -22,25 +20,9 @@ from schemas.run import RunState
 from schemas.snapshot import SnapshotReason
 from schemas.stops import StopPhase
 from store import RunStore
-from tests.redis_server import RedisServer, running_redis
-from tests.unit.store.test_stops import *  # noqa: F403 - the shared contract, run on a real server
-from tests.unit.store.test_stops import T0, running
 
-
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    """One real redis-server for the contract tests of this module."""
-    with running_redis(tmp_path_factory.mktemp("redis")) as server:
-        yield server
-
-
-@pytest.fixture  # type: ignore[no-redef]
-def redis_client(redis_server: RedisServer) -> Iterator[redis.Redis]:
-    """An empty real Redis (the module's server, flushed)."""
-    client = redis_server.client()
-    client.flushall()
-    yield client
-    client.close()
+from ...redis_server import RedisServer, running_redis
+from ...unit.store.conftest import T0, running
 
 
 @pytest.fixture
@@ -48,12 +30,6 @@ def own_server(tmp_path: Path) -> Iterator[RedisServer]:
     """A redis-server of this test alone, which it may restart, kill or stop."""
     with running_redis(tmp_path / "redis") as server:
         yield server
-
-
-def test_server_runs_with_aof(redis_client: redis.Redis) -> None:
-    config: Any = redis_client.config_get("append*")
-    assert config["appendonly"] == "yes"
-    assert config["appendfsync"] == "always"
 
 
 @pytest.mark.parametrize("how", ["restart", "kill"])

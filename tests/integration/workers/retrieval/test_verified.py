@@ -1,36 +1,29 @@
-"""Retrieval of a run's artifacts (the `workers.retrieval` package) over the real executors
-(`target`: local, shell, ssh against a real sshd): the stopped and succeeded
-layouts, verification against the target's manifest (a file changed, added or
-removed on the target between the manifest and the download), an interrupted
-download over real SSH (retried, then verified), a hostile archive, and the
-stored retrieval's checks."""
+"""`workers.retrieval.verified`: a run's artifacts retrieved over the real executors
+(`target`: local, shell, ssh against a real sshd): the stopped and succeeded layouts,
+verification against the target's manifest (a file changed, added or removed on the
+target between the manifest and the download), failures that leave nothing visible
+with the right retry flag, and an interrupted download over real SSH (retried, then
+verified)."""
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import io
-import json
 import os
-import shutil
-import tarfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import IO, cast
+from typing import cast
 
 import pytest
 
-from schemas import RunState, Snapshot, SnapshotReason
+from schemas import RunState
 from workers.errors import ArtifactMismatch, RetrievalError, StoredArtifactsInvalid, WorkerError
-from workers.executors import LocalTransport, ScriptExecutor, local_manifest
+from workers.executors import local_manifest
 from workers.executors.base import Executor
 from workers.executors.digest import FileDigest
-from workers.executors.errors import UnsafeArchive
-from workers.executors.scripts import MANIFEST_OPENSSL_ABOVE
 from workers.executors.ssh import CLIENT_REKEY_BYTES, SshTransport
-from workers.executors.transport import Completed
 from workers.retrieval import (
     MANIFEST_FILE,
     check_stored,
@@ -43,73 +36,9 @@ from workers.retrieval import (
 from ....conftest import Target, ssh_executor
 from ....sshd import SshServer, _descendants, _is_sshd, _sigkill, running_sshd
 from ..executors.test_contract import HOSTILE_NAMES
+from .conftest import SNAPSHOT, leftovers, listing
 
-SNAPSHOT = Snapshot(checkpoint="output/checkpoint-6", step=6, reason=SnapshotReason.REQUESTED)
-
-
-def make_run(run: Path) -> None:
-    """A run directory: log, proof, metrics, two checkpoints (hostile names, a hard
-    link, a symlink, nested dirs), final outputs."""
-    for step in (3, 6):
-        ckpt = run / "output" / f"checkpoint-{step}"
-        (ckpt / "nested dir" / "deeper").mkdir(parents=True)
-        for i, name in enumerate(HOSTILE_NAMES):
-            (ckpt / name).write_bytes(f"{step} {i} {name}".encode())
-        (ckpt / "nested dir" / "deeper" / "weights.bin").write_bytes(os.urandom(300_000))
-        (ckpt / "optimizer.pt").write_bytes(os.urandom(50_000))
-        os.link(ckpt / "optimizer.pt", ckpt / "optimizer.hardlink")
-        (ckpt / "link").symlink_to("optimizer.pt")
-        (ckpt / "empty").write_bytes(b"")
-    (run / "output" / "model.safetensors").write_bytes(os.urandom(100_000))
-    (run / "output" / "sub $(touch PWNED)" / "checkpoint-9").mkdir(parents=True)
-    (run / "output" / "sub $(touch PWNED)" / "checkpoint-9" / "x").write_text("excluded")
-    (run / "output" / "sub $(touch PWNED)" / "kept 'q'\n").write_text("kept")
-    (run / "job.log").write_text("step 1\nstep 2\n")
-    (run / "snapshot.json").write_text(
-        json.dumps({"checkpoint": "output/checkpoint-6", "step": 6, "reason": "requested"})
-    )
-    (run / "metrics.jsonl").write_text('{"event": "begin"}\n')
-
-
-def listing(root: Path) -> list[str]:
-    """Relative paths of every regular file and link under `root`, sorted."""
-    found = []
-    for dirpath, _dirs, names in os.walk(root):
-        for name in names:
-            found.append((Path(dirpath) / name).relative_to(root).as_posix())
-    return sorted(found)
-
-
-def leftovers(store: Path) -> list[str]:
-    return sorted(n for n in os.listdir(store) if n.startswith(".incoming-"))
-
-
-@pytest.fixture
-def run(target: Target) -> Path:
-    path = target.workdir / "run $(x) 'q'"
-    make_run(path)
-    return path
-
-
-# --- plans ---------------------------------------------------------------------------
-
-
-def test_plans() -> None:
-    assert retrieval_plan(RunState.STOPPED, SNAPSHOT) == (
-        ["job.log", "snapshot.json", "output/checkpoint-6"],
-        [],
-    )
-    assert retrieval_plan(RunState.SUCCEEDED, None) == (["job.log", "output"], ["checkpoint-*"])
-    assert retrieval_plan(RunState.FAILED, None) == (["job.log"], [])
-    assert retrieval_plan(RunState.CANCELLED, SNAPSHOT) == (["job.log"], [])
-    for state in (RunState.PREPARING, RunState.RUNNING):
-        with pytest.raises(ValueError, match="not ended"):
-            retrieval_plan(state, None)
-    with pytest.raises(ValueError, match="snapshot"):
-        retrieval_plan(RunState.STOPPED, None)
-
-
-# --- layouts -------------------------------------------------------------------------
+# --- layouts ----------------------------------------------------------------------
 
 
 def test_a_stopped_run_brings_its_checkpoint_home(
@@ -180,7 +109,7 @@ def test_a_failed_run_without_a_log(target: Target, tmp_path: Path) -> None:
         check_stored(dest, "job.log")
 
 
-# --- verification: the target changes between its manifest and the download ----------
+# --- verification: the target changes between its manifest and the download -------
 
 
 class ChangesAfterManifest:
@@ -268,7 +197,7 @@ def test_a_mismatch_message_is_bounded(target: Target, tmp_path: Path) -> None:
     assert len(str(raised.value)) < 2000
 
 
-# --- failures: nothing visible, the right retry flag ---------------------------------
+# --- failures: nothing visible, the right retry flag ------------------------------
 
 
 def test_a_missing_run_directory_is_not_retryable(target: Target, tmp_path: Path) -> None:
@@ -348,162 +277,7 @@ def test_concurrent_retrievals_of_one_destination(
     assert leftovers(dest.parent) == []
 
 
-# --- the stored retrieval ------------------------------------------------------------
-
-
-def test_check_stored_names_what_is_wrong(target: Target, run: Path, tmp_path: Path) -> None:
-    entries, exclude = retrieval_plan(RunState.STOPPED, SNAPSHOT)
-    dest = tmp_path / "store" / "run-7"
-    with pytest.raises(StoredArtifactsInvalid, match=r"no manifest\.json"):
-        check_stored(dest, "output/checkpoint-6")
-    assert stored_manifest(dest) is None
-    retrieve(target.executor, str(run), dest, entries, exclude)
-    assert len(check_stored(dest, "")) == len(local_manifest(run, entries))
-    with pytest.raises(StoredArtifactsInvalid, match="no file under"):
-        check_stored(dest, "output/checkpoint-3")
-    with pytest.raises(StoredArtifactsInvalid, match="no file under"):
-        check_stored(dest, "output/checkpoint-")  # a prefix of names is not a path
-
-    (dest / "output/checkpoint-6/optimizer.pt").unlink()
-    with (dest / "output/checkpoint-6/empty").open("ab") as handle:
-        handle.write(b"!")
-    with pytest.raises(StoredArtifactsInvalid) as raised:
-        check_stored(dest, "output/checkpoint-6")
-    message = str(raised.value)
-    assert "1 missing ('output/checkpoint-6/optimizer.pt')" in message
-    assert "1 of another size ('output/checkpoint-6/empty')" in message
-    assert not raised.value.retryable
-    assert check_stored(dest, "job.log")  # the rest is still fine
-
-    (dest / MANIFEST_FILE).write_text("{not json")
-    with pytest.raises(StoredArtifactsInvalid, match="malformed"):
-        stored_manifest(dest)
-
-
-# --- the target's manifest of big files ----------------------------------------------
-
-
-@pytest.mark.parametrize("shell", [("sh",), ("busybox", "sh")], ids=["dash", "busybox"])
-@pytest.mark.parametrize("openssl", ["works", "broken"])
-def test_the_manifest_of_big_files(tmp_path: Path, shell: tuple[str, ...], openssl: str) -> None:
-    root = tmp_path / "run"
-    output = root / "output"
-    output.mkdir(parents=True)
-    (output / "big $(touch PWNED)\nname 'q'").write_bytes(os.urandom(MANIFEST_OPENSSL_ABOVE + 1))
-    (output / "at the limit").write_bytes(os.urandom(MANIFEST_OPENSSL_ABOVE))
-    (output / "small").write_bytes(b"small")
-    (output / "big.tmp").write_bytes(os.urandom(MANIFEST_OPENSSL_ABOVE + 1))
-    shims = tmp_path / "shims"
-    shims.mkdir()
-    calls = tmp_path / "openssl-calls"
-    real = shutil.which("openssl")
-    assert real is not None
-    shim = shims / "openssl"
-    if openssl == "works":  # counts its calls
-        shim.write_text(f'#!/bin/sh\necho >> {calls}\nexec {real} "$@"\n')
-    else:  # answers garbage: the script must notice and hash with sha256sum alone
-        shim.write_text(f"#!/bin/sh\necho >> {calls}\necho nonsense\n")
-    shim.chmod(0o755)
-    env = {**os.environ, "PATH": f"{shims}:{os.environ['PATH']}"}
-    executor = ScriptExecutor(LocalTransport(env=env, shell=shell), str(tmp_path))
-    manifest = executor.manifest(str(root), ["output"], ["*.tmp"])
-    assert manifest == local_manifest(root, ["output"], ["*.tmp"])
-    assert len(manifest) == 3
-    # The check, then one call per file above the limit (or the check alone).
-    assert len(calls.read_text().splitlines()) == (2 if openssl == "works" else 1)
-    assert not list(tmp_path.rglob("PWNED"))
-
-
-# --- a hostile archive (shell executor: a target that sends what it likes) ----------
-
-
-class ReplayTransport(LocalTransport):
-    """A local transport whose downloads receive `archive` whatever the script: a
-    hostile target."""
-
-    def __init__(self, archive: bytes) -> None:
-        super().__init__()
-        self.archive = archive
-
-    def receive(self, script: str, *, action: str, sink: Callable[[IO[bytes]], None]) -> Completed:
-        sink(io.BytesIO(self.archive))
-        return Completed(0, b"", b"")
-
-
-def archive(*members: tuple[str, str, bytes | str]) -> bytes:
-    """A tar of (kind, name, content or link target) members."""
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for kind, name, payload in members:
-            info = tarfile.TarInfo(name)
-            if kind == "file":
-                assert isinstance(payload, bytes)
-                info.size = len(payload)
-                tar.addfile(info, io.BytesIO(payload))
-                continue
-            info.type = {
-                "dir": tarfile.DIRTYPE,
-                "symlink": tarfile.SYMTYPE,
-                "hardlink": tarfile.LNKTYPE,
-                "chr": tarfile.CHRTYPE,
-                "fifo": tarfile.FIFOTYPE,
-            }[kind]
-            if kind in ("symlink", "hardlink"):
-                assert isinstance(payload, str)
-                info.linkname = payload
-            tar.addfile(info)
-    return out.getvalue()
-
-
-HOSTILE_ARCHIVES = {
-    "absolute": [("file", "/tmp/rw-evil-abs", b"evil")],
-    "dotdot": [("file", "./output/../../rw-evil-up", b"evil")],
-    "dotdot-inside": [("file", "./output/../job.log", b"not normalized")],
-    "link-out": [("symlink", "./output/out", "../../.."), ("file", "./output/out/evil", b"x")],
-    "absolute-link": [("symlink", "./output/etc", "/etc")],
-    "hardlink-out": [("hardlink", "./output/passwd", "/etc/passwd")],
-    "dot": [("dir", ".", b"")],
-}
-
-
-@pytest.mark.parametrize("kind", sorted(HOSTILE_ARCHIVES))
-def test_a_hostile_archive_is_refused(tmp_path: Path, kind: str) -> None:
-    members = [("file", "./job.log", b"log\n"), *HOSTILE_ARCHIVES[kind]]
-    remote = tmp_path / "target" / "run"
-    remote.mkdir(parents=True)
-    (remote / "job.log").write_text("log\n")
-    executor = ScriptExecutor(ReplayTransport(archive(*members)), str(tmp_path / "target"))
-    local = tmp_path / "store" / "dl"
-    before = sorted(p.name for p in Path("/tmp").glob("rw-evil*"))
-    with pytest.raises(UnsafeArchive):
-        executor.download(str(remote), local, ["job.log", "output"])
-    with pytest.raises(RetrievalError) as raised:
-        retrieve(executor, str(remote), tmp_path / "store" / "run", ["job.log", "output"])
-    assert not raised.value.retryable
-    assert isinstance(raised.value.__cause__, UnsafeArchive)
-    assert not (tmp_path / "store" / "run").exists()
-    assert leftovers(tmp_path / "store") == []
-    assert not list(tmp_path.rglob("rw-evil*"))
-    assert sorted(p.name for p in Path("/tmp").glob("rw-evil*")) == before
-    assert not (tmp_path / "store" / "output").exists()
-
-
-def test_device_files_and_fifos_are_skipped(tmp_path: Path) -> None:
-    members = [
-        ("file", "./output/a", b"a"),
-        ("chr", "./output/null", b""),
-        ("fifo", "./output/pipe", b""),
-        ("hardlink", "./output/b", "./output/a"),
-    ]
-    executor = ScriptExecutor(ReplayTransport(archive(*members)), str(tmp_path))
-    local = tmp_path / "dl"
-    digests = executor.download(str(tmp_path), local, ["output"])
-    assert [d.path for d in digests] == ["output/a", "output/b"]
-    assert digests[0].sha256 == digests[1].sha256
-    assert listing(local) == ["output/a", "output/b"]
-
-
-# --- an interrupted download over real SSH -------------------------------------------
+# --- an interrupted download over real SSH ----------------------------------------
 
 
 @pytest.fixture

@@ -1,9 +1,9 @@
-"""The disk probe: its parser and verdict on crafted output, and its script under dash,
-`busybox sh`, and busybox's own `df` and `du`, on real directories."""
+"""`workers.executors.probe`: the disk probe's parser on crafted output, and its script
+under dash, `busybox sh`, and busybox's own `df` and `du`, on real directories. (The
+disk policy's verdict on a sample is `schemas.policy`'s: tests/unit/schemas/test_policy.py.)"""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 import subprocess
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from schemas.policy import DiskSample, disk_verdict
+from schemas.policy import DiskSample
 from workers.executors import InvalidArgument, ProtocolError
 from workers.executors.probe import disk_probe_script, parse_disk_probe
 
@@ -116,66 +116,6 @@ def test_garbage_output_is_a_protocol_error(output: bytes) -> None:
         parse_disk_probe(output, TOKEN, 1)
 
 
-def test_a_sample_is_frozen() -> None:
-    sample = DiskSample(10, 5, 5, None)
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        sample.used_bytes = 1  # type: ignore[misc]
-
-
-def test_used_fraction_is_df_s() -> None:
-    # Blocks reserved for root are neither used nor available: df's Use% leaves them
-    # out, and so does the sample.
-    assert DiskSample(1000, 460, 40, None).used_fraction == 0.92
-    assert DiskSample(100, 0, 0, None).used_fraction == 1.0
-    assert DiskSample(0, 0, 0, None).used_fraction == 0.0
-
-
-# --- verdict ----------------------------------------------------------------------
-
-
-def test_the_used_rule_flips_at_92_percent() -> None:
-    assert disk_verdict(DiskSample(10_000, 9_199, 801, None)) is None
-    assert disk_verdict(DiskSample(10_000, 9_200, 800, None)) == (
-        "the run directory's filesystem is 92 % used"
-    )
-    assert disk_verdict(DiskSample(10_000, 9_201, 799, None)) == (
-        "the run directory's filesystem is 93 % used"  # rounded up, as df shows it
-    )
-    assert disk_verdict(DiskSample(10_000, 9_000, 1_000, None), used_limit=0.9) is not None
-    assert disk_verdict(DiskSample(10_000, 9_000, 1_000, None), used_limit=0.95) is None
-
-
-def test_the_checkpoint_rule_flips_at_one_and_a_half_times() -> None:
-    checkpoint = 300 * MIB
-    assert disk_verdict(DiskSample(100_000 * MIB, 1 * MIB, 450 * MIB, checkpoint)) is None
-    assert disk_verdict(DiskSample(100_000 * MIB, 1 * MIB, 450 * MIB - 1, checkpoint)) == (
-        "450 MiB free, below 1.5x the newest checkpoint (300 MiB)"
-    )
-    assert disk_verdict(DiskSample(10**12, 1, 412 * MIB, checkpoint)) == (
-        "412 MiB free, below 1.5x the newest checkpoint (300 MiB)"
-    )
-    assert disk_verdict(DiskSample(10**12, 1, 3 * MIB, 5 * MIB, ), checkpoint_factor=2) == (
-        "3.0 MiB free, below 2x the newest checkpoint (5.0 MiB)"
-    )  # fmt: skip
-    # Without a checkpoint, or with the rule off, only the used rule counts.
-    assert disk_verdict(DiskSample(10**12, 1, 1, None)) is None
-    assert disk_verdict(DiskSample(10**12, 1, 1, 10**9), checkpoint_factor=0) is None
-
-
-def test_the_used_rule_comes_first() -> None:
-    why = disk_verdict(DiskSample(1000 * MIB, 990 * MIB, 10 * MIB, 100 * MIB))
-    assert why == "the run directory's filesystem is 99 % used"
-
-
-@pytest.mark.parametrize(
-    ("used_limit", "factor"),
-    [(0, 1.5), (1.01, 1.5), (float("nan"), 1.5), (0.9, -1), (0.9, float("inf"))],
-)
-def test_bad_limits_are_refused(used_limit: float, factor: float) -> None:
-    with pytest.raises(ValueError, match=r"used_limit|checkpoint_factor"):
-        disk_verdict(DiskSample(1, 1, 1, 1), used_limit, factor)
-
-
 # --- the script -------------------------------------------------------------------
 
 
@@ -195,8 +135,6 @@ SHELLS = {
     "busybox": ("busybox", "sh"),
     "busybox-applets": ("busybox", "sh"),
 }
-
-
 Probe = Callable[[list[str]], list[DiskSample | ProtocolError]]
 
 

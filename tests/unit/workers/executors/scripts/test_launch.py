@@ -1,7 +1,8 @@
-"""The on-target watchdog's script (`watchdog_script`) run directly under both shells a
-target may have, dash (`sh`) and `busybox sh`, beside a real process group standing
-for the job; also with busybox's own `date` and `sleep` (no `%N`: whole seconds),
-and with a `date` that fails (the watchdog counts its sleeps)."""
+"""`workers.executors.scripts.launch`: the on-target watchdog's script (`watchdog_script`)
+run directly under both shells a target may have, dash (`sh`) and `busybox sh`,
+beside a real process group standing for the job; also with busybox's own `date` and
+`sleep` (no `%N`: whole seconds), and with a `date` that fails (the watchdog counts
+its sleeps). And the launcher, which starts the watchdog only when asked."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from schemas import JobCommand
 from schemas.protocol import CANCEL_FILE, EXIT_FILE, PID_FILE, SNAPSHOT_REQUEST
 from workers.executors import InvalidArgument
 from workers.executors.scripts import WATCHDOG_PID_FILE, launcher_script, watchdog_script
@@ -183,9 +183,6 @@ def test_a_bad_job_pid_ends_it_at_once(dog: Watchdog, content: str | None) -> No
     assert not (dog.dir / WATCHDOG_PID_FILE).exists()
 
 
-# --- arguments ----------------------------------------------------------------------
-
-
 @pytest.mark.parametrize(
     ("after_s", "poll_s"),
     [(0, 1), (-1, 1), (float("nan"), 1), (float("inf"), 1), (1e10, 1), (1, 0), (1, -1),
@@ -212,19 +209,3 @@ def test_the_launcher_starts_a_watchdog_only_when_asked() -> None:
     with_dog = launcher_script("/w/r", "true", {}, ["TOKEN"], (10.0, 1.0))
     assert "rw-watchdog" in with_dog
     assert "unset TOKEN\n" in with_dog  # secrets never reach the watchdog
-
-
-def test_job_command_fields() -> None:
-    command = JobCommand(dir="/w/r", script="true")
-    assert command.deadline_request_after_s is None
-    assert command.watchdog_poll_s == 5.0
-    command = JobCommand.model_validate(
-        {"dir": "/w/r", "script": "true", "deadline_request_after_s": 0.5, "watchdog_poll_s": 0.2}
-    )
-    assert command.deadline_request_after_s == 0.5
-    assert command.watchdog_poll_s == 0.2
-    for bad in ({"deadline_request_after_s": 0}, {"deadline_request_after_s": float("nan")},
-                {"deadline_request_after_s": 1e10}, {"watchdog_poll_s": 0},
-                {"watchdog_poll_s": float("inf")}):  # fmt: skip
-        with pytest.raises(ValueError, match=next(iter(bad))):
-            JobCommand(dir="/w/r", script="true", **bad)  # type: ignore[arg-type]

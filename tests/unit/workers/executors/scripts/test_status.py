@@ -1,136 +1,33 @@
-"""The status, cancel, claim, put_file, read_from and manifest scripts under both
-shells a target may have: dash (`sh`) and `busybox sh`, through
-`ScriptExecutor(LocalTransport(shell=...))`, with real detached processes."""
+"""`workers.executors.scripts.status`: the status and cancel scripts under dash (`sh`)
+and `busybox sh` with real detached processes (the `sh` fixture), and the parsers of
+their answers, on examples and as properties."""
 
 from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from schemas import JobCommand, JobId, JobStatus
-from schemas.protocol import (
-    CANCEL_FILE,
-    CANCELLING_FILE,
-    CLAIM_FILE,
-    EXIT_FILE,
-    JOB_LOG,
-    PID_FILE,
-)
+from schemas import JobId, JobStatus
+from schemas.protocol import CANCEL_FILE, CANCELLING_FILE, EXIT_FILE, JOB_LOG, PID_FILE
 from workers.executors import (
     CommandError,
     InvalidArgument,
-    LocalTransport,
+    LocalExecutor,
     ProtocolError,
-    ScriptExecutor,
-    local_manifest,
+    parse_status,
 )
+from workers.executors.scripts import parse_statuses
 
 from .....conftest import wait_for
+from ..conftest import DEAD_PID, HOSTILE_DIR, HOSTILE_NAMES, Shell, crafted, group_alive, no_pwned
 
-SHELLS = [("sh",), ("busybox", "sh")]
-EXPECTED_BINARY = {("sh",): "dash", ("busybox", "sh"): "busybox"}
-DEAD_PID = 4_194_305
-"""Above Linux's PID_MAX_LIMIT (4194304): never a process, so never a live group."""
-HOSTILE_DIR = "r $(touch PWNED) 'q' \"d\" `touch PWNED` ;&|<>*?\n\tend"
-HOSTILE_NAMES = [
-    "sp ace",
-    "quo'te",
-    'dq"uote',
-    "new\nline",
-    "$(touch PWNED)",
-    "`touch PWNED`",
-    "-leading",
-    "back\\slash",
-    "semi;colon&amp|pipe",
-    "star*glob?",
-    "ünïcödé",
-    "tab\there",
-    "cr\rhere",
-    " lead and trail ",
-]
-
-
-def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def no_pwned(*roots: Path) -> bool:
-    return not any(list(root.rglob("PWNED")) for root in roots) and not Path("PWNED").exists()
-
-
-class Shell:
-    """An executor whose scripts run under one shell, and the jobs it started."""
-
-    def __init__(self, shell: tuple[str, ...], workdir: Path) -> None:
-        self.shell = shell
-        self.workdir = workdir
-        self.executor = ScriptExecutor(LocalTransport(shell=shell), str(workdir))
-        self.jobs: list[JobId] = []
-
-    def fresh(self) -> ScriptExecutor:
-        """Another executor on the same target, as another process would build it."""
-        return ScriptExecutor(LocalTransport(shell=self.shell), str(self.workdir))
-
-    def run_dir(self, name: str = "run") -> str:
-        return str(self.workdir / name)
-
-    def spawn(self, script: str, name: str = "run") -> JobId:
-        job = self.executor.spawn(JobCommand(dir=self.run_dir(name), script=script))
-        self.jobs.append(job)
-        return job
-
-    def finished(self, job: JobId) -> JobStatus | None:
-        status = self.executor.status(job)
-        return status if status.is_finished else None
-
-    def cleanup(self) -> None:
-        for job in self.jobs:
-            if group_alive(job.pid) and Path(job.dir).is_dir():
-                self.executor.cancel(job)
-        self.executor.close()
-
-
-@pytest.fixture(params=SHELLS, ids=" ".join)
-def sh(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Shell]:
-    workdir = tmp_path / "work"
-    workdir.mkdir()
-    shell = Shell(request.param, workdir)
-    yield shell
-    shell.cleanup()
-
-
-def crafted(sh: Shell, name: str, files: dict[str, str] | None = None) -> JobId:
-    """A run directory holding `files` (protocol name -> content), for a job whose group
-    is gone."""
-    run = sh.workdir / name
-    run.mkdir(parents=True)
-    for file, content in (files or {}).items():
-        (run / file).write_text(content)
-    return JobId(dir=str(run), pid=DEAD_PID)
-
-
-# --- the shell ----------------------------------------------------------------------
-
-
-def test_scripts_run_under_the_shell_asked_for(sh: Shell) -> None:
-    # Not the script's last command: a shell may exec that one in its own place.
-    exe = sh.executor.probe('rw_exe=$(readlink "/proc/$$/exe"); echo "$rw_exe"').decode().strip()
-    assert Path(exe).name == EXPECTED_BINARY[sh.shell]
-
-
-# --- status ---------------------------------------------------------------------------
+# --- status -----------------------------------------------------------------------
 
 
 def test_running_then_exited(sh: Shell) -> None:
@@ -163,7 +60,7 @@ def test_lost_without_a_directory_or_a_group(sh: Shell) -> None:
     assert sh.executor.statuses([missing, empty]) == [JobStatus.LOST, JobStatus.LOST]
 
 
-def test_the_markers_decide_in_the_seeds_order(sh: Shell) -> None:
+def test_the_markers_decide_in_overbrainers_order(sh: Shell) -> None:
     jobs = [
         crafted(sh, "a", {CANCEL_FILE: "", EXIT_FILE: "0\n", CANCELLING_FILE: ""}),
         crafted(sh, "b", {CANCELLING_FILE: "", EXIT_FILE: "4\n"}),
@@ -232,7 +129,28 @@ def test_statuses_of_real_jobs_in_order(sh: Shell) -> None:
     ]
 
 
-# --- cancel ---------------------------------------------------------------------------
+# Regression (found by review, failed before its fix): one garbage exit code in a batch hides
+# neither the other runs' statuses from `parse_statuses` nor from an executor's `statuses`.
+def test_one_garbage_exit_code_does_not_hide_the_other_statuses(tmp_path: Path) -> None:
+    assert parse_statuses(b"running\nexited zz\nlost\n", 3)[0] == JobStatus.RUNNING
+    results = parse_statuses(b"running\nexited zz\nlost\n", 3)
+    assert isinstance(results[1], ProtocolError)
+    assert results[2] == JobStatus.LOST
+
+    executor = LocalExecutor(tmp_path)
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    for run, code in ((good, "3\n"), (bad, "not a number\n")):
+        run.mkdir()
+        (run / "exit_code").write_text(code)
+    jobs = [JobId(dir=str(good), pid=999_999), JobId(dir=str(bad), pid=999_998)]
+    statuses = executor.statuses(jobs)
+    assert statuses[0] == JobStatus.exited(3)
+    assert isinstance(statuses[1], ProtocolError)
+    with pytest.raises(ProtocolError, match="not a number"):
+        executor.status(jobs[1])
+
+
+# --- cancel -----------------------------------------------------------------------
 
 
 def test_cancel_a_running_job(sh: Shell) -> None:
@@ -286,142 +204,58 @@ def test_cancel_errors(sh: Shell) -> None:
     assert not (run / CANCELLING_FILE).exists()
 
 
-# --- claim ----------------------------------------------------------------------------
+# --- status lines, as properties --------------------------------------------------
 
 
-def test_claim_is_exclusive(sh: Shell) -> None:
-    run = sh.run_dir("deep/er/run")
-    owner = "owner 'a' $(touch PWNED) `x` \\ é"
-    assert sh.executor.claim(run, owner)
-    assert sh.executor.claim(run, owner)
-    assert not sh.fresh().claim(run, "owner b")
-    assert not sh.executor.claim(run, owner + " ")
-    assert (Path(run) / CLAIM_FILE).read_text() == owner + "\n"
-    assert sorted(os.listdir(run)) == [CLAIM_FILE]
-    assert no_pwned(sh.workdir)
+statuses = st.one_of(
+    st.sampled_from([JobStatus.RUNNING, JobStatus.CANCELLED, JobStatus.LOST]),
+    st.integers(-(2**31), 2**31 - 1).map(JobStatus.exited),
+)
 
 
-def test_concurrent_claims_have_one_winner(sh: Shell) -> None:
-    run = sh.run_dir(HOSTILE_DIR)
-    results: dict[str, bool] = {}
-    start = threading.Barrier(6)
-
-    def claim(owner: str) -> None:
-        executor = sh.fresh()
-        start.wait()
-        results[owner] = executor.claim(run, owner)
-
-    threads = [threading.Thread(target=claim, args=(f"owner {i}",)) for i in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    winners = [owner for owner, won in results.items() if won]
-    assert len(results) == 6
-    assert len(winners) == 1
-    assert (Path(run) / CLAIM_FILE).read_text() == winners[0] + "\n"
-    assert sorted(os.listdir(run)) == [CLAIM_FILE]
+def status_line(status: JobStatus) -> str:
+    """The line `status_script` prints for `status`."""
+    return f"exited {status.code}" if status.kind == "exited" else status.kind
 
 
-@pytest.mark.parametrize("owner", ["", "two\nlines", "cr\r", "nul\0"])
-def test_claim_refuses_a_bad_owner(sh: Shell, owner: str) -> None:
-    with pytest.raises(InvalidArgument):
-        sh.executor.claim(sh.run_dir(), owner)
-    assert not (sh.workdir / "run").exists()
+@given(st.text(max_size=40))
+def test_parse_status_returns_a_status_or_a_protocol_error(text: str) -> None:
+    try:
+        got = parse_status(text)
+    except ProtocolError:
+        return
+    assert isinstance(got, JobStatus)
+    assert status_line(got) == text.strip() or text.strip().startswith("exited ")
 
 
-# --- put_file and read_from ----------------------------------------------------------
+@given(st.text(alphabet="exitd runglcaso-0123456789\n\t", max_size=24))
+def test_parse_status_on_status_looking_text(text: str) -> None:
+    try:
+        got = parse_status(text)
+    except ProtocolError:
+        return
+    assert got.kind == "exited" or status_line(got) == text.strip()
+    if got.kind == "exited":
+        assert text.strip().startswith("exited ")
+        assert got.code == int(text.strip()[7:])
 
 
-def test_put_file_content_is_exact(sh: Shell) -> None:
-    path = f"{sh.run_dir(HOSTILE_DIR)}/snapshot.request"
-    contents = [
-        "",
-        "deadline",
-        "a\nb\r\n\n",
-        "$(touch PWNED) 'q' `touch PWNED` \\ é",
-        "%s%d\\0\\n",
-        "-n",
-        "-e \\c",
-        " lead and trail \n\n",
-    ]
-    for content in contents:
-        sh.executor.put_file(path, content)
-        assert Path(path).read_bytes() == content.encode()
-        assert sh.executor.read_from(path, 0, 1000) == content.encode()
-    assert sorted(os.listdir(Path(path).parent)) == ["snapshot.request"]
-    with pytest.raises(InvalidArgument):
-        sh.executor.put_file(path, "nul\0")
-    with pytest.raises(InvalidArgument):
-        sh.executor.put_file("relative/path", "x")
-    assert no_pwned(sh.workdir)
+@given(statuses, st.sampled_from(["", "\n", " ", "\r\n"]))
+def test_status_lines_round_trip(status: JobStatus, end: str) -> None:
+    assert parse_status(status_line(status) + end) == status
 
 
-def test_read_from_ranges(sh: Shell) -> None:
-    path = sh.workdir / "name $(touch PWNED) 'q'"
-    data = bytes(range(256)) * 40
-    path.write_bytes(data)
-    read = sh.executor.read_from
-    assert read(str(path), 0, 10) == data[:10]
-    assert read(str(path), 100, 5000) == data[100:5100]
-    assert read(str(path), len(data) - 3, 100) == data[-3:]
-    assert read(str(path), len(data), 5) == b""
-    assert read(str(path), len(data) + 50, 5) == b""
-    assert read(str(path), 5, 0) == b""
-    assert read(str(sh.workdir / "missing"), 0, 10) == b""
-    with pytest.raises(CommandError):
-        read(str(sh.workdir), 0, 10)
-    with pytest.raises(InvalidArgument):
-        read(str(path), -1, 10)
-    assert no_pwned(sh.workdir)
+@given(st.integers(2**31, 10**11 - 1) | st.integers(-(10**11) + 1, -(2**31) - 1))
+def test_exit_codes_out_of_i32_are_protocol_errors(code: int) -> None:
+    with pytest.raises(ProtocolError):
+        parse_status(f"exited {code}")
 
 
-# --- manifest -------------------------------------------------------------------------
-
-
-def make_tree(root: Path) -> None:
-    checkpoint = root / "output" / "checkpoint-3"
-    (checkpoint / "nested dir $(touch PWNED)").mkdir(parents=True)
-    for i, name in enumerate(HOSTILE_NAMES):
-        (checkpoint / name).write_bytes(f"{i} {name}".encode())
-        (checkpoint / "nested dir $(touch PWNED)" / name).write_bytes(os.urandom(i * 100))
-    (checkpoint / "scratch.tmp").write_text("excluded")
-    (checkpoint / "cache.tmp").mkdir()
-    (checkpoint / "cache.tmp" / "inside").write_text("excluded")
-    (checkpoint / "link").symlink_to("quo'te")
-    (checkpoint / "empty").write_bytes(b"")
-    (root / "snapshot.json").write_text("{}")
-    (root / "-dash-entry").write_text("dash")
-    (root / "job.log").write_text("log\n")
-
-
-def test_manifest_equals_the_local_manifest(sh: Shell) -> None:
-    remote = sh.workdir / HOSTILE_DIR
-    make_tree(remote)
-    entries = ["output/checkpoint-3", "snapshot.json", "-dash-entry", "missing $(x)"]
-    exclude = ["*.tmp"]
-    manifest = sh.executor.manifest(str(remote), entries, exclude)
-    assert manifest == local_manifest(remote, entries, exclude)
-    paths = [digest.path for digest in manifest]
-    assert len(paths) == 2 * len(HOSTILE_NAMES) + 3
-    for name in HOSTILE_NAMES:
-        assert f"output/checkpoint-3/{name}" in paths
-        assert f"output/checkpoint-3/nested dir $(touch PWNED)/{name}" in paths
-    assert "output/checkpoint-3/link" not in paths
-    assert not any(".tmp" in path for path in paths)
-    assert "job.log" not in paths
-    assert sh.executor.manifest(str(remote), ["output"]) == local_manifest(remote, ["output"])
-    assert no_pwned(sh.workdir)
-
-
-def test_manifest_of_nothing_and_of_a_missing_root(sh: Shell) -> None:
-    remote = sh.workdir / "run"
-    remote.mkdir()
-    assert sh.executor.manifest(str(remote), ["missing"]) == []
-    assert sh.executor.manifest(str(remote), []) == []
-    with pytest.raises(CommandError, match="does not exist"):
-        sh.executor.manifest(str(sh.workdir / "gone"), ["a"])
-    with pytest.raises(InvalidArgument):
-        sh.executor.manifest(str(remote), ["../escape"])
-    with pytest.raises(InvalidArgument):
-        sh.executor.manifest(str(remote), ["a"], ["[ab]"])
+@given(st.lists(statuses, max_size=6), st.integers(0, 8))
+def test_parse_statuses_counts_lines(expected: list[JobStatus], count: int) -> None:
+    output = "".join(status_line(s) + "\n" for s in expected).encode()
+    if count == len(expected):
+        assert parse_statuses(output, count) == expected
+    else:
+        with pytest.raises(ProtocolError):
+            parse_statuses(output, count)
