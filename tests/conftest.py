@@ -1,5 +1,5 @@
-"""Fixtures shared by every test: the executors under test, the toy trainer, and the
-reaping this machine needs.
+"""Fixtures shared by every test: the executors under test, the toy trainer, one real
+redis-server for the session, and the reaping this machine needs.
 
 This process becomes a child subreaper at start: jobs whose spawner died (a test
 does that on purpose) and job processes that outlive their leader are re-parented
@@ -27,6 +27,7 @@ from workers.executors.base import Executor
 from workers.executors.ssh import SshExecutor
 from workers.reaper import become_subreaper
 
+from .redis_server import RedisServer, running_redis
 from .sshd import SshServer, running_sshd
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -142,6 +143,16 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshServer]:
     """One real OpenSSH server on loopback for the session: key auth, strict
     known_hosts, run under a reaper (see tests/sshd.py)."""
     with running_sshd(tmp_path_factory.mktemp("sshd")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """One real redis-server for the session (AOF on, unix socket; see
+    tests/redis_server.py), started when a test first asks for it. A test that asks
+    for it fails (never skips) when `redis-server` cannot be started. The store tests'
+    `redis_client` (tests/unit/store/conftest.py) empties it before each test."""
+    with running_redis(tmp_path_factory.mktemp("redis")) as server:
         yield server
 
 

@@ -1,0 +1,762 @@
+"""The `runwarden` command line end to end: every command run as a subprocess
+(`python -m producers.cli ...`) against one real redis-server, Celery worker and beat
+(tests/pipeline.py, shortened clocks) shared by the module; `serve` and `demo` run the
+embedded default in their own state directories.
+
+Checked for every command: the exit code (0 success, 1 the operation failed, 2 bad
+usage or input), the output, the JSON shapes of `schemas`, one `error: ...` line on
+stderr for an error, and never a traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from schemas import RunRecord, RunState, SshOptions, StopState, TargetConfig, validate_run_id
+
+from ...conftest import JOBSIDE, ROOT, TOY_TRAINER
+from ...pipeline import CLOCKS, Pipeline, running_pipeline
+
+pytestmark = pytest.mark.slow
+
+TOY = [sys.executable, "-u", str(TOY_TRAINER), "--steps", "100000", "--step-time", "0.05"]
+"""The toy trainer as launch's command words (after `--`): runs for hours unless
+stopped."""
+UNKNOWN_RUN = "20990101-000000-nobody"
+"""A valid run id that no run has."""
+NARROW = {"COLUMNS": "80"}
+"""rich's width when stdout is not a terminal (a pipe, a file) and COLUMNS is unset.
+Every command runs with COLUMNS=200 (a wide terminal: tables and paths stay on one
+line) unless a test passes this."""
+STOP_FIELDS = {"run_id", "phase", "reason", "asked_at", "proof_deadline", "end_deadline"}
+
+
+# --- running the CLI ----------------------------------------------------------------
+
+
+def _base_env(env: dict[str, str]) -> dict[str, str]:
+    """`env` without what would change rich's output (a terminal size, forced colours)."""
+    drop = {"COLUMNS", "LINES", "FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"}
+    return {k: v for k, v in env.items() if k not in drop}
+
+
+def run_cli(
+    env: dict[str, str], *args: str, timeout: float = 120.0, extra: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Runs `runwarden ARGS` as a subprocess with `env`; fails the test when its output
+    holds a traceback, whatever the exit code."""
+    result = subprocess.run(
+        [sys.executable, "-m", "producers.cli", *args],
+        env={**_base_env(env), "COLUMNS": "200", **(extra or {})},
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert "Traceback" not in result.stdout + result.stderr, show(result)
+    return result
+
+
+def show(result: subprocess.CompletedProcess[str]) -> str:
+    """The result, for a failure message."""
+    return (
+        f"$ runwarden {shlex.join(result.args[3:])}\nexit {result.returncode}\n"
+        f"--- stdout\n{result.stdout}--- stderr\n{result.stderr}"
+    )
+
+
+def ok(result: subprocess.CompletedProcess[str]) -> str:
+    """Asserts exit 0 and nothing on stderr; returns stdout."""
+    assert result.returncode == 0, show(result)
+    assert result.stderr == "", show(result)
+    return result.stdout
+
+
+def refused(result: subprocess.CompletedProcess[str], code: int, *needles: str) -> str:
+    """Asserts exit `code`, nothing on stdout and exactly one `error: ...` line on
+    stderr holding every one of `needles`; returns that line."""
+    assert result.returncode == code, show(result)
+    assert result.stdout == "", show(result)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, show(result)
+    assert lines[0].startswith("error: "), show(result)
+    for needle in needles:
+        assert needle in lines[0], show(result)
+    return lines[0]
+
+
+def as_json(result: subprocess.CompletedProcess[str]) -> object:
+    return json.loads(ok(result))
+
+
+def flat(text: str) -> str:
+    """`text` without any whitespace: what a wrapped line still holds."""
+    return "".join(text.split())
+
+
+# --- fixtures -----------------------------------------------------------------------
+
+
+def _kill_jobs(pipeline: Pipeline) -> None:
+    """SIGKILLs the group of every job of a run not recorded as ended (best effort,
+    for a test that failed half-way)."""
+    with contextlib.suppress(Exception):
+        for run in pipeline.api.list_runs():
+            if run.job is not None and not run.state.is_terminal and run.job.pid > 1:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(run.job.pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
+    with running_pipeline(tmp_path_factory.mktemp("cli")) as started:
+        try:
+            yield started
+        finally:
+            _kill_jobs(started)
+
+
+def rw(pipeline: Pipeline, *args: str, **kwargs: object) -> subprocess.CompletedProcess[str]:
+    """`runwarden ARGS` against the module's pipeline."""
+    return run_cli(pipeline.env, *args, **kwargs)  # type: ignore[arg-type]
+
+
+def launch(pipeline: Pipeline, *args: str) -> str:
+    """`runwarden launch ARGS` (exit 0 asserted); returns the run id it printed."""
+    return ok(rw(pipeline, "launch", *args)).strip()
+
+
+@dataclass
+class Launched:
+    run_id: str
+    result: subprocess.CompletedProcess[str]
+
+
+@pytest.fixture(scope="module")
+def running(pipeline: Pipeline) -> Iterator[Launched]:
+    """One toy trainer launched through the CLI, left running for the module's read-only
+    tests (runs, show, logs, follow...), past step 12 (a `step 10/...` line is out)."""
+    result = rw(pipeline, "launch", "--target", "local", "--", *TOY)
+    run_id = ok(result).strip()
+    pipeline.wait_step(run_id, 12)
+    yield Launched(run_id, result)
+    with contextlib.suppress(Exception):
+        pipeline.api.cancel(run_id)
+
+
+# --- targets ------------------------------------------------------------------------
+
+
+def test_targets_add_ls_rm(pipeline: Pipeline, tmp_path: Path) -> None:
+    scratch = tmp_path / "scratch"
+    out = ok(rw(pipeline, "targets", "add", "scratch", "--workdir", str(scratch)))
+    assert out.strip() == f"target scratch: local, {scratch}"
+    # Adding an SSH target needs no reachable server; relative key paths become absolute.
+    out = ok(
+        rw(
+            pipeline, "targets", "add", "gpu", "--workdir", "/srv/runs",
+            "--ssh", "user@host:2222", "--identity", "keys/id_ed25519",
+            "--known-hosts", "keys/known_hosts",
+        )
+    )  # fmt: skip
+    assert out.strip() == "target gpu: ssh, /srv/runs"
+
+    table = ok(rw(pipeline, "targets", "ls"))
+    rows = {line.split()[1]: line for line in table.splitlines() if line.startswith("│")}
+    assert set(rows) >= {"local", "scratch", "gpu"}, table
+    assert "user@host:2222" in rows["gpu"]
+    assert "/srv/runs" in rows["gpu"]
+    assert str(scratch) in rows["scratch"]
+    assert " local " in rows["scratch"]
+
+    listed = as_json(rw(pipeline, "targets", "ls", "--json"))
+    assert isinstance(listed, list)
+    for item in listed:
+        assert set(item) == {"name", "kind", "workdir", "ssh"}, item
+        TargetConfig.model_validate(item)
+    by_name = {item["name"]: item for item in listed}
+    assert by_name["scratch"] == {
+        "name": "scratch", "kind": "local", "workdir": str(scratch), "ssh": None
+    }  # fmt: skip
+    gpu = by_name["gpu"]
+    assert (gpu["kind"], gpu["workdir"]) == ("ssh", "/srv/runs")
+    assert set(gpu["ssh"]) == set(SshOptions.model_fields)
+    assert gpu["ssh"]["destination"] == "user@host:2222"
+    assert gpu["ssh"]["identity"] == str(ROOT / "keys" / "id_ed25519")
+    assert gpu["ssh"]["known_hosts"] == str(ROOT / "keys" / "known_hosts")
+    assert gpu["ssh"]["ssh_config"] is None
+
+    # An explicit port is kept apart from the destination.
+    ok(rw(pipeline, "targets", "add", "gpu2", "--workdir", "/srv", "--ssh", "u@h", "--port", "22"))
+    ssh2 = pipeline.api.store.get_target("gpu2")["ssh"]
+    assert (ssh2["destination"], ssh2["port"]) == ("u@h", 22)
+
+    for name in ("gpu", "gpu2", "scratch"):
+        assert ok(rw(pipeline, "targets", "rm", name)).strip() == f"removed target {name}"
+    refused(rw(pipeline, "targets", "rm", "gpu"), 2, "no target 'gpu'")
+    names = {t["name"] for t in as_json(rw(pipeline, "targets", "ls", "--json"))}  # type: ignore[attr-defined]
+    assert "local" in names
+    assert not names & {"gpu", "gpu2", "scratch"}
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--workdir", "/srv", "--port", "2222"], "need --ssh"),
+        (["--workdir", "/srv", "--identity", "id"], "need --ssh"),
+        (["--workdir", "relative/dir"], "not an absolute path"),
+        (["--workdir", "/srv", "--ssh", "u@h", "--port", "0"], ""),  # typer's range check
+    ],
+    ids=["port-without-ssh", "identity-without-ssh", "relative-workdir", "port-0"],
+)
+def test_targets_add_refuses_bad_input(pipeline: Pipeline, args: list[str], needle: str) -> None:
+    result = rw(pipeline, "targets", "add", "bad", *args)
+    if needle:
+        refused(result, 2, needle)
+    else:
+        assert result.returncode == 2, show(result)
+    assert "bad" not in {t.name for t in pipeline.api.list_targets()}
+
+
+def test_targets_add_refuses_a_bad_name(pipeline: Pipeline) -> None:
+    refused(rw(pipeline, "targets", "add", "no/slash", "--workdir", "/srv"), 2, "name")
+
+
+# --- launch -------------------------------------------------------------------------
+
+
+def test_launch_prints_the_run_id(pipeline: Pipeline, running: Launched) -> None:
+    assert running.result.stdout == f"{running.run_id}\n"
+    assert running.result.stderr == ""
+    validate_run_id(running.run_id)
+    run = pipeline.api.get_run(running.run_id)
+    assert run.state is RunState.RUNNING
+    assert run.target == "local"
+    assert run.command == shlex.join(TOY)
+
+
+def test_launch_with_a_name_puts_its_slug_in_the_run_id(pipeline: Pipeline) -> None:
+    run_id = launch(pipeline, "--target", "local", "--name", "My Exp #1", "--", "true")
+    assert run_id.endswith("-my-exp-1"), run_id
+    pipeline.wait_state(run_id)
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--target", "local"], "needs a command"),
+        (["--target", "local", "--"], "needs a command"),
+        (["--", "true"], "needs --target"),
+        (["--target", "nope", "--", "true"], "no target 'nope'"),
+        (["--target", "local", "--max-cost-usd", "5", "--", "true"], "--usd-per-hour"),
+        (["--target", "local", "--max-hours", "0", "--", "true"], "max_hours"),
+        (["--target", "local", "--max-hours", "-1", "--", "true"], "max_hours"),
+        (["--target", "local", "--secret", "BAD-NAME", "--", "true"], "BAD-NAME"),
+        (["--target", "local", "--resume-from", "../x", "--", "true"], "invalid run id"),
+        (["--target", "bad name", "--", "true"], "target"),
+    ],
+    ids=[
+        "no-command", "empty-command", "no-target", "unknown-target", "cost-without-rate",
+        "max-hours-0", "max-hours-negative", "bad-secret-name", "bad-resume-id", "bad-target-name",
+    ],
+)  # fmt: skip
+def test_launch_refuses_bad_input(pipeline: Pipeline, args: list[str], needle: str) -> None:
+    before = len(pipeline.api.list_runs())
+    refused(rw(pipeline, "launch", *args), 2, needle)
+    assert len(pipeline.api.list_runs()) == before  # nothing was launched
+
+
+def test_launch_that_fails_on_the_worker_exits_1(pipeline: Pipeline) -> None:
+    refused(
+        rw(pipeline, "launch", "--target", "local", "--secret", "NOT_SET_ANYWHERE", "--", "true"),
+        1,
+        "NOT_SET_ANYWHERE",
+    )
+
+
+def test_unknown_command_and_missing_argument_are_usage_errors(pipeline: Pipeline) -> None:
+    for args in (["bogus"], ["show"], ["stop"], ["runs", "--bogus"], ["stop", "x", "--timeout"]):
+        result = rw(pipeline, *args)
+        assert result.returncode == 2, show(result)
+        assert result.stdout == "", show(result)
+
+
+# --- runs, show, logs ---------------------------------------------------------------
+
+
+def test_runs_table_shows_the_run_and_its_progress(pipeline: Pipeline, running: Launched) -> None:
+    table = ok(rw(pipeline, "runs"))
+    [row] = [line for line in table.splitlines() if running.run_id in line]
+    assert " local " in row, table
+    assert " running " in row, table
+    assert "█" in row or "░" in row, table  # the bar
+    assert "/100000 loss " in row, table
+
+
+def test_runs_json_lists_run_records(pipeline: Pipeline, running: Launched) -> None:
+    listed = as_json(rw(pipeline, "runs", "--json"))
+    assert isinstance(listed, list)
+    assert listed
+    for item in listed:
+        assert set(item) == set(RunRecord.model_fields), item
+        RunRecord.model_validate(item)
+    [item] = [i for i in listed if i["id"] == running.run_id]
+    run = pipeline.api.get_run(running.run_id)
+    assert item["target"] == "local"
+    assert item["state"] == "running"
+    assert item["job"] == {"dir": run.remote_dir, "pid": run.job.pid, "container": None}  # type: ignore[union-attr]
+    assert item["remote_dir"] == str(pipeline.workdir / running.run_id)
+    assert item["command"] == shlex.join(TOY)
+    assert item["limits"] == {
+        "max_hours": None, "max_cost_usd": None, "usd_per_hour": None, "disk": True
+    }
+    created = [datetime.fromisoformat(i["created"]) for i in listed]
+    assert created == sorted(created, reverse=True)  # newest first
+
+
+def test_show(pipeline: Pipeline, running: Launched) -> None:
+    record = as_json(rw(pipeline, "show", running.run_id, "--json"))
+    assert isinstance(record, dict)
+    assert set(record) == set(RunRecord.model_fields)
+    assert RunRecord.model_validate(record) == pipeline.api.get_run(running.run_id)
+
+    text = ok(rw(pipeline, "show", running.run_id))
+    fields = dict(line.split(None, 1) for line in text.splitlines() if " " in line.strip())
+    assert fields["id"] == running.run_id
+    assert fields["state"] == "running"
+    assert fields["target"] == "local"
+    assert "/100000 loss " in fields["progress"]
+    assert "stop" not in fields  # none in flight
+
+
+@pytest.mark.parametrize("command", ["show", "logs", "stop", "cancel", "follow", "resume"])
+def test_an_invalid_run_id_is_bad_input(pipeline: Pipeline, command: str) -> None:
+    refused(rw(pipeline, command, "../x"), 2, "invalid run id '../x'")
+
+
+@pytest.mark.parametrize("command", ["show", "logs", "stop", "cancel", "resume"])
+def test_an_unknown_run_is_bad_input(pipeline: Pipeline, command: str) -> None:
+    refused(rw(pipeline, command, UNKNOWN_RUN), 2, f"no run '{UNKNOWN_RUN}'")
+
+
+def test_logs_prints_what_the_job_wrote(pipeline: Pipeline, running: Launched) -> None:
+    deadline = time.monotonic() + 15
+    while True:
+        out = ok(rw(pipeline, "logs", running.run_id))
+        if "step 10/100000 loss " in out or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    lines = out.splitlines()
+    assert "step 10/100000 loss 1.3000" in lines, out[-2000:]
+    # tqdm-like `\r` updates come as lines of their own.
+    assert any(line.startswith("[....................] 5/100000 loss ") for line in lines)
+
+
+def test_logs_follow_returns_when_the_run_ends(pipeline: Pipeline) -> None:
+    run_id = launch(
+        pipeline, "--target", "local", "--",
+        sys.executable, "-u", str(TOY_TRAINER), "--steps", "30", "--step-time", "0.05",
+    )  # fmt: skip
+    started = time.monotonic()
+    out = ok(rw(pipeline, "logs", "-f", run_id, timeout=60))
+    assert time.monotonic() - started < 30
+    assert "training done at step 30" in out.splitlines(), out[-2000:]
+    assert "step 30/30 loss 0.6750" in out.splitlines()
+    assert pipeline.api.get_run(run_id).state is RunState.SUCCEEDED
+    # An ended run: `-f` prints everything and returns at once.
+    assert ok(rw(pipeline, "logs", "--follow", run_id)) == out
+
+
+# --- follow -------------------------------------------------------------------------
+
+
+def test_follow_a_run_again(pipeline: Pipeline, running: Launched) -> None:
+    out = ok(rw(pipeline, "follow", running.run_id))
+    assert out.strip() == f"following {running.run_id} (running)"
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        ([], "follow takes a run id, or --target and --dir"),
+        (["--target", "local"], "follow takes a run id, or --target and --dir"),
+        (["--dir", "/tmp/somewhere"], "--dir needs --target"),
+        (["somerun", "--target", "local", "--dir", "/tmp/x"], "follow takes a run id"),
+        (["--target", "local", "--dir", "relative/dir"], "not an absolute path"),
+    ],
+    ids=["neither", "target-only", "dir-without-target", "both", "relative-dir"],
+)
+def test_follow_refuses_bad_usage(pipeline: Pipeline, args: list[str], needle: str) -> None:
+    refused(rw(pipeline, "follow", *args), 2, needle)
+
+
+def test_follow_an_unknown_run_or_target_is_bad_input(pipeline: Pipeline) -> None:
+    # These are refused by the worker (the error crosses the result backend).
+    refused(rw(pipeline, "follow", UNKNOWN_RUN), 2, UNKNOWN_RUN)
+    refused(rw(pipeline, "follow", "--target", "nope", "--dir", "/tmp/x"), 2, "nope")
+
+
+def test_follow_errors_from_the_worker_read_as_the_same_errors_locally(
+    pipeline: Pipeline,
+) -> None:
+    line = refused(rw(pipeline, "follow", UNKNOWN_RUN), 2)
+    assert line == f"error: no run '{UNKNOWN_RUN}'"
+    line = refused(rw(pipeline, "follow", "--target", "nope", "--dir", "/tmp/x"), 2)
+    assert line == "error: no target 'nope' (see `runwarden targets ls`)"
+
+
+def test_follow_adopts_a_run_directory_started_by_hand(pipeline: Pipeline) -> None:
+    run_dir = pipeline.workdir / "adopted-by-hand"
+    run_dir.mkdir()
+    env = {
+        **_base_env(pipeline.env),
+        "PYTHONPATH": str(JOBSIDE),
+        "RUNWARDEN_SNAPSHOT_REQUEST": str(run_dir / "snapshot.request"),
+        "RUNWARDEN_METRICS": str(run_dir / "metrics.jsonl"),
+    }
+    # What a person (or overbrainer) would run: its own session (setsid), its pid in
+    # job.pid, its output in job.log, its exit code in exit_code.
+    script = 'echo $$ > job.pid; "$@" > job.log 2>&1; echo $? > exit_code'
+    job = subprocess.Popen(
+        ["sh", "-c", script, "sh", *TOY],
+        cwd=run_dir,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    # Reaped as soon as it ends: a zombie would still count as a live process.
+    threading.Thread(target=job.wait, daemon=True).start()
+    try:
+        deadline = time.monotonic() + 10
+        while not (run_dir / "metrics.jsonl").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (run_dir / "job.pid").read_text().strip() == str(job.pid)
+
+        out = ok(rw(pipeline, "follow", "--target", "local", "--dir", str(run_dir)))
+        assert out.strip() == "following adopted-by-hand (running)"
+        [item] = [
+            r
+            for r in as_json(rw(pipeline, "runs", "--json"))  # type: ignore[attr-defined]
+            if r["id"] == "adopted-by-hand"
+        ]
+        assert item["state"] == "running"
+        assert item["target"] == "local"
+        assert item["remote_dir"] == str(run_dir)
+        assert item["job"] == {"dir": str(run_dir), "pid": job.pid, "container": None}
+        assert item["command"] == "(adopted)"
+
+        # Followed like any run: its progress and log lines, and a graceful stop.
+        pipeline.wait_step("adopted-by-hand", 3)
+        out = ok(rw(pipeline, "stop", "adopted-by-hand", "--wait", "--timeout", "60"))
+        assert "adopted-by-hand: stopped" in out, out
+        run = pipeline.api.get_run("adopted-by-hand")
+        assert run.state is RunState.STOPPED, run
+        assert run.snapshot is not None
+        assert (run_dir / run.snapshot.checkpoint).is_dir()
+        assert job.wait(timeout=10) == 0
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+
+
+def test_follow_a_directory_without_job_pid_fails(pipeline: Pipeline, tmp_path: Path) -> None:
+    refused(rw(pipeline, "follow", "--target", "local", "--dir", str(tmp_path)), 1, "job.pid")
+
+
+# --- stop, stops, cancel ------------------------------------------------------------
+
+
+@dataclass
+class StoppedRun:
+    run_id: str
+    result: subprocess.CompletedProcess[str]
+
+
+@pytest.fixture(scope="module")
+def stopped(pipeline: Pipeline, tmp_path_factory: pytest.TempPathFactory) -> StoppedRun:
+    """A toy trainer on a target with a long workdir, stopped with `stop --wait` (its
+    output as through a pipe: 80 columns)."""
+    workdir = tmp_path_factory.mktemp("deep") / ("a-rather-long-directory-name-" * 2)
+    ok(rw(pipeline, "targets", "add", "deep", "--workdir", str(workdir)))
+    workdir.mkdir()
+    run_id = launch(pipeline, "--target", "deep", "--", *TOY)
+    pipeline.wait_step(run_id, 3)
+    return StoppedRun(
+        run_id, rw(pipeline, "stop", run_id, "--wait", "--timeout", "60", extra=NARROW)
+    )
+
+
+def test_stop_wait_ends_with_a_checkpoint(pipeline: Pipeline, stopped: StoppedRun) -> None:
+    out = ok(stopped.result)
+    run = pipeline.api.get_run(stopped.run_id)
+    assert run.state is RunState.STOPPED, run
+    assert run.snapshot is not None
+    checkpoint = f"{run.remote_dir}/{run.snapshot.checkpoint}"
+    assert Path(checkpoint).is_dir()
+    lines = out.splitlines()
+    assert lines[0] == f"{stopped.run_id}: snapshot asked (requested)"
+    assert lines[1].startswith(f"{stopped.run_id}: stopped"), out
+    assert f"checkpoint{checkpoint}(step{run.snapshot.step},requested)" in flat(out), out
+
+
+def test_stop_wait_prints_the_checkpoint_path_on_one_line(
+    pipeline: Pipeline, stopped: StoppedRun
+) -> None:
+    run = pipeline.api.get_run(stopped.run_id)
+    assert run.snapshot is not None
+    checkpoint = f"{run.remote_dir}/{run.snapshot.checkpoint}"
+    assert f"  checkpoint {checkpoint} (step " in stopped.result.stdout, show(stopped.result)
+
+
+def test_stop_or_cancel_an_ended_run_fails(pipeline: Pipeline, stopped: StoppedRun) -> None:
+    run_id = stopped.run_id
+    refused(rw(pipeline, "stop", run_id), 1, f"run '{run_id}' is not running (it is stopped)")
+    refused(rw(pipeline, "cancel", run_id), 1, "is not running (it is stopped)")
+    # The record shows the snapshot.
+    record = as_json(rw(pipeline, "show", run_id, "--json"))
+    assert record["state"] == "stopped"  # type: ignore[index]
+    assert set(record["snapshot"]) >= {"checkpoint", "step", "reason"}  # type: ignore[index]
+
+
+def test_stop_refuses_a_bad_reason(pipeline: Pipeline, running: Launched) -> None:
+    refused(rw(pipeline, "stop", running.run_id, "--reason", "bogus"), 2, "invalid reason 'bogus'")
+    assert pipeline.api.get_stop(running.run_id) is None
+
+
+def test_stop_a_job_without_snapshots_fails(pipeline: Pipeline) -> None:
+    run_id = launch(pipeline, "--target", "local", "--no-snapshots", "--", "sleep", "600")
+    refused(rw(pipeline, "stop", run_id), 1, "cannot save a snapshot")
+    assert "cancelled" in ok(rw(pipeline, "cancel", run_id))
+
+
+def test_stops_in_flight(pipeline: Pipeline) -> None:
+    run_id = launch(pipeline, "--target", "local", "--", *TOY, "--ignore-requests")
+    pipeline.wait_step(run_id, 2)
+    assert ok(rw(pipeline, "stop", run_id, "--reason", "cost")) == (
+        f"{run_id}: snapshot asked (cost)\n"
+    )
+    current = as_json(rw(pipeline, "stops", "--json"))
+    assert isinstance(current, list)
+    [item] = [s for s in current if s["run_id"] == run_id]
+    assert set(item) == STOP_FIELDS, item
+    assert (item["phase"], item["reason"], item["end_deadline"]) == ("waiting_proof", "cost", None)
+    asked = datetime.fromisoformat(item["asked_at"])
+    proof = datetime.fromisoformat(item["proof_deadline"])
+    assert proof - asked == timedelta(seconds=float(CLOCKS["RUNWARDEN_PROOF_TIMEOUT_S"]))
+    stop = pipeline.api.get_stop(run_id)
+    assert stop is not None
+    assert {k: v for k, v in stop.model_dump(mode="json").items() if k in STOP_FIELDS} == item
+    assert set(StopState.model_fields) >= STOP_FIELDS
+
+    table = ok(rw(pipeline, "stops"))
+    [row] = [line for line in table.splitlines() if run_id in line]
+    for word in ("waiting_proof", "cost", "cli", "proof deadline in"):
+        assert word in row, table
+    shown = ok(rw(pipeline, "show", run_id))
+    assert "waiting_proof, reason cost; proof deadline in " in shown, shown
+
+    # --wait gives up at its timeout: the stop is still in flight.
+    result = rw(pipeline, "stop", run_id, "--reason", "cost", "--wait", "--timeout", "0.5")
+    assert result.returncode == 1, show(result)
+    assert result.stdout == f"{run_id}: snapshot asked (cost)\n"
+    assert result.stderr.splitlines() == [
+        f"error: {run_id} has not ended after 0.5 s (still running)"
+    ]
+    # The job never proves: cancelled at the proof timeout, and --wait says so (exit 1).
+    result = rw(pipeline, "stop", run_id, "--reason", "cost", "--wait", "--timeout", "60")
+    assert result.returncode == 1, show(result)
+    assert f"{run_id}: cancelled" in result.stdout, show(result)
+    assert pipeline.api.get_run(run_id).state is RunState.CANCELLED
+    assert run_id not in {s["run_id"] for s in as_json(rw(pipeline, "stops", "--json"))}  # type: ignore[attr-defined]
+
+
+def test_cancel(pipeline: Pipeline) -> None:
+    run_id = launch(pipeline, "--target", "local", "--", *TOY)
+    out = ok(rw(pipeline, "cancel", run_id))
+    assert out.splitlines()[0].startswith(f"{run_id}: cancelled"), out
+    assert pipeline.api.get_run(run_id).state is RunState.CANCELLED
+    refused(rw(pipeline, "cancel", run_id), 1, f"run '{run_id}' is not running (it is cancelled)")
+    refused(rw(pipeline, "stop", run_id), 1, "is not running (it is cancelled)")
+
+
+def _retrieved(pipeline: Pipeline, run_id: str) -> RunRecord:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        run = pipeline.api.get_run(run_id)
+        if run.artifacts is not None and run.artifacts.phase == "done":
+            return run
+        time.sleep(0.2)
+    raise AssertionError(f"not retrieved: {pipeline.api.get_run(run_id)}")
+
+
+def test_artifacts_show_retrieve_and_resume(pipeline: Pipeline, stopped: StoppedRun) -> None:
+    run = _retrieved(pipeline, stopped.run_id)
+    assert run.artifacts is not None
+    shown = ok(rw(pipeline, "show", run.id))
+    assert f"artifacts    done: {run.artifacts.files} files" in shown, shown
+    assert "verified" in shown
+    table = ok(rw(pipeline, "runs"))
+    assert any(run.id in line and "done" in line for line in table.splitlines()), table
+    again = ok(rw(pipeline, "retrieve", run.id))  # a person's retry: verified again
+    assert again.startswith(f"done: {run.artifacts.files} files"), again
+    new = ok(rw(pipeline, "resume", run.id)).strip()
+    validate_run_id(new)
+    resumed = pipeline.api.get_run(new)
+    assert resumed.resumed_from == run.id
+    assert resumed.target == "deep"
+    assert run.snapshot is not None
+    pipeline.wait_step(new, run.snapshot.step + 2)
+    with contextlib.suppress(Exception):
+        pipeline.api.cancel(new)
+    # A run that is not stopped cannot be resumed; nor an adopted one without a command.
+    refused(rw(pipeline, "resume", new), 1, f"run '{new}' cannot be resumed", "not stopped")
+    refused(rw(pipeline, "retrieve", UNKNOWN_RUN), 2, f"no run '{UNKNOWN_RUN}'")
+
+
+# --- rich markup in user input ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "case", ["targets-rm", "show-bad-id", "targets-add", "targets-ls", "show-command"]
+)
+def test_text_with_brackets_is_printed_as_is(pipeline: Pipeline, case: str) -> None:
+    if case == "targets-rm":
+        refused(rw(pipeline, "targets", "rm", "[bold]x"), 2, "'[bold]x'")
+        refused(rw(pipeline, "targets", "rm", "[/]"), 2, "'[/]'")
+    elif case == "show-bad-id":
+        refused(rw(pipeline, "show", "[/]"), 2, "'[/]'")
+    elif case == "targets-add":
+        try:
+            result = rw(pipeline, "targets", "add", "brackets", "--workdir", "/tmp/a[/]b")
+            assert ok(result).strip() == "target brackets: local, /tmp/a[/]b"
+        finally:
+            pipeline.api.remove_target("brackets")
+    elif case == "targets-ls":
+        pipeline.api.add_target(TargetConfig(name="brackets2", kind="local", workdir="/a[/]b"))
+        try:
+            assert "/a[/]b" in ok(rw(pipeline, "targets", "ls"))
+        finally:
+            pipeline.api.remove_target("brackets2")
+    else:
+        run_id = launch(pipeline, "--target", "local", "--", "echo", "[/]", "[bold]x")
+        pipeline.wait_state(run_id)
+        assert "echo '[/]' '[bold]x'" in ok(rw(pipeline, "show", run_id))
+
+
+# --- tables at the default width ----------------------------------------------------
+
+
+def test_runs_table_keeps_whole_run_ids_at_80_columns(pipeline: Pipeline) -> None:
+    run_id = launch(pipeline, "--target", "local", "--name", "a-fairly-long-name", "--", "true")
+    pipeline.wait_state(run_id)
+    assert run_id in ok(rw(pipeline, "runs", extra=NARROW))
+
+
+# --- the embedded default: nothing serving, serve, demo -----------------------------
+
+
+def _embedded_env(state_dir: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNWARDEN_")}
+    env.update(CLOCKS, RUNWARDEN_STATE_DIR=str(state_dir), PYTHONPATH=str(ROOT))
+    return env
+
+
+def test_nothing_serving(tmp_path: Path) -> None:
+    env = _embedded_env(tmp_path / "state")
+    (tmp_path / "state").mkdir()
+    for args in (["runs"], ["targets", "ls"], ["stops", "--json"], ["show", UNKNOWN_RUN]):
+        line = refused(run_cli(env, *args), 1, "nothing is serving", "`runwarden serve`")
+        assert str(tmp_path / "state" / "redis.sock") in line
+
+
+def test_serve_runs_the_service_and_stops_on_ctrl_c(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    env = _embedded_env(state)
+    log = (tmp_path / "serve.log").open("wb")
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "producers.cli", "serve", "--concurrency", "1"],
+        cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while run_cli(env, "runs", "--json").returncode != 0:
+            assert serve.poll() is None, (tmp_path / "serve.log").read_text()
+            assert time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
+            time.sleep(0.2)
+        assert as_json(run_cli(env, "runs", "--json")) == []
+        # A second serve on the same state directory is refused.
+        refused(run_cli(env, "serve"), 1, "already runs")
+
+        # The worker and beat serve: a run from launch to its end, its log followed.
+        workdir = tmp_path / "work"
+        ok(run_cli(env, "targets", "add", "here", "--workdir", str(workdir)))
+        run_id = ok(
+            run_cli(
+                env, "launch", "--target", "here", "--",
+                sys.executable, "-u", str(TOY_TRAINER), "--steps", "10", "--step-time", "0.02",
+            )
+        ).strip()  # fmt: skip
+        out = ok(run_cli(env, "logs", "-f", run_id, timeout=60))
+        assert "training done at step 10" in out.splitlines(), out
+        assert as_json(run_cli(env, "show", run_id, "--json"))["state"] == "succeeded"  # type: ignore[index]
+    finally:
+        serve.send_signal(signal.SIGINT)  # Ctrl-C
+        try:
+            code = serve.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            os.killpg(serve.pid, signal.SIGKILL)
+            serve.wait()
+            raise
+        log.close()
+    text = (tmp_path / "serve.log").read_text(errors="replace")
+    assert code == 0, text
+    assert "Traceback" not in text
+    # Everything stopped with it: its Redis too.
+    refused(run_cli(env, "runs"), 1, "nothing is serving")
+
+
+def test_demo(tmp_path: Path) -> None:
+    env = _embedded_env(tmp_path / "unused")
+    env["TMPDIR"] = str(tmp_path)  # the demo's own state directory goes here
+    out = ok(run_cli(env, "demo", timeout=180))
+    fields = {}
+    for line in out.splitlines():
+        key, _, value = line.partition(":")
+        fields[key.strip()] = value.strip()
+    assert fields["state"] == "stopped", out
+    assert fields["reason"] == "requested", out
+    step = int(fields["step"])
+    assert f"/output/checkpoint-{step}" in flat(out), out
+    assert "service stopped" in out
+    [state_dir] = tmp_path.glob("runwarden-demo-*")
+    assert not (state_dir / "redis.sock").exists() or not _answers(state_dir / "redis.sock")
+
+
+def _answers(socket_path: Path) -> bool:
+    import redis
+
+    client = redis.Redis(unix_socket_path=str(socket_path), socket_timeout=1)
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+    finally:
+        client.close()

@@ -1,0 +1,121 @@
+"""Flower against the real broker: the in-flight stop's countdown task is visible
+with its ETA, and a non-Python service can enqueue a stop through its API."""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from schemas import RunState, SnapshotReason
+from schemas.events import LaunchSpec
+
+from ...conftest import ROOT
+from ...pipeline import Pipeline, running_pipeline, toy
+
+pytestmark = pytest.mark.slow
+AUTH = "ops:fl0wer-pw"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class Flower:
+    def __init__(self, port: int) -> None:
+        self.base = f"http://127.0.0.1:{port}"
+
+    def call(self, path: str, body: dict[str, Any] | None = None, auth: str | None = AUTH) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(  # noqa: S310 - http on our loopback only
+            self.base + path, data=data, method="POST" if data else "GET"
+        )
+        request.add_header("Content-Type", "application/json")
+        if auth is not None:
+            request.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
+        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 - our loopback
+            return json.loads(response.read() or b"null")
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Pipeline, Flower]]:
+    tmp: Path = tmp_path_factory.mktemp("flower")
+    with running_pipeline(tmp) as pipeline:
+        port = free_port()
+        log = (tmp / "flower.log").open("ab")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "workers.app", "flower",
+             f"--port={port}", "--address=127.0.0.1", f"--basic-auth={AUTH}"],
+            cwd=ROOT, env=pipeline.env, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        flower = Flower(port)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                flower.call("/api/workers")
+                break
+            except (urllib.error.URLError, ConnectionError):
+                if time.monotonic() > deadline:
+                    raise AssertionError((tmp / "flower.log").read_text()) from None
+                time.sleep(0.3)
+        try:
+            yield pipeline, flower
+        finally:
+            proc.terminate()
+            proc.wait(timeout=15)
+
+
+def test_flower_needs_its_password(setup: tuple[Pipeline, Flower]) -> None:
+    _, flower = setup
+    with pytest.raises(urllib.error.HTTPError) as raised:
+        flower.call("/api/workers", auth=None)
+    assert raised.value.code == 401
+
+
+def test_the_pending_proof_countdown_is_visible_with_its_eta(
+    setup: tuple[Pipeline, Flower],
+) -> None:
+    pipeline, flower = setup
+    spec = LaunchSpec(target="local", command=toy("--steps", "100000", "--ignore-requests"))
+    run_id = pipeline.api.launch(spec).id
+    stop = pipeline.api.stop(run_id, asked_by="test")
+    found: dict[str, Any] | None = None
+    deadline = time.monotonic() + 15
+    while found is None and time.monotonic() < deadline:
+        tasks = flower.call("/api/tasks?taskname=runwarden.proof_timeout")
+        for task in tasks.values():
+            if run_id in str(task.get("kwargs")) and task.get("eta"):
+                found = task
+        time.sleep(0.3)
+    assert found is not None, "no proof_timeout task with an ETA in Flower"
+    assert found["name"] == "runwarden.proof_timeout"
+    eta = found["eta"]
+    assert eta.startswith(stop.proof_deadline.strftime("%Y-%m-%dT%H:%M")), (eta, stop)
+    pipeline.api.cancel(run_id)
+
+
+def test_a_stop_enqueued_through_flowers_api(setup: tuple[Pipeline, Flower]) -> None:
+    pipeline, flower = setup
+    spec = LaunchSpec(target="local", command=toy("--steps", "100000", "--step-time", "0.05"))
+    run_id = pipeline.api.launch(spec).id
+    pipeline.wait_step(run_id, 3)
+    body = {"kwargs": {"body": {"run_id": run_id, "reason": "cost", "asked_by": "flower"}}}
+    answer = flower.call("/api/task/send-task/runwarden.snapshot_request", body)
+    assert answer["task-id"]
+    run = pipeline.wait_state(run_id)
+    assert run.state is RunState.STOPPED
+    assert run.snapshot is not None
+    assert run.snapshot.reason is SnapshotReason.COST

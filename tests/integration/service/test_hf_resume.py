@@ -1,0 +1,86 @@
+"""Stop -> resume -> stop -> resume with the real Hugging Face Trainer (a tiny GPT-2
+built from a config, on the CPU, no download) through the whole service: real Redis,
+Celery worker and beat. Each stop's checkpoint comes home verified; each resume
+uploads it into the new run and the Trainer continues the global step, which the
+final checkpoint's `trainer_state.json` shows."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from schemas import ArtifactsPhase, RunRecord, RunState
+from schemas.events import LaunchSpec
+from workers.executors import quote
+
+from ...conftest import ROOT
+from ...pipeline import Pipeline, running_pipeline
+
+pytestmark = pytest.mark.slow
+
+HF_TRAINER = ROOT / "examples" / "hf_tiny_trainer.py"
+START_TIMEOUT_S = 180.0  # importing torch and transformers on a loaded machine
+
+
+@pytest.fixture
+def pipeline(tmp_path: Path) -> Iterator[Pipeline]:
+    # The proof can take a while: the Trainer saves a model and optimizer state.
+    clocks = {"RUNWARDEN_PROOF_TIMEOUT_S": "60", "RUNWARDEN_END_TIMEOUT_S": "60"}
+    with running_pipeline(tmp_path, extra_env=clocks) as started:
+        yield started
+
+
+def wait_retrieved(pipeline: Pipeline, run_id: str, timeout_s: float = 90.0) -> RunRecord:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        run = pipeline.api.get_run(run_id)
+        if run.artifacts is not None and run.artifacts.phase is ArtifactsPhase.DONE:
+            return run
+        time.sleep(0.3)
+    run = pipeline.api.get_run(run_id)
+    raise AssertionError(f"{run_id} not retrieved: {run}\n{pipeline.logs()}")
+
+
+def stop_after(pipeline: Pipeline, run_id: str, step: int) -> RunRecord:
+    pipeline.wait_step(run_id, step, timeout_s=START_TIMEOUT_S)
+    pipeline.api.stop(run_id, asked_by="test")
+    ended = pipeline.wait_state(run_id, timeout_s=120)
+    assert ended.state is RunState.STOPPED, (ended, pipeline.logs())
+    assert ended.snapshot is not None, (ended, pipeline.logs())
+    return wait_retrieved(pipeline, run_id)
+
+
+def test_stop_resume_stop_resume_continues_the_global_step(pipeline: Pipeline) -> None:
+    command = (
+        f"exec {quote(sys.executable)} -u {quote(str(HF_TRAINER))} "
+        "--steps 100000 --step-delay 0.1"
+    )
+    first = pipeline.api.launch(LaunchSpec(target="local", command=command, name="hf"), wait_s=60)
+    run = stop_after(pipeline, first.id, 3)
+    steps: list[int] = []
+    assert run.snapshot is not None
+    steps.append(run.snapshot.step)
+    for _ in range(2):
+        resumed = pipeline.api.launch(pipeline.api.resume_spec(run.id), wait_s=60)
+        assert resumed.resumed_from == run.id
+        remote_checkpoint = Path(resumed.remote_dir) / f"output/checkpoint-{steps[-1]}"
+        assert (remote_checkpoint / "trainer_state.json").is_file()  # uploaded
+        run = stop_after(pipeline, resumed.id, steps[-1] + 3)
+        assert run.snapshot is not None
+        assert run.snapshot.step > steps[-1]
+        log = (Path(resumed.remote_dir) / "job.log").read_text()
+        assert "resuming from" in log
+        steps.append(run.snapshot.step)
+    # The final checkpoint, as it came home: its trainer state goes on from the others.
+    home = pipeline.api.settings.artifacts_root / run.id
+    state = json.loads((home / f"output/checkpoint-{steps[-1]}" / "trainer_state.json").read_text())
+    assert state["global_step"] == steps[-1]
+    logged = [entry["step"] for entry in state["log_history"] if "loss" in entry]
+    assert logged[0] == 1, logged
+    assert logged[-1] == steps[-1], logged
+    assert steps[0] < steps[1] < steps[2]

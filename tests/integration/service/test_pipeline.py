@@ -1,0 +1,154 @@
+"""The event pipeline end to end: real redis-server, Celery worker and beat
+processes, the toy trainer as the job, shortened clocks (tests/pipeline.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from schemas import RunState, SnapshotReason
+from schemas.events import LaunchSpec
+
+from ...pipeline import Pipeline, running_pipeline, toy
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def pipeline(tmp_path: Path) -> Iterator[Pipeline]:
+    with running_pipeline(tmp_path) as started:
+        yield started
+
+
+def launch(pipeline: Pipeline, *args: str) -> str:
+    spec = LaunchSpec(
+        target="local", command=toy("--steps", "100000", "--step-time", "0.05", *args)
+    )
+    return pipeline.api.launch(spec, wait_s=60).id
+
+
+def test_stop_ends_with_a_snapshot(pipeline: Pipeline) -> None:
+    run_id = launch(pipeline)
+    assert pipeline.api.get_run(run_id).state is RunState.RUNNING
+    pipeline.wait_step(run_id, 5)
+    stop = pipeline.api.stop(run_id, asked_by="test")
+    assert stop.reason is SnapshotReason.REQUESTED
+    run = pipeline.wait_state(run_id)
+    assert run.state is RunState.STOPPED, run
+    assert run.snapshot is not None
+    assert run.snapshot.checkpoint == f"output/checkpoint-{run.snapshot.step}"
+    assert (Path(run.remote_dir) / run.snapshot.checkpoint).is_dir()
+    assert pipeline.api.get_stop(run_id) is None
+    history = pipeline.api.store.stop_history(run_id)
+    assert history
+    assert all("cancel" not in (h.note or "") for h in history)
+    assert pipeline.api.store.read_log(run_id)  # the log was followed
+
+
+def test_a_job_that_ignores_requests_is_cancelled_at_the_proof_timeout(pipeline: Pipeline) -> None:
+    run_id = launch(pipeline, "--ignore-requests")
+    pipeline.wait_step(run_id, 2)
+    pipeline.api.stop(run_id)
+    run = pipeline.wait_state(run_id, timeout_s=40)
+    assert run.state is RunState.CANCELLED, run
+    assert run.snapshot is None
+
+
+def test_a_job_that_proves_then_hangs_is_cancelled_at_the_end_timeout(pipeline: Pipeline) -> None:
+    run_id = launch(pipeline, "--hang-after-proof")
+    pipeline.wait_step(run_id, 2)
+    pipeline.api.stop(run_id, reason=SnapshotReason.COST)
+    run = pipeline.wait_state(run_id, timeout_s=40)
+    assert run.state is RunState.STOPPED, run  # the proof wins over the cancel
+    assert run.snapshot is not None
+    assert run.snapshot.reason is SnapshotReason.COST
+
+
+def test_a_request_written_by_someone_else_is_picked_up(pipeline: Pipeline) -> None:
+    run_id = launch(pipeline, "--ignore-requests")
+    run = pipeline.api.get_run(run_id)
+    (Path(run.remote_dir) / "snapshot.request").write_text("deadline")
+    # Picked up within one REQUEST_POLL (2 s here), then the same timers apply.
+    import time
+
+    deadline = time.monotonic() + 6
+    while pipeline.api.get_stop(run_id) is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    stop = pipeline.api.get_stop(run_id)
+    assert stop is not None, pipeline.logs()
+    assert stop.reason is SnapshotReason.DEADLINE
+    run = pipeline.wait_state(run_id, timeout_s=40)
+    assert run.state is RunState.CANCELLED  # it ignores requests: proof timeout
+
+
+def test_malformed_bodies_are_refused_and_the_worker_carries_on(pipeline: Pipeline) -> None:
+    from celery.exceptions import CeleryError
+
+    for name, body in [
+        ("runwarden.snapshot_request", {"run_id": "../../etc", "reason": "cost"}),
+        ("runwarden.snapshot_request", {"nope": 1}),
+        ("runwarden.launch", {"target": "local"}),
+        ("runwarden.cancel", "not an object"),
+        ("runwarden.proof_timeout", {"run_id": "r", "stop_id": "x|y"}),
+    ]:
+        result = pipeline.api.app.send_task(name, kwargs={"body": body})
+        with pytest.raises(Exception) as raised:  # noqa: PT011 - the worker's own error
+            result.get(timeout=20)
+        assert not isinstance(raised.value, CeleryError), raised.value
+        assert "invalid body" in str(raised.value)
+    # Still serving.
+    run_id = launch(pipeline)
+    assert pipeline.api.get_run(run_id).state is RunState.RUNNING
+    pipeline.api.cancel(run_id)
+    assert pipeline.api.get_run(run_id).state is RunState.CANCELLED
+
+
+def test_the_hf_trainer_launched_through_runwarden_stops_with_a_loadable_checkpoint(
+    pipeline: Pipeline,
+) -> None:
+    import json
+    import subprocess
+    import sys
+
+    from workers.executors import quote
+
+    from ...conftest import ROOT
+
+    trainer = ROOT / "examples" / "hf_tiny_trainer.py"
+    command = (
+        f"HF_HUB_OFFLINE=1 exec {quote(sys.executable)} -u {quote(str(trainer))} "
+        "--steps 400 --step-delay 0.05"
+    )
+    run_id = pipeline.api.launch(LaunchSpec(target="local", command=command), wait_s=60).id
+    pipeline.wait_step(run_id, 3, timeout_s=90)  # metrics from the callback, followed
+    pipeline.api.stop(run_id, asked_by="test")
+    run = pipeline.wait_state(run_id, timeout_s=90)
+    assert run.state is RunState.STOPPED, run
+    assert run.snapshot is not None
+    checkpoint = Path(run.remote_dir) / run.snapshot.checkpoint
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    assert state["global_step"] == run.snapshot.step
+    loaded = subprocess.run(
+        [sys.executable, "-c",
+         "import sys, transformers; m = transformers.AutoModelForCausalLM.from_pretrained("
+         "sys.argv[1]); print(type(m).__name__)", str(checkpoint)],
+        capture_output=True, text=True, timeout=120, check=False,
+        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert loaded.returncode == 0, loaded.stderr[-2000:]
+    assert loaded.stdout.strip() == "GPT2LMHeadModel"
+
+
+def test_a_redis_restart_in_the_middle_of_a_stop(pipeline: Pipeline) -> None:
+    # The job ignores requests: the stop can only end through the proof deadline,
+    # which must survive the restart (AOF) and still be acted on.
+    run_id = launch(pipeline, "--ignore-requests")
+    pipeline.wait_step(run_id, 2)
+    stop = pipeline.api.stop(run_id, asked_by="test")
+    pipeline.redis.restart()
+    assert pipeline.api.get_stop(run_id) == stop  # the stop is still there
+    run = pipeline.wait_state(run_id, timeout_s=60)
+    assert run.state is RunState.CANCELLED, run
+    assert pipeline.api.get_stop(run_id) is None

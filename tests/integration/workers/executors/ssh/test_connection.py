@@ -1,0 +1,294 @@
+"""The SSH executor's own behaviour beyond the shared contract, its connections
+(`workers.executors.ssh`: `connection.py`, `transport.py`): strict host keys,
+authentication failures, reconnection, bounded failures, ProxyJump chains, fork
+safety, a dying remote shell, one pooled connection per destination. Real OpenSSH
+servers throughout (tests/sshd.py). Destinations and ssh_config: test_config.py."""
+
+from __future__ import annotations
+
+import gc
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from schemas import JobCommand, JobStatus
+from workers.executors import CommandError, SshError
+from workers.executors.ssh import SshDestination, SshExecutor, connection_pool
+
+from .....conftest import ssh_executor, wait_for
+from .....sshd import (
+    SshServer,
+    make_key,
+    running_jump_chain,
+    running_sshd,
+    write_known_hosts,
+    write_ssh_config,
+    write_wrong_known_hosts,
+)
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[SshServer]:
+    """A server of this test alone: it may be killed and restarted."""
+    with running_sshd(tmp_path / "srv") as started:
+        yield started
+
+
+def executor_with(server: SshServer, workdir: Path, **kw: object) -> SshExecutor:
+    options: dict[str, object] = {
+        "identity": server.client_key,
+        "known_hosts": server.known_hosts,
+    }
+    options.update(kw)
+    return SshExecutor.connect(server.destination, str(workdir), **options)  # type: ignore[arg-type]
+
+
+# --- host keys and authentication ---------------------------------------------------
+
+
+def test_an_unknown_host_key_is_refused(sshd: SshServer, tmp_path: Path) -> None:
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    executor = executor_with(sshd, tmp_path, known_hosts=empty)
+    with pytest.raises(SshError) as raised:
+        executor.probe("true")
+    assert raised.value.kind == "host_key"
+    assert "unknown" in raised.value.message
+    assert empty.read_text() == ""  # never added
+
+
+def test_a_missing_known_hosts_file_is_an_unknown_host(sshd: SshServer, tmp_path: Path) -> None:
+    executor = executor_with(sshd, tmp_path, known_hosts=tmp_path / "none")
+    with pytest.raises(SshError) as raised:
+        executor.probe("true")
+    assert raised.value.kind == "host_key"
+    assert not (tmp_path / "none").exists()
+
+
+@pytest.mark.parametrize("hashed", [False, True])
+def test_a_changed_host_key_is_refused(sshd: SshServer, tmp_path: Path, hashed: bool) -> None:
+    wrong = write_wrong_known_hosts(tmp_path / "known_hosts", sshd, hashed=hashed)
+    before = wrong.read_text()
+    executor = executor_with(sshd, tmp_path, known_hosts=wrong)
+    with pytest.raises(SshError) as raised:
+        executor.probe("true")
+    assert raised.value.kind == "host_key"
+    assert "CHANGED" in raised.value.message
+    assert wrong.read_text() == before
+
+
+def test_hashed_known_hosts_entries_are_accepted(sshd: SshServer, tmp_path: Path) -> None:
+    executor = executor_with(sshd, tmp_path, known_hosts=sshd.known_hosts_hashed)
+    assert executor.probe("echo ok") == b"ok\n"
+
+
+def test_a_wrong_key_is_an_auth_error(sshd: SshServer, tmp_path: Path) -> None:
+    other = make_key(tmp_path / "other_key")
+    with pytest.raises(SshError) as raised:
+        executor_with(sshd, tmp_path, identity=other).probe("true")
+    assert raised.value.kind == "auth"
+
+
+def test_an_encrypted_key_without_an_agent_never_prompts(
+    sshd: SshServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    locked = make_key(tmp_path / "locked_key", passphrase="correct horse")
+    started = time.monotonic()
+    with pytest.raises(SshError) as raised:
+        executor_with(sshd, tmp_path, identity=locked).probe("true")
+    assert raised.value.kind == "auth"
+    assert "encrypted" in raised.value.message
+    assert time.monotonic() - started < 15
+
+
+def test_errors_are_never_bare_paramiko_exceptions(sshd: SshServer, tmp_path: Path) -> None:
+    import paramiko
+
+    with pytest.raises(SshError) as raised:
+        executor_with(sshd, tmp_path, identity=make_key(tmp_path / "k")).probe("true")
+    assert not isinstance(raised.value, paramiko.SSHException)
+    assert isinstance(raised.value.__cause__, paramiko.SSHException)
+
+
+# --- reconnection and bounded failures ---------------------------------------------
+
+
+def test_a_killed_sshd_is_reconnected_transparently(server: SshServer, tmp_path: Path) -> None:
+    executor = executor_with(server, tmp_path)
+    job = executor.spawn(JobCommand(dir=str(tmp_path / "run"), script="sleep 60"))
+    for _ in range(20):
+        assert executor.status(job) == JobStatus.RUNNING
+    server.kill()
+    # While it is down: a clear error, quickly.
+    started = time.monotonic()
+    with pytest.raises(SshError) as raised:
+        executor.status(job)
+    assert raised.value.kind in ("connect", "disconnected")
+    assert time.monotonic() - started < 15
+    server.start()
+    # The dead connection is noticed and replaced; the detached job lived on.
+    assert executor.status(job) == JobStatus.RUNNING
+    executor.cancel(job)
+    assert executor.status(job) == JobStatus.CANCELLED
+
+
+def test_a_restart_between_two_calls_is_invisible(server: SshServer, tmp_path: Path) -> None:
+    executor = executor_with(server, tmp_path)
+    assert executor.probe("echo 1") == b"1\n"
+    server.kill()
+    server.start()
+    assert executor.probe("echo 2") == b"2\n"
+
+
+def test_sshd_down_is_a_connect_error_in_bounded_time(server: SshServer, tmp_path: Path) -> None:
+    server.stop()
+    started = time.monotonic()
+    with pytest.raises(SshError) as raised:
+        executor_with(server, tmp_path).probe("true")
+    assert raised.value.kind == "connect"
+    assert time.monotonic() - started < 10
+
+
+def test_a_server_that_never_answers_times_out(tmp_path: Path) -> None:
+    # Accepts TCP, never sends a banner: the connect timeout bounds the wait.
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(5)
+    accepted: list[socket.socket] = []
+    thread = threading.Thread(target=lambda: accepted.append(listener.accept()[0]), daemon=True)
+    thread.start()
+    port = listener.getsockname()[1]
+    destination = SshDestination(
+        host="127.0.0.1", port=port, known_hosts=(tmp_path / "kh",), connect_timeout_s=1.5
+    )
+    started = time.monotonic()
+    with pytest.raises(SshError) as raised:
+        SshExecutor(destination, str(tmp_path)).probe("true")
+    assert raised.value.kind == "connect"
+    assert time.monotonic() - started < 8
+    listener.close()
+
+
+def test_a_dying_remote_shell_is_replaced(sshd: SshServer, tmp_path: Path) -> None:
+    executor = ssh_executor(sshd, tmp_path)
+    assert executor.probe("echo before") == b"before\n"
+    # Kill the persistent shell this command runs under (a subshell keeps its $$).
+    with pytest.raises(SshError) as raised:
+        executor.probe("kill -9 $$")
+    assert raised.value.kind == "terminated"
+    assert executor.probe("echo after") == b"after\n"
+
+
+def test_a_script_past_its_deadline_is_abandoned(sshd: SshServer, tmp_path: Path) -> None:
+    executor = ssh_executor(sshd, tmp_path)
+    started = time.monotonic()
+    with pytest.raises(CommandError, match="timed out"):
+        executor.transport.run("sleep 5", action="probe", timeout_s=0.5)
+    assert time.monotonic() - started < 3
+    assert executor.probe("echo next") == b"next\n"
+
+
+def test_concurrent_operations_share_one_connection(sshd: SshServer, tmp_path: Path) -> None:
+    executors = [ssh_executor(sshd, tmp_path) for _ in range(8)]
+    results: list[bytes] = []
+
+    def work(executor: SshExecutor, i: int) -> None:
+        for j in range(10):
+            results.append(executor.probe(f"echo {i}-{j}"))
+
+    threads = [threading.Thread(target=work, args=(e, i)) for i, e in enumerate(executors)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(results) == sorted(f"{i}-{j}\n".encode() for i in range(8) for j in range(10))
+    transports = {id(e.transport.connection.open()) for e in executors}
+    assert len(transports) == 1
+
+
+def test_a_forked_child_never_uses_its_parents_connection(sshd: SshServer, tmp_path: Path) -> None:
+    executor = ssh_executor(sshd, tmp_path)
+    assert executor.probe("echo parent") == b"parent\n"
+    parent_port = executor.transport.connection.open().sock.getsockname()[1]  # type: ignore[union-attr]
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: a Celery prefork child would be here
+        try:
+            os.close(read)
+            # Whatever the child inherited may be finalized here at any time: force it.
+            from workers.executors.ssh import connection as ssh
+
+            ssh._INHERITED.clear()
+            gc.collect()
+            out = executor.probe("echo child")
+            port = executor.transport.connection.open().sock.getsockname()[1]  # type: ignore[union-attr]
+            os.write(write, f"{out.decode().strip()} {port}".encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    answer = os.read(read, 100).decode().split()
+    os.waitpid(pid, 0)
+    assert answer[0] == "child"
+    assert int(answer[1]) != parent_port
+    # The parent's connection was left alone.
+    assert executor.probe("echo again") == b"again\n"
+    assert executor.transport.connection.open().sock.getsockname()[1] == parent_port  # type: ignore[union-attr]
+
+
+# --- ProxyJump ---------------------------------------------------------------------
+
+
+def test_proxyjump_through_a_bastion(tmp_path: Path) -> None:
+    with running_jump_chain(tmp_path, 2, aliases=["rw-bastion", "rw-inner"]) as (_, inner):
+        executor = SshExecutor.connect(
+            "rw-inner", str(tmp_path / "work"), ssh_config=inner.ssh_config
+        )
+        assert [hop.alias for hop in executor.destination.jumps] == ["rw-bastion"]
+        job = executor.spawn(JobCommand(dir=str(tmp_path / "work" / "run"), script="sleep 60"))
+        assert executor.status(job) == JobStatus.RUNNING
+        executor.cancel(job)
+        assert executor.status(job) == JobStatus.CANCELLED
+        executor.close()
+
+
+def test_a_chain_of_two_jumps(tmp_path: Path) -> None:
+    with running_jump_chain(tmp_path, 3) as servers:
+        executor = SshExecutor.connect("rw-hop2", str(tmp_path), ssh_config=servers[2].ssh_config)
+        # rw-hop2 jumps through rw-hop1, whose own ProxyJump is rw-hop0.
+        assert [hop.alias for hop in executor.destination.route] == [
+            "rw-hop0",
+            "rw-hop1",
+            "rw-hop2",
+        ]
+        assert executor.probe("echo deep") == b"deep\n"
+        executor.close()
+
+
+def test_every_hop_is_host_key_checked(tmp_path: Path) -> None:
+    with running_jump_chain(tmp_path, 2, aliases=["rw-bastion", "rw-inner"]) as (bastion, inner):
+        # known_hosts right for the bastion, wrong for the inner server.
+        known = write_known_hosts(tmp_path / "mixed", bastion)
+        wrong = write_wrong_known_hosts(tmp_path / "wrong-inner", inner)
+        known.write_text(known.read_text() + wrong.read_text())
+        config = write_ssh_config(tmp_path / "cfg", bastion, inner, known_hosts=known)
+        executor = SshExecutor.connect("rw-inner", str(tmp_path), ssh_config=config)
+        with pytest.raises(SshError) as raised:
+            executor.probe("true")
+        assert raised.value.kind == "host_key"
+        assert "CHANGED" in raised.value.message
+
+
+# --- the pool ----------------------------------------------------------------------
+
+
+def test_the_pool_is_per_destination(sshd: SshServer, tmp_path: Path) -> None:
+    one, two = ssh_executor(sshd, tmp_path), ssh_executor(sshd, tmp_path / "other")
+    assert one.transport.connection is two.transport.connection
+    assert connection_pool().get(one.destination) is one.transport.connection
+    wait_for(lambda: one.probe("true") == b"")

@@ -1,0 +1,256 @@
+"""`schemas.run`: how a finished job's run ends (`decide_outcome`), run limits, run
+records, and the resume check."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from schemas import (
+    TERMINAL_STATES,
+    Artifacts,
+    ArtifactsPhase,
+    Container,
+    JobId,
+    JobStatus,
+    NotResumable,
+    ProofInvalid,
+    ProofNone,
+    ProofSaved,
+    RunLimits,
+    RunRecord,
+    RunState,
+    Snapshot,
+    SnapshotReason,
+    decide_outcome,
+)
+from schemas.run import check_resumable
+
+from ..conftest import record as running_record
+
+
+def saved(checkpoint: str, step: int, reason: SnapshotReason) -> ProofSaved:
+    return ProofSaved(snapshot=Snapshot(checkpoint=checkpoint, step=step, reason=reason))
+
+
+# --- outcomes ---------------------------------------------------------------------
+
+
+SAVED = saved("output/checkpoint-120", 120, SnapshotReason.COST)
+INVALID = ProofInvalid(why="snapshot.json names an invalid checkpoint path")
+PROOFS: list[ProofNone | ProofSaved | ProofInvalid | None] = [
+    None,
+    ProofNone(),
+    SAVED,
+    INVALID,
+]
+
+
+@pytest.mark.parametrize("proof_read", PROOFS)
+def test_exited_zero(proof_read: ProofNone | ProofSaved | ProofInvalid | None) -> None:
+    outcome = decide_outcome(JobStatus.exited(0), proof_read)
+    if isinstance(proof_read, ProofSaved):
+        assert outcome.state is RunState.STOPPED
+        assert outcome.snapshot == SAVED.snapshot
+    elif isinstance(proof_read, ProofInvalid):
+        assert outcome.state is RunState.FAILED
+        assert outcome.snapshot is None
+        assert outcome.message == f"the job stopped with a snapshot, but {INVALID.why}"
+    else:
+        assert outcome.state is RunState.SUCCEEDED
+        assert outcome.snapshot is None
+
+
+@pytest.mark.parametrize("code", [1, 3, 2, 137, -1, 255, 2**31 - 1, -(2**31)])
+@pytest.mark.parametrize("proof_read", PROOFS)
+def test_exited_non_zero_fails_whatever_the_proof(
+    code: int, proof_read: ProofNone | ProofSaved | ProofInvalid | None
+) -> None:
+    outcome = decide_outcome(JobStatus.exited(code), proof_read)
+    assert outcome.state is RunState.FAILED
+    assert outcome.message == f"the job exited with code {code}"
+    assert outcome.snapshot is None
+
+
+@pytest.mark.parametrize("proof_read", PROOFS)
+def test_cancelled(proof_read: ProofNone | ProofSaved | ProofInvalid | None) -> None:
+    outcome = decide_outcome(JobStatus.CANCELLED, proof_read)
+    if isinstance(proof_read, ProofSaved):
+        assert outcome.state is RunState.STOPPED
+        assert outcome.snapshot == SAVED.snapshot
+    else:
+        assert outcome.state is RunState.CANCELLED
+        assert outcome.snapshot is None
+
+
+@pytest.mark.parametrize("proof_read", PROOFS)
+def test_lost_fails_whatever_the_proof(
+    proof_read: ProofNone | ProofSaved | ProofInvalid | None,
+) -> None:
+    outcome = decide_outcome(JobStatus.LOST, proof_read)
+    assert outcome.state is RunState.FAILED
+    assert outcome.message == "the job stopped without an exit code"
+    assert outcome.snapshot is None
+
+
+@pytest.mark.parametrize("proof_read", PROOFS)
+def test_running_has_no_outcome(proof_read: ProofNone | ProofSaved | ProofInvalid | None) -> None:
+    with pytest.raises(ValueError, match="running"):
+        decide_outcome(JobStatus.RUNNING, proof_read)
+
+
+def test_every_outcome_is_terminal() -> None:
+    for status in [JobStatus.exited(0), JobStatus.exited(1), JobStatus.CANCELLED, JobStatus.LOST]:
+        for proof_read in PROOFS:
+            assert decide_outcome(status, proof_read).state.is_terminal
+    expected = {RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED, RunState.STOPPED}
+    assert expected == TERMINAL_STATES
+    assert not RunState.PREPARING.is_terminal
+    assert not RunState.RUNNING.is_terminal
+
+
+# --- run limits and records -------------------------------------------------------
+
+
+def test_run_limits() -> None:
+    assert RunLimits() == RunLimits(max_hours=None, max_cost_usd=None, usd_per_hour=None)
+    assert RunLimits(max_cost_usd=10, usd_per_hour=1.5).max_cost_usd == 10
+    assert RunLimits(usd_per_hour=1.5).max_cost_usd is None
+    with pytest.raises(ValidationError, match="usd_per_hour"):
+        RunLimits(max_cost_usd=10)
+    for field in ["max_hours", "max_cost_usd", "usd_per_hour"]:
+        for bad in [0, -1]:
+            with pytest.raises(ValidationError):
+                RunLimits.model_validate({"usd_per_hour": 1, field: bad})
+    with pytest.raises(ValidationError):
+        RunLimits.model_validate({"max_hours": 1, "other": 2})
+
+
+def test_limits_refuse_nonsense() -> None:
+    for bad in ({"max_hours": 0}, {"max_hours": float("inf")}, {"max_hours": 300_000},
+                {"max_cost_usd": 5},
+                {"usd_per_hour": float("nan")}):  # fmt: skip
+        with pytest.raises(ValueError, match="validation error"):
+            RunLimits(**bad)
+
+
+def record() -> RunRecord:
+    return RunRecord(
+        id="20261130-022518-exp",
+        target="gpu-1",
+        created=datetime(2026, 11, 30, 2, 25, 18, tzinfo=UTC),
+        remote_dir="/w/20261130-022518-exp",
+        job=JobId(
+            dir="/w/20261130-022518-exp", pid=4242, container=Container(engine="docker", name="c")
+        ),
+        state=RunState.STOPPED,
+        message="stopped with a snapshot at step 120 (cost)",
+        snapshot=Snapshot(checkpoint="output/checkpoint-120", step=120, reason=SnapshotReason.COST),
+        resumed_from="20261129-000000",
+        snapshots=True,
+        command="python train.py",
+        limits=RunLimits(max_hours=2, max_cost_usd=10, usd_per_hour=1.5),
+    )
+
+
+def test_run_record_round_trips_through_json() -> None:
+    run = record()
+    text = run.model_dump_json()
+    assert RunRecord.model_validate_json(text) == run
+    shape = json.loads(text)
+    assert shape["job"] == {
+        "dir": "/w/20261130-022518-exp",
+        "pid": 4242,
+        "container": {"engine": "docker", "name": "c"},
+    }
+    assert shape["snapshot"] == {
+        "checkpoint": "output/checkpoint-120",
+        "step": 120,
+        "reason": "cost",
+    }
+    assert shape["state"] == "stopped"
+    assert RunRecord.model_validate(shape) == run
+
+
+def test_run_record_defaults_and_time_zones() -> None:
+    run = RunRecord(id="r1", target="local", created=datetime(2026, 1, 1, 12), remote_dir="/w/r1")
+    assert run.state is RunState.PREPARING
+    assert run.job is None
+    assert run.snapshot is None
+    assert run.snapshots is True
+    assert run.limits == RunLimits()
+    assert run.created == datetime(2026, 1, 1, 12, tzinfo=UTC)
+    shifted = RunRecord(
+        id="r1",
+        target="local",
+        created=datetime(2026, 1, 1, 14, tzinfo=timezone(timedelta(hours=2))),
+        remote_dir="/w/r1",
+    )
+    assert shifted.created == datetime(2026, 1, 1, 12, tzinfo=UTC)
+    assert shifted.created.utcoffset() == timedelta(0)
+    assert RunRecord.model_validate_json(run.model_dump_json()) == run
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"id": "../x"},
+        {"id": "UPPER"},
+        {"resumed_from": "a/b"},
+        {"remote_dir": "relative"},
+        {"target": ""},
+        {"target": "x" * 65},
+        {"state": "done"},
+        {"unknown": 1},
+        {"job": {"dir": "/w", "pid": 1, "container": None}},
+        {"limits": {"max_cost_usd": 5}},
+    ],
+)
+def test_run_record_refuses_bad_fields(change: dict[str, Any]) -> None:
+    shape = json.loads(record().model_dump_json()) | change
+    with pytest.raises(ValidationError):
+        RunRecord.model_validate(shape)
+
+
+# --- resume check -----------------------------------------------------------------
+
+
+def stopped(**changes: Any) -> RunRecord:
+    snap = Snapshot(checkpoint="output/checkpoint-7", step=7, reason=SnapshotReason.COST)
+    base: dict[str, Any] = {
+        "state": RunState.STOPPED,
+        "snapshot": snap,
+        "artifacts": Artifacts(phase=ArtifactsPhase.DONE, files=3, bytes=10),
+    }
+    base.update(changes)
+    return running_record(**base)
+
+
+def test_a_stopped_run_with_its_artifacts_is_resumable() -> None:
+    assert check_resumable(stopped()).step == 7
+
+
+@pytest.mark.parametrize(
+    ("changes", "why"),
+    [
+        ({"state": RunState.SUCCEEDED, "snapshot": None}, "succeeded, not stopped"),
+        ({"state": RunState.RUNNING, "snapshot": None}, "running, not stopped"),
+        ({"artifacts": None}, "no retrieval was recorded"),
+        (
+            {"artifacts": Artifacts(attempts=2, error="ssh: connection refused")},
+            "retrieval is pending (last error: ssh: connection refused)",
+        ),
+        ({"artifacts": Artifacts(phase=ArtifactsPhase.FAILED)}, "retrieval is failed"),
+    ],
+)
+def test_resume_is_refused_with_the_reason(changes: dict[str, Any], why: str) -> None:
+    with pytest.raises(NotResumable) as caught:
+        check_resumable(stopped(**changes))
+    assert why in str(caught.value)
+    assert str(caught.value).startswith("run 'r1' cannot be resumed")
+    rebuilt = NotResumable(*caught.value.args)  # Celery's JSON backend does this
+    assert str(rebuilt) == str(caught.value)

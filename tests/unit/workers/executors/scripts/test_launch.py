@@ -1,0 +1,211 @@
+"""`workers.executors.scripts.launch`: the on-target watchdog's script (`watchdog_script`)
+run directly under both shells a target may have, dash (`sh`) and `busybox sh`,
+beside a real process group standing for the job; also with busybox's own `date` and
+`sleep` (no `%N`: whole seconds), and with a `date` that fails (the watchdog counts
+its sleeps). And the launcher, which starts the watchdog only when asked."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from schemas.protocol import CANCEL_FILE, EXIT_FILE, PID_FILE, SNAPSHOT_REQUEST
+from workers.executors import InvalidArgument
+from workers.executors.scripts import WATCHDOG_PID_FILE, launcher_script, watchdog_script
+
+from .....conftest import wait_for
+
+POLL_S = 0.2
+HOSTILE_DIR = "r $(touch PWNED) 'q' \"d\" `touch PWNED` ;&|<>*?\n\tend"
+SHELLS = {
+    "dash": (("sh",), None),
+    "busybox": (("busybox", "sh"), None),
+    "busybox-applets": (("busybox", "sh"), "applets"),
+    "no-clock": (("sh",), "broken-date"),
+}
+
+
+class Watchdog:
+    """A run directory with a stand-in job (a `sleep` in a group of its own), and a
+    watchdog run on it by one shell."""
+
+    def __init__(
+        self, shell: tuple[str, ...], kind: str | None, path: str | None, root: Path
+    ) -> None:
+        self.shell = shell
+        self.kind = kind
+        self.env = dict(os.environ)
+        if path is not None:
+            self.env["PATH"] = f"{path}:{self.env['PATH']}"
+        self.dir = root / HOSTILE_DIR
+        self.dir.mkdir(parents=True)
+        self.job = subprocess.Popen(["sleep", "120"], start_new_session=True)
+        (self.dir / PID_FILE).write_text(f"{self.job.pid}\n")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, after_s: float, poll_s: float = POLL_S) -> subprocess.Popen[bytes]:
+        self.proc = subprocess.Popen(
+            [*self.shell, "-c", watchdog_script(str(self.dir), after_s, poll_s)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            env=self.env,
+        )
+        return self.proc
+
+    @property
+    def request(self) -> Path:
+        return self.dir / SNAPSHOT_REQUEST
+
+    def end_job(self) -> None:
+        self.job.kill()
+        self.job.wait()
+
+    def cleanup(self) -> None:
+        self.end_job()
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+        if self.proc is not None:
+            self.proc.communicate()
+
+
+@pytest.fixture(params=list(SHELLS))
+def dog(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Watchdog]:
+    shell, kind = SHELLS[request.param]
+    path = None
+    if kind is not None:
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir()
+        if kind == "applets":
+            for name in ("date", "sleep"):
+                (bin_dir / name).symlink_to(subprocess.check_output(
+                    ["sh", "-c", "command -v busybox"], text=True).strip())  # fmt: skip
+        else:
+            (bin_dir / "date").write_text("#!/bin/sh\nexit 1\n")
+            (bin_dir / "date").chmod(0o755)
+        path = str(bin_dir)
+    watchdog = Watchdog(shell, kind, path, tmp_path / "work")
+    yield watchdog
+    watchdog.cleanup()
+    assert not list(tmp_path.rglob("PWNED"))
+
+
+def test_the_clock_is_the_one_asked_for(dog: Watchdog) -> None:
+    out = (
+        subprocess.run(
+            [*dog.shell, "-c", "date +%s%N"], capture_output=True, env=dog.env, check=False
+        )
+        .stdout.decode()
+        .strip()
+    )
+    if dog.kind == "applets":
+        assert out.endswith("%N")  # no nanoseconds: the whole-seconds path
+    elif dog.kind == "broken-date":
+        assert out == ""
+    else:
+        assert out.isdigit()
+
+
+def test_it_fires_then_waits_for_the_job(dog: Watchdog) -> None:
+    started = time.monotonic()
+    proc = dog.start(after_s=1.0)
+    wait_for(dog.request.exists, timeout_s=10, interval_s=0.02)
+    took = time.monotonic() - started
+    # A ms clock fires at 1 s; whole seconds (busybox date) within a second of it.
+    assert 0 < took < 5, took
+    assert dog.request.read_text() == "deadline"
+    pid_file = dog.dir / WATCHDOG_PID_FILE
+    assert pid_file.read_text() == f"{proc.pid}\n"
+    time.sleep(3 * POLL_S)
+    assert proc.poll() is None  # it waits for the job's end
+    (dog.dir / EXIT_FILE).write_text("0\n")
+    proc.wait(timeout=POLL_S + 1)
+    assert proc.returncode == 0
+    assert sorted(os.listdir(dog.dir)) == [".runwarden", EXIT_FILE, PID_FILE, SNAPSHOT_REQUEST]
+
+
+def test_a_sub_second_fire_time(dog: Watchdog) -> None:
+    started = time.monotonic()
+    dog.start(after_s=0.3, poll_s=0.05)
+    wait_for(dog.request.exists, timeout_s=10, interval_s=0.01)
+    assert time.monotonic() - started < 2.0
+    assert dog.request.read_text() == "deadline"
+
+
+@pytest.mark.parametrize("reason", ["cost", "", "requested\n"])
+def test_a_request_already_there_is_never_replaced(dog: Watchdog, reason: str) -> None:
+    dog.request.write_text(reason)
+    proc = dog.start(after_s=0.1)
+    time.sleep(1.5)
+    assert proc.poll() is None
+    assert dog.request.read_text() == reason
+    dog.end_job()
+    proc.wait(timeout=POLL_S + 1)
+    assert not [name for name in os.listdir(dog.dir) if "tmp" in name]
+
+
+@pytest.mark.parametrize("marker", [EXIT_FILE, CANCEL_FILE, "group", "directory"])
+def test_it_exits_with_the_job_and_writes_nothing(dog: Watchdog, marker: str) -> None:
+    proc = dog.start(after_s=1.5)
+    time.sleep(0.3)
+    assert proc.poll() is None
+    ended = time.monotonic()
+    if marker == "group":
+        dog.end_job()
+    elif marker == "directory":
+        shutil.rmtree(dog.dir)
+    else:
+        (dog.dir / marker).write_text("")
+    proc.wait(timeout=POLL_S + 1)
+    assert time.monotonic() - ended < POLL_S + 1
+    assert proc.returncode == 0
+    time.sleep(1.5)
+    assert not dog.request.exists()
+
+
+@pytest.mark.parametrize("content", [None, "", "0\n", "1\n", "abc\n", "-5\n", "99999999999\n"])
+def test_a_bad_job_pid_ends_it_at_once(dog: Watchdog, content: str | None) -> None:
+    if content is None:
+        (dog.dir / PID_FILE).unlink()
+    else:
+        (dog.dir / PID_FILE).write_text(content)
+    proc = dog.start(after_s=0.01)
+    proc.wait(timeout=5)
+    assert proc.returncode == 3
+    assert not dog.request.exists()
+    assert not (dog.dir / WATCHDOG_PID_FILE).exists()
+
+
+@pytest.mark.parametrize(
+    ("after_s", "poll_s"),
+    [(0, 1), (-1, 1), (float("nan"), 1), (float("inf"), 1), (1e10, 1), (1, 0), (1, -1),
+     (1, float("inf"))],
+)  # fmt: skip
+def test_bad_times_are_refused(after_s: float, poll_s: float) -> None:
+    with pytest.raises(InvalidArgument):
+        watchdog_script("/w/r", after_s, poll_s)
+    with pytest.raises(InvalidArgument):
+        launcher_script("/w/r", "true", {}, [], (after_s, poll_s))
+
+
+def test_times_are_rounded_to_milliseconds() -> None:
+    script = watchdog_script("/w/r", 0.0001, 0.0001)
+    assert "rw_after=1\n" in script
+    assert "rw_poll=10\n" in script
+    script = watchdog_script("/w/r", 54_000.0, 5.0)
+    assert "rw_after=54000000\n" in script
+    assert "rw_poll=5000\n" in script
+
+
+def test_the_launcher_starts_a_watchdog_only_when_asked() -> None:
+    assert "rw-watchdog" not in launcher_script("/w/r", "true", {}, ["TOKEN"])
+    with_dog = launcher_script("/w/r", "true", {}, ["TOKEN"], (10.0, 1.0))
+    assert "rw-watchdog" in with_dog
+    assert "unset TOKEN\n" in with_dog  # secrets never reach the watchdog

@@ -1,0 +1,65 @@
+"""`workers.policies`: the policy tick publishes snapshot requests as any producer,
+at most once a period, and probes a target's disk at most once a period."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from schemas import RunLimits, SnapshotReason
+from schemas.events import TASK_SNAPSHOT_REQUEST, SnapshotRequestBody
+from workers import policies
+
+from .conftest import policy_worker, running_run
+
+
+def test_the_policy_tick_publishes_one_request_per_run_as_a_producer(tmp_path: Path) -> None:
+    worker, store, sent = policy_worker(tmp_path)
+    running_run(store, tmp_path, "late", limits=RunLimits(max_hours=1.1, disk=False))
+    running_run(store, tmp_path, "costly",
+                limits=RunLimits(max_cost_usd=10, usd_per_hour=10, disk=False))  # fmt: skip
+    running_run(store, tmp_path, "fine", limits=RunLimits(max_hours=100, disk=False))
+    result = policies.policy_target(worker, "local", datetime.now(UTC))
+    assert result == {"runs": 3, "asked": 2}
+    published = sent.named(TASK_SNAPSHOT_REQUEST)
+    bodies = {b["run_id"]: SnapshotRequestBody.model_validate(b) for b in published}
+    assert set(bodies) == {"late", "costly"}
+    assert bodies["late"].reason is SnapshotReason.DEADLINE
+    assert bodies["costly"].reason is SnapshotReason.COST
+    assert all(b.only_if_none_open for b in bodies.values())
+    assert bodies["costly"].asked_by == "policy:cost"
+    # The next tick within the policy period publishes nothing more.
+    policies.policy_target(worker, "local", datetime.now(UTC))
+    assert len(sent.named(TASK_SNAPSHOT_REQUEST)) == 2
+
+
+def test_a_run_with_an_open_stop_is_never_asked_by_a_policy(tmp_path: Path) -> None:
+    worker, store, sent = policy_worker(tmp_path)
+    running_run(store, tmp_path, "asked", limits=RunLimits(max_hours=0.5, disk=False))
+    store.open_stop("asked", SnapshotReason.REQUESTED, "cli", datetime.now(UTC), 60)
+    policies.policy_target(worker, "local", datetime.now(UTC))
+    assert sent.named(TASK_SNAPSHOT_REQUEST) == []
+
+
+def test_the_disk_policy_probes_a_target_at_most_once_a_period(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    worker, store, sent = policy_worker(tmp_path, disk_used_fraction=0.000001)
+    running_run(store, tmp_path, "d1")
+    probes: list[str] = []
+    executor = worker.executor("local")
+    real = executor.probe
+
+    def counting(script: str) -> bytes:
+        probes.append(script)
+        return real(script)
+
+    monkeypatch.setattr(executor, "probe", counting)
+    policies.policy_target(worker, "local", datetime.now(UTC))
+    policies.policy_target(worker, "local", datetime.now(UTC))
+    assert len(probes) == 1
+    (body,) = sent.named(TASK_SNAPSHOT_REQUEST)
+    assert body["reason"] == "disk"
+    assert body["asked_by"] == "policy:disk"
