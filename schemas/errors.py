@@ -7,7 +7,9 @@ cause stays visible.
     ├── SchemaError (ValueError)         input that does not fit a shape
     │   ├── InvalidRunId
     │   ├── InvalidPath
-    │   └── BadRequest                   a task body that does not fit its schema
+    │   ├── BadRequest                   a task body that does not fit its schema
+    │   └── BadForm                      a web form that is not a small urlencoded
+    │                                    form (producers.web.security)
     ├── RunError                         the run store and the operations on runs
     │   ├── StoreError                   Redis unreachable, refused, or a stored value
     │   │                                unreadable

@@ -9,7 +9,7 @@ record written by overbrainer reads here and the other way round:
 from __future__ import annotations
 
 import re
-from typing import Any, ClassVar, Final, Literal
+from typing import Annotated, Any, ClassVar, Final, Literal
 
 from pydantic import (
     BaseModel,
@@ -99,11 +99,31 @@ class JobId(BaseModel):
     """Pid of the job's session leader, also its process-group id. Never 0 or 1."""
     container: Container | None = None
     """The container the job runs in, if any."""
+    start: Annotated[int, Field(strict=True, ge=0, lt=2**63)] | None = None
+    """When the leader started, in clock ticks since the target's boot (field 22 of
+    `/proc/<pid>/stat`), read by the launcher; None where the target has no `/proc`
+    or the job was adopted. With it, a live process group whose leader started at
+    another time is another job's (the pid was reused): never this job's, never
+    signalled for it (docs/protocol.md, "Status")."""
+    mark: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$")] | None = None
+    """The value of `RUNWARDEN_RUN_ID` in the environment of every process of the job:
+    how cancel finds the processes that left the job's process group. None for a job
+    started without it (adopted)."""
 
     @field_validator("dir")
     @classmethod
     def _dir(cls, value: str) -> str:
         return check_absolute_path(value)
+
+    @model_serializer(mode="wrap")
+    def _compact(self, handler: Any) -> Any:
+        # Without them, the JSON is overbrainer's shape to the byte.
+        data = handler(self)
+        if isinstance(data, dict):
+            for name in ("start", "mark"):
+                if data.get(name) is None:
+                    data.pop(name, None)
+        return data
 
 
 class JobCommand(BaseModel):

@@ -39,7 +39,13 @@ def _is_step(value: Any) -> bool:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite number that fits a float (an integer of 400 digits does not)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
 
 
 def progress_fields(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -267,13 +267,14 @@ def check_cancel(run: RunRecord) -> JobId:
 
 def check_resumable(run: RunRecord) -> Snapshot:
     """The snapshot `run` would be resumed from, when the record allows a resume: the
-    run is stopped with a snapshot and its artifacts were retrieved. (The worker also
-    checks the stored files themselves before it uploads them.)
+    run ended with a snapshot (stopped, or failed after its job proved one) and its
+    artifacts were retrieved. (The worker also checks the stored files themselves
+    before it uploads them.)
 
     Raises:
         NotResumable: saying why.
     """
-    if run.state is not RunState.STOPPED or run.snapshot is None:
+    if run.snapshot is None or run.state not in (RunState.STOPPED, RunState.FAILED):
         raise NotResumable(run.id, f"it is {run.state}, not stopped with a snapshot")
     artifacts = run.artifacts
     if artifacts is None or artifacts.phase is not ArtifactsPhase.DONE:
@@ -301,31 +302,39 @@ class Outcome(BaseModel):
 def decide_outcome(
     status: JobStatus, proof: ProofNone | ProofSaved | ProofInvalid | None
 ) -> Outcome:
-    """How a finished job's run ends, as overbrainer decides it (docs/architecture.md, "Runs").
+    """How a finished job's run ends, as overbrainer decides it, except that a proof
+    is never thrown away.
 
     exited 0 -> succeeded; exited N -> failed; cancelled -> cancelled; lost -> failed.
     When that is succeeded or cancelled, the proof (read after the job ended) decides
     further: a valid proof makes the run stopped with its snapshot (also when the job
-    was cancelled after writing it); an invalid proof leaves cancelled as cancelled and
-    turns succeeded into failed. `proof` is only looked at in those two cases; `None`
-    means it could not be read, which is treated as no proof.
+    was cancelled after writing it); an invalid proof leaves cancelled as cancelled
+    and turns succeeded into failed. A job that proved a valid snapshot and then
+    exited non-zero or was lost is failed, with its snapshot kept in the record (its
+    checkpoint is retrieved, and it can be resumed from), and the message says so.
+    `None` means the proof could not be read, which is treated as no proof.
 
     Raises:
         ValueError: for a running status: a running job has no outcome.
     """
     if status.kind == "running":
         raise ValueError("a running job has no outcome yet")
-    if status.kind == "exited" and status.code != 0:
-        return Outcome(state=RunState.FAILED, message=f"the job exited with code {status.code}")
-    if status.kind == "lost":
-        return Outcome(state=RunState.FAILED, message="the job stopped without an exit code")
+    saved = proof.snapshot if isinstance(proof, ProofSaved) else None
+    if status.kind in ("exited", "lost") and status != JobStatus.exited(0):
+        how = (
+            f"the job exited with code {status.code}"
+            if status.kind == "exited"
+            else "the job stopped without an exit code"
+        )
+        if saved is not None:
+            how += f" after saving a snapshot at step {saved.step} ({saved.reason})"
+        return Outcome(state=RunState.FAILED, message=how, snapshot=saved)
     base = RunState.SUCCEEDED if status.kind == "exited" else RunState.CANCELLED
-    if isinstance(proof, ProofSaved):
-        snap = proof.snapshot
+    if saved is not None:
         return Outcome(
             state=RunState.STOPPED,
-            message=f"stopped with a snapshot at step {snap.step} ({snap.reason})",
-            snapshot=snap,
+            message=f"stopped with a snapshot at step {saved.step} ({saved.reason})",
+            snapshot=saved,
         )
     if isinstance(proof, ProofInvalid):
         if base is RunState.CANCELLED:

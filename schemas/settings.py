@@ -85,6 +85,14 @@ class Settings(BaseSettings):
         return self.state_dir.expanduser().absolute() / "runs"
 
     @property
+    def follow_timeout_s(self) -> float:
+        """Longest run of one follow tick's script, in seconds: four follow periods,
+        at least 2 s. Every read in it is bounded, so only an unreachable or
+        overloaded target takes this long; a tick of a target never overlaps the
+        next, so a tick that ends this way delays that target's next one, no other."""
+        return max(2.0, 4 * self.follow_poll_s)
+
+    @property
     def embedded_socket(self) -> Path:
         """The unix socket of the embedded Redis server."""
         return self.state_dir / "redis.sock"

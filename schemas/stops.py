@@ -127,6 +127,9 @@ class StopState(BaseModel):
     """When the stop was closed (phase done)."""
     note: Annotated[str, Field(max_length=2000)] | None = None
     """The last thing that happened, for people: "proof at step 40", "cancelled"..."""
+    cancels: Annotated[int, Field(ge=0)] = 0
+    """Cancels tried for this stop: a failed one is retried after a delay that doubles
+    with each try."""
 
 
 class Deadline(BaseModel):

@@ -160,6 +160,7 @@ class StopsMixin(RunsMixin):
         *,
         end_deadline: datetime | None = None,
         note: str | None = None,
+        cancels: int | None = None,
     ) -> StopState | None:
         """Moves stop `stop_id` of run `run_id` from `from_phase` to `to_phase`, as one
         compare-and-set, and returns the new state; None, with nothing changed, when
@@ -172,7 +173,7 @@ class StopsMixin(RunsMixin):
         end deadline; `-> cancelling` with an `end_deadline` if a cancel interrupted by
         a dead worker must be retried by `reconcile` (recommended: now + a grace
         period), without one otherwise. `to_phase` `done` closes the stop as
-        [`close_stop`] does. `note` (when given) replaces the note.
+        [`close_stop`] does. `note` and `cancels` (when given) replace theirs.
 
         Raises:
             ValueError: `to_phase` goes backwards, `from_phase` is done, or
@@ -195,6 +196,8 @@ class StopsMixin(RunsMixin):
             changes: dict[str, Any] = {"phase": to_phase}
             if note is not None:
                 changes["note"] = note
+            if cancels is not None:
+                changes["cancels"] = cancels
             if to_phase is StopPhase.DONE:
                 closed = replace_model(current, closed_at=datetime.now(UTC), **changes)
                 if self._archive_stop(raw, closed):

@@ -6,33 +6,47 @@ from __future__ import annotations
 
 import logging
 
-from schemas import Conflict, JobStatus, RunRecord, decide_outcome, parse_proof
+from schemas import (
+    Conflict,
+    JobStatus,
+    ProofInvalid,
+    RunRecord,
+    decide_outcome,
+    parse_proof,
+)
 from schemas.protocol import PROOF_LIMIT, SNAPSHOT_FILE
+from schemas.snapshot import Proof
 
 from .artifacts import queue_retrieval
 from .context import Context
-from .executors import ExecError, Executor
+from .executors import ExecError, Executor, ProtocolError
 
 log = logging.getLogger("runwarden")
 
-__all__ = ["finish"]
+__all__ = ["finish", "read_proof"]
+
+
+def read_proof(executor: Executor, run: RunRecord) -> Proof | None:
+    """What the run's `snapshot.json` says (at most its first 64 KiB): a file the job
+    put there that is not a regular file (a directory, a FIFO, a link) is an invalid
+    proof, saying why; None when the target could not be read (logged)."""
+    try:
+        content = executor.read_from(f"{run.remote_dir}/{SNAPSHOT_FILE}", 0, PROOF_LIMIT)
+    except ProtocolError as error:
+        return ProofInvalid(why=f"{SNAPSHOT_FILE} cannot be read ({error})")
+    except ExecError as error:
+        log.warning("run %s: cannot read its proof: %s", run.id, error)
+        return None
+    return parse_proof(content)
 
 
 def finish(ctx: Context, run: RunRecord, status: JobStatus, executor: Executor) -> RunRecord:
-    """Records how `run` ended (its outcome from `status` and, for an exit 0 or a
-    cancel, its proof read once from the target) and, in the same transaction, closes
+    """Records how `run` ended (its outcome from `status` and its proof, read once
+    from the target: a proof is never thrown away) and, in the same transaction, closes
     its stop (its deadlines cleared) and stops following it; the first to record the
     end sends the retrieval. A run already ended keeps its state. Returns the stored
     record."""
-    proof = None
-    if status.kind == "cancelled" or status == JobStatus.exited(0):
-        try:
-            proof = parse_proof(
-                executor.read_from(f"{run.remote_dir}/{SNAPSHOT_FILE}", 0, PROOF_LIMIT)
-            )
-        except ExecError as error:
-            log.warning("run %s: cannot read its proof: %s", run.id, error)
-    outcome = decide_outcome(status, proof)
+    outcome = decide_outcome(status, read_proof(executor, run))
     note = f"the run ended {outcome.state}"
     try:
         record, changed = ctx.store.end_run(

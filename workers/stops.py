@@ -16,26 +16,29 @@ from typing import Final
 from schemas import (
     DeadlineKind,
     JobId,
+    JobStatus,
     NotRunning,
-    ProofNone,
+    ProofInvalid,
+    ProofSaved,
     RunRecord,
     SnapshotReason,
     StopPhase,
     StopState,
-    parse_proof,
 )
 from schemas.events import TASK_END_TIMEOUT, TASK_PROOF_TIMEOUT
-from schemas.protocol import PROOF_LIMIT, SNAPSHOT_FILE, SNAPSHOT_REQUEST
+from schemas.protocol import SNAPSHOT_REQUEST
 from schemas.run import check_cancel, check_snapshot_request
+from schemas.snapshot import Proof
 
 from .artifacts import resend_due_retrievals
 from .context import Context
-from .executors import ExecError
-from .finish import finish
+from .executors import ExecError, ProtocolError, SshError
+from .finish import finish, read_proof
 
 log = logging.getLogger("runwarden")
 
 __all__ = [
+    "CANCEL_RETRY_MAX_S",
     "CANCEL_RETRY_S",
     "cancel",
     "notice_request",
@@ -47,7 +50,10 @@ __all__ = [
 
 CANCEL_RETRY_S: Final = 60.0
 """When a cancel failed (the group survived, the target was unreachable), how long
-until `reconcile` tries it again, in seconds."""
+until `reconcile` tries it again, in seconds; doubled after each failed try, up to
+[`CANCEL_RETRY_MAX_S`]. Also how long one cancel may take before another task may
+signal the job again."""
+CANCEL_RETRY_MAX_S: Final = 3600.0
 _EARLY_S: Final = 0.5
 """A deadline task arriving this much before its deadline still acts (clock skew
 between beat, the broker and workers)."""
@@ -58,12 +64,18 @@ def schedule_deadline(
 ) -> None:
     """Sends the countdown task of `stop`'s `kind` deadline. A failure to send is
     logged only: the deadline is in the store's table and `reconcile` fires it."""
+    _send_deadline(ctx, stop.run_id, stop.stop_id, kind, countdown_s)
+
+
+def _send_deadline(
+    ctx: Context, run_id: str, stop_id: str, kind: DeadlineKind, countdown_s: float
+) -> None:
     name = TASK_PROOF_TIMEOUT if kind == "proof" else TASK_END_TIMEOUT
-    body = {"run_id": stop.run_id, "stop_id": stop.stop_id}
+    body = {"run_id": run_id, "stop_id": stop_id}
     try:
         ctx.schedule(name, {"body": body}, countdown_s)
     except Exception:  # noqa: BLE001 - reconcile fires it from the deadline table
-        log.warning("run %s: cannot schedule the %s countdown", stop.run_id, kind)
+        log.warning("run %s: cannot send the %s deadline task", run_id, kind)
 
 
 def _armed(ctx: Context, stop: StopState, how: str) -> StopState:
@@ -99,7 +111,10 @@ def request_snapshot(
         # tick has seen yet is the first one: noticed as the tick would, its reason
         # kept, nothing written over it. (A request written between this read and the
         # write below is replaced: a window of one round trip.)
-        written = executor.read_from(f"{run.remote_dir}/{SNAPSHOT_REQUEST}", 0, 256)
+        try:
+            written = executor.read_from(f"{run.remote_dir}/{SNAPSHOT_REQUEST}", 0, 256)
+        except ProtocolError:
+            written = b""  # not a regular file: no request; the write below replaces it
         if written.strip():
             notice_request(ctx, run, written.decode("utf-8", "replace"), now)
             found = ctx.store.get_stop(run_id)
@@ -117,11 +132,25 @@ def request_snapshot(
         return stop
     try:
         executor.put_file(f"{run.remote_dir}/{SNAPSHOT_REQUEST}", str(stop.reason))
-    except ExecError:
+    except SshError:
         if opened:
-            # Never asked: a proof deadline would cancel a job that was not told.
+            # Never asked, the target out of reach: a proof deadline would cancel a
+            # job that was not told. Asking again opens a new stop.
             ctx.store.close_stop(run_id, stop.stop_id, note="the request could not be written")
         raise
+    except ExecError as error:
+        # The target answered but the request could not be put in place: the job's
+        # own doing (its run directory holds something that cannot be replaced). The
+        # stop stays: a job that cannot be asked is cancelled at its proof deadline.
+        log.warning("run %s: the request could not be written: %s", run_id, error)
+        if opened:
+            stop = ctx.store.advance_stop(
+                run_id,
+                stop.stop_id,
+                StopPhase.WAITING_PROOF,
+                StopPhase.WAITING_PROOF,
+                note=f"the request could not be written ({error}): cancelled at the deadline",
+            ) or stop
     return _armed(ctx, stop, "snapshot asked") if opened else stop
 
 
@@ -164,45 +193,64 @@ def on_deadline(ctx: Context, run_id: str, stop_id: str, now: datetime) -> str:
         ctx.store.close_stop(run_id, stop_id, note="the run is not running")
         return "ended"
     executor = ctx.executor(run.target)
-    status = executor.status(run.job)
-    if status.is_finished:
+    status: JobStatus | None
+    try:
+        status = executor.status(run.job)
+    except ProtocolError as error:
+        # Garbage from the run directory: whatever it means, the deadline acts.
+        log.warning("run %s: its status cannot be read: %s", run_id, error)
+        status = None
+    if status is not None and status.is_finished:
         finish(ctx, run, status, executor)
         return "ended"
     if stop.phase is StopPhase.WAITING_PROOF:
-        proof_path = f"{run.remote_dir}/{SNAPSHOT_FILE}"
-        proof = parse_proof(executor.read_from(proof_path, 0, PROOF_LIMIT))
-        if not isinstance(proof, ProofNone):
-            end = now + timedelta(seconds=ctx.settings.end_timeout_s)
-            moved = ctx.store.advance_stop(
-                run_id,
-                stop_id,
-                StopPhase.WAITING_PROOF,
-                StopPhase.WAITING_END,
-                end_deadline=end,
-                note="proof seen: waiting for the job to end",
-            )
-            if moved is not None:
-                schedule_deadline(ctx, moved, "end", ctx.settings.end_timeout_s)
-            return "proved"
-        note = (
-            f"no snapshot {ctx.settings.proof_timeout_s:g} s after it was asked for: "
-            "cancelling the job"
+        return _proof_deadline(ctx, stop, run, read_proof(executor, run), now)
+    note = "the job saved its snapshot but did not end: cancelling it"
+    return _escalate(ctx, stop, note, now)
+
+
+def _proof_deadline(
+    ctx: Context, stop: StopState, run: RunRecord, proof: Proof | None, now: datetime
+) -> str:
+    """The proof deadline of a running job: a valid proof gets the end deadline;
+    anything else (no proof, an invalid one, one that cannot be read) cancels it."""
+    if isinstance(proof, ProofSaved):
+        end = now + timedelta(seconds=ctx.settings.end_timeout_s)
+        moved = ctx.store.advance_stop(
+            run.id,
+            stop.stop_id,
+            StopPhase.WAITING_PROOF,
+            StopPhase.WAITING_END,
+            end_deadline=end,
+            note=f"proof seen at step {proof.snapshot.step}: waiting for the job to end",
         )
-    else:
-        note = "the job saved its snapshot but did not end: cancelling it"
+        if moved is not None:
+            schedule_deadline(ctx, moved, "end", ctx.settings.end_timeout_s)
+        return "proved"
+    what = "no snapshot"
+    if isinstance(proof, ProofInvalid):
+        what = f"no valid snapshot ({proof.why})"
+    elif proof is None:
+        what = "no readable snapshot"
+    note = f"{what} {ctx.settings.proof_timeout_s:g} s after it was asked for: cancelling the job"
     return _escalate(ctx, stop, note, now)
 
 
 def _escalate(ctx: Context, stop: StopState, note: str, now: datetime) -> str:
     """Moves `stop` (as read) to `cancelling`, with a retry deadline in case this
-    worker dies, and cancels the job; "stale" when another task moved it first."""
+    worker dies or the cancel fails (`CANCEL_RETRY_S`, doubled with each try of this
+    stop, at most `CANCEL_RETRY_MAX_S`), and cancels the job; "stale" when another
+    task moved it first."""
+    cancels = stop.cancels + 1
+    retry_s = min(CANCEL_RETRY_S * 2 ** (cancels - 1), CANCEL_RETRY_MAX_S)
     moved = ctx.store.advance_stop(
         stop.run_id,
         stop.stop_id,
         stop.phase,
         StopPhase.CANCELLING,
-        end_deadline=now + timedelta(seconds=CANCEL_RETRY_S),
+        end_deadline=now + timedelta(seconds=retry_s),
         note=note,
+        cancels=cancels,
     )
     if moved is None:
         return "stale"
@@ -214,7 +262,9 @@ def _escalate(ctx: Context, stop: StopState, note: str, now: datetime) -> str:
     try:
         record = _cancel_once(ctx, run, run.job)
     except ExecError as error:
-        log.warning("run %s: cancel failed, retried in %g s: %s", run.id, CANCEL_RETRY_S, error)
+        log.warning(
+            "run %s: cancel %d failed, retried in %g s: %s", run.id, cancels, retry_s, error
+        )
         return "cancel failed"
     return "cancelled" if record.state.is_terminal else "cancelling"
 
@@ -256,19 +306,17 @@ def cancel(ctx: Context, run_id: str) -> RunRecord:
 
 
 def reconcile(ctx: Context, now: datetime, limit: int = 200) -> int:
-    """Fires every overdue deadline whose countdown did not (a worker killed, a
-    message lost), and sends the retrieval task of every retrieval that is due;
-    returns how many deadlines it acted on. A deadline is taken under a lease, so two
-    reconcilers never fire it at once; one that fails is logged and left to the next
-    tick."""
+    """Sends the deadline task of every overdue deadline whose countdown did not run
+    (a worker killed, a message lost), each under a lease so two reconcilers never
+    send one twice, and the retrieval task of every retrieval that is due; returns how
+    many deadlines it sent. It acts on no run itself: each deadline runs as a task of
+    its own, so one run that takes long (a cancel waits up to 20 s for its job) never
+    delays another's deadline."""
     resend_due_retrievals(ctx, now, limit)
-    done = 0
+    sent = 0
     for deadline in ctx.store.due_deadlines(now, limit):
         if not ctx.store.claim_deadline(deadline, ctx.worker_id, ctx.settings.deadline_lease_s):
             continue
-        try:
-            on_deadline(ctx, deadline.run_id, deadline.stop_id, now)
-            done += 1
-        except Exception:
-            log.exception("run %s: deadline failed", deadline.run_id)
-    return done
+        _send_deadline(ctx, deadline.run_id, deadline.stop_id, deadline.kind, 0.0)
+        sent += 1
+    return sent

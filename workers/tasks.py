@@ -174,18 +174,17 @@ def poll_requests() -> int:
 @app.task(name=TASK_WATCH_TARGET)
 def watch_target(target: str) -> dict[str, int]:
     ctx = context()
-    lock = f"watch:{target}"
+    lock, token = f"watch:{target}", os.urandom(8).hex()
     # Ticks of one target never overlap: a slow target is skipped, not piled up. The
-    # lock outlives a worker killed in the middle of a tick: keep it about as short as
-    # a tick, so such a crash delays this target's watch by a tick, not a minute. (A
-    # tick that runs longer may overlap the next one: harmless, every write of a tick
-    # is a compare-and-set.)
-    if not ctx.store.once(lock, ttl_s=max(2.0, settings.follow_poll_s * 2)):
+    # lock is held by its holder only, for at most the follow script's deadline: a
+    # worker killed in the middle of a tick delays this target's watch by that long
+    # (its deadlines do not wait: reconcile fires them).
+    if not ctx.store.lock(lock, token, ttl_s=settings.follow_timeout_s + 1.0):
         return {"skipped": 1}
     try:
         return watch.watch_target(ctx, target, utcnow())
     finally:
-        ctx.store.forget(lock)
+        ctx.store.unlock(lock, token)
 
 
 @app.task(name=TASK_POLICY_TICK)

@@ -13,7 +13,7 @@ from schemas import JobStatus, NotFound, RunRecord, StoreError
 from store import Offsets
 
 from .context import Context
-from .executors import FollowEntry
+from .executors import ExecError, Executor, FollowEntry, FollowUpdate
 from .finish import finish
 from .stops import notice_request
 
@@ -70,38 +70,91 @@ def watch_target(ctx: Context, target: str, now: datetime) -> dict[str, int]:
         for run, o in zip(runs, offsets, strict=True)
         if run.job is not None
     ]
-    updates = executor.follow(entries)
+    updates = executor.follow(entries, timeout_s=ctx.settings.follow_timeout_s)
     ended = 0
     for run, offset, update in zip(runs, offsets, updates, strict=True):
-        lines, used_log = update.log_lines()
-        metric_lines, used_metrics = update.metrics_lines()
-        metrics = _records(metric_lines)
-        if used_log or used_metrics:
-            ctx.store.record_tail(
-                run.id,
-                lines=lines,
-                records=metrics,
-                from_offsets=offset,
-                to_offsets=Offsets(offset.log + used_log, offset.metrics + used_metrics),
-            )
-        if update.request is not None and ctx.store.get_stop(run.id) is None:
-            notice_request(ctx, run, update.request, now)
-        if isinstance(update.status, JobStatus) and update.status.is_finished:
-            finish(ctx, run, update.status, executor)
-            ended += 1
-        elif not isinstance(update.status, JobStatus):
-            log.warning("run %s: %s", run.id, update.status)
+        try:
+            ended += _one(ctx, run, offset, update, executor, now=now)
+        except (StoreError, ExecError) as error:
+            # Redis or the target failed for this run: the next tick tries again.
+            log.warning("run %s: this tick failed: %s", run.id, error)
+        except Exception as error:
+            # Anything else comes from what the job wrote: that run's own, never the
+            # others'. Its bytes are skipped, so the next tick does not fail again.
+            log.exception("run %s: its files could not be recorded", run.id)
+            _skip(ctx, run, offset, update, error)
     return {"runs": len(runs), "ended": ended}
 
 
-def _records(lines: list[str]) -> list[dict[str, Any]]:
-    """The JSON objects among metrics `lines`; any other line is skipped."""
+def _one(
+    ctx: Context,
+    run: RunRecord,
+    offset: Offsets,
+    update: FollowUpdate,
+    executor: Executor,
+    *,
+    now: datetime,
+) -> int:
+    """Records what one tick found for `run`; 1 when it ended, else 0."""
+    lines, used_log = update.log_lines()
+    metric_lines, used_metrics = update.metrics_lines()
+    metrics, dropped = _records(metric_lines)
+    if dropped:
+        lines.append(f"runwarden: {dropped} metrics line(s) ignored: not a JSON object")
+    if used_log or used_metrics:
+        ctx.store.record_tail(
+            run.id,
+            lines=lines,
+            records=metrics,
+            from_offsets=offset,
+            to_offsets=Offsets(offset.log + used_log, offset.metrics + used_metrics),
+        )
+    if update.request is not None and ctx.store.get_stop(run.id) is None:
+        notice_request(ctx, run, update.request, now)
+    if isinstance(update.status, JobStatus) and update.status.is_finished:
+        finish(ctx, run, update.status, executor)
+        return 1
+    if not isinstance(update.status, JobStatus):
+        log.warning("run %s: %s", run.id, update.status)
+    return 0
+
+
+def _skip(
+    ctx: Context, run: RunRecord, offset: Offsets, update: FollowUpdate, error: Exception
+) -> None:
+    """Moves `run`'s offsets past what this tick read, with a note in its log stream
+    saying why; never raises (logged)."""
+    _, used_log = update.log_lines()
+    _, used_metrics = update.metrics_lines()
+    note = f"runwarden: {used_log + used_metrics} bytes skipped: {type(error).__name__}"
+    try:
+        ctx.store.record_tail(
+            run.id,
+            lines=[note],
+            records=[],
+            from_offsets=offset,
+            to_offsets=Offsets(offset.log + used_log, offset.metrics + used_metrics),
+        )
+    except Exception:
+        log.exception("run %s: cannot skip its unreadable bytes", run.id)
+
+
+def _records(lines: list[str]) -> tuple[list[dict[str, Any]], int]:
+    """The JSON objects among metrics `lines` that can be stored again as JSON, and how
+    many lines were not. Any failure of one line (bad JSON, nesting past the parser's
+    stack, a number past Python's digit limit) drops that line alone."""
     found = []
+    dropped = 0
     for line in lines:
+        if not line:
+            continue
         try:
             record = json.loads(line)
-        except ValueError:
+            if not isinstance(record, dict):
+                raise ValueError("not an object")
+            json.dumps(record, allow_nan=True)
+        except Exception:  # noqa: BLE001 - the job's bytes: any failure drops the line
+            dropped += 1
             continue
-        if isinstance(record, dict):
-            found.append(record)
-    return found
+        found.append(record)
+    return found, dropped

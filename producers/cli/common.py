@@ -32,7 +32,7 @@ from schemas import (
     validation_message,
 )
 from schemas import Progress as RunProgress
-from schemas.text import format_bytes
+from schemas.text import clean_text, format_bytes
 
 from ..api import OperationFailed, Runwarden
 from ..embedded import EmbeddedRedis, NotServing
@@ -149,7 +149,7 @@ def phase_line(stop: StopState, now: datetime) -> str:
 
 
 def print_outcome(run: RunRecord) -> None:
-    message = f" — {escape(run.message)}" if run.message else ""
+    message = f" — {escape(clean_text(run.message))}" if run.message else ""
     out.print(f"{run.id}: [bold]{run.state}[/]{message}", highlight=False, soft_wrap=True)
     if run.snapshot is not None:
         out.print(

@@ -10,6 +10,8 @@ import typer
 from rich.markup import escape
 from rich.table import Column, Table
 
+from schemas.text import clean_text
+
 from .common import (
     app,
     artifacts_line,
@@ -55,7 +57,9 @@ def show(run_id: str, as_json: Annotated[bool, typer.Option("--json")] = False) 
     for key, value in run.model_dump(mode="json").items():
         if key == "artifacts":
             continue
-        out.print(f"[bold]{key:12}[/] {escape(str(value))}", highlight=False, soft_wrap=True)
+        out.print(
+            f"[bold]{key:12}[/] {escape(clean_text(str(value)))}", highlight=False, soft_wrap=True
+        )
     if run.artifacts is not None:
         line = artifacts_line(run.artifacts)
         out.print(f"[bold]{'artifacts':12}[/] {escape(line)}", highlight=False, soft_wrap=True)
@@ -82,7 +86,8 @@ def logs(
             lambda after=after: api.store.read_log(run_id, after_id=after, count=1000)  # type: ignore[misc]
         )
         for entry in entries:
-            out.print(entry.line, highlight=False, markup=False, soft_wrap=True)
+            # A job may print terminal escapes: the person's terminal never runs them.
+            out.print(clean_text(entry.line), highlight=False, markup=False, soft_wrap=True)
             after = entry.id
         if not follow_:
             return

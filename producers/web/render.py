@@ -2,7 +2,7 @@
 `producers/web/templates/`) and [`Web`], what every route shares: the API, the CSRF
 tokens, the Flower address, and the page / error responses.
 
-Every value a template prints goes through [`clean`] (Jinja's `finalize`) and then
+Every value a template prints goes through [`clean_text`] (Jinja's `finalize`) and then
 Jinja's autoescape: job-written text reaches the page without terminal escapes,
 control characters or markup, wherever a template prints it.
 """
@@ -20,10 +20,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.templating import Jinja2Templates
 
 from schemas import SnapshotReason
+from schemas.text import clean_text, duration_text, format_bytes
 
 from ..api import Runwarden
 from .security import CsrfTokens
-from .text import clean, duration_text, left_text, size_text, utc_text
+from .text import left_text, utc_text
 
 __all__ = ["Web", "make_environment"]
 
@@ -31,7 +32,7 @@ __all__ = ["Web", "make_environment"]
 def _finalize(value: object) -> object:
     # Markup is already-rendered HTML of our own templates (macro output).
     if isinstance(value, str) and not isinstance(value, Markup):
-        return clean(value)
+        return clean_text(value)
     return value
 
 
@@ -51,7 +52,7 @@ def make_environment() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters["utc"] = utc_text
-    env.filters["size"] = size_text
+    env.filters["size"] = format_bytes
     env.filters["duration"] = duration_text
     env.filters["left"] = _left
     return env

@@ -23,6 +23,8 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from schemas import SchemaError
+
 __all__ = [
     "FORM_BYTES",
     "BadForm",
@@ -178,7 +180,7 @@ def cross_site(request: Request) -> str | None:
     return None
 
 
-class BadForm(ValueError):
+class BadForm(SchemaError):
     """A form body that is not a small urlencoded form; `status` is the HTTP status
     to answer (413 too large, 415 another content type, 400 unreadable)."""
 

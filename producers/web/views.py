@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from typing import Final
 
 from schemas import Progress, RunRecord, StopState, validate_run_id
+from schemas.text import clean_text
 
 from ..api import Runwarden
-from .text import clean, cut
+from .text import cut
 
 __all__ = [
     "LOG_LINES",
@@ -103,7 +104,7 @@ def tail_log(
     last = after
     for _ in range(_LOG_PAGES):
         entries = api.store.read_log(run_id, after_id=last, count=_LOG_PAGE)
-        lines.extend(LogLine(entry.id, cut(clean(entry.line))) for entry in entries)
+        lines.extend(LogLine(entry.id, cut(clean_text(entry.line))) for entry in entries)
         if entries:
             last = entries[-1].id
         if len(entries) < _LOG_PAGE:

@@ -24,13 +24,14 @@ from .errors import (
 )
 from .lines import LineStream, complete_lines
 from .local import LocalExecutor, job_environment
-from .scripts import FollowEntry, FollowUpdate, parse_status, quote
+from .scripts import FOLLOW_TIMEOUT_S, FollowEntry, FollowUpdate, parse_status, quote
 from .shell import ScriptExecutor
 from .ssh import SshExecutor
 from .transport import Completed, LocalTransport, Transport
 
 __all__ = [
     "FILTERED_ENV_PREFIXES",
+    "FOLLOW_TIMEOUT_S",
     "CommandError",
     "Completed",
     "ExecError",

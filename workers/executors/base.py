@@ -20,7 +20,7 @@ from schemas.policy import DiskSample
 from .digest import FileDigest
 from .errors import ProtocolError
 from .lines import LineStream
-from .scripts import FollowEntry, FollowUpdate
+from .scripts import FOLLOW_TIMEOUT_S, FollowEntry, FollowUpdate
 
 __all__ = ["Executor"]
 
@@ -72,7 +72,13 @@ class Executor(Protocol):
 
     def read_from(self, path: str, offset: int, limit: int) -> bytes:
         """Bytes of the file `path` from byte `offset`, up to `limit` bytes (fewer
-        when less remains). A missing file reads as empty."""
+        when less remains). A missing file reads as empty. The read never blocks and
+        never follows a symbolic link: a job may put anything in its run directory.
+
+        Raises:
+            ProtocolError: when `path` is not a regular file (a directory, a FIFO, a
+                device, a symbolic link).
+        """
         ...
 
     def status(self, job: JobId) -> JobStatus:
@@ -142,8 +148,11 @@ class Executor(Protocol):
         """
         ...
 
-    def follow(self, entries: Sequence[FollowEntry]) -> list[FollowUpdate]:
-        """One follow tick over `entries` (runs of this target), in one round trip:
+    def follow(
+        self, entries: Sequence[FollowEntry], timeout_s: float = FOLLOW_TIMEOUT_S
+    ) -> list[FollowUpdate]:
+        """One follow tick over `entries` (runs of this target), in one round trip
+        bounded by `timeout_s` seconds:
         for each, in order, its status (as [`status`] decides it, or a
         `ProtocolError` for that run alone), the reason in `snapshot.request` (None
         without one), and the bytes of `job.log` and `metrics.jsonl` past its offsets

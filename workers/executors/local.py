@@ -8,6 +8,8 @@ it is many times faster than a shell per call.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import secrets as _secrets
 import shutil
@@ -19,7 +21,7 @@ from schemas import JobCommand, JobId
 from schemas.protocol import FILTERED_ENV_PREFIXES
 
 from .digest import FileDigest, copy_hashed, glob_match, local_manifest
-from .errors import CommandError, InvalidArgument, IoError
+from .errors import CommandError, InvalidArgument, IoError, ProtocolError
 from .shell import (
     ScriptExecutor,
     check_entries,
@@ -118,22 +120,37 @@ class LocalExecutor(ScriptExecutor):
         if offset < 0 or limit < 0:
             raise InvalidArgument("offset and limit are non-negative")
         path = check_remote(path)
+        # O_NOFOLLOW: a link the job put there is never followed; O_NONBLOCK: a FIFO
+        # never blocks the open. The type is checked on the descriptor, so a file
+        # swapped after the open changes nothing.
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         try:
-            with open(path, "rb") as handle:
-                if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-                    raise CommandError("read", f"cannot read {path}")
-                handle.seek(offset)
-                return handle.read(limit)
+            fd = os.open(path, flags)
         except FileNotFoundError:
             return b""
         except OSError as error:
+            if error.errno == errno.ELOOP:
+                raise ProtocolError(f"{path} is not a regular file") from error
             raise IoError(path, error) from error
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ProtocolError(f"{path} is not a regular file")
+            return os.pread(fd, limit, offset) if limit else b""
+        except OSError as error:
+            raise IoError(path, error) from error
+        finally:
+            os.close(fd)
 
     def put_file(self, path: str, content: str) -> None:
         target = Path(check_remote(path))
         temp = target.with_name(f"{target.name}.rw-tmp.{os.getpid()}.{_secrets.token_hex(6)}")
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
+            # A directory in a protocol file's place is the job's: removed, never
+            # followed (rename itself replaces a link or a FIFO, never follows it).
+            with contextlib.suppress(FileNotFoundError):
+                if stat.S_ISDIR(os.lstat(target).st_mode):
+                    shutil.rmtree(target)
             temp.write_bytes(content.encode("utf-8", "surrogateescape"))
             os.replace(temp, target)
         except OSError as error:

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import os
 import posixpath
+import re
 import secrets as _secrets
 import tarfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Final
 
 from pydantic import ValidationError
 
@@ -26,6 +27,7 @@ from schemas import (
     safe_relpath,
 )
 from schemas.policy import DiskSample
+from schemas.protocol import RUN_ID_ENV
 
 from . import scripts
 from .digest import FileDigest, copy_hashed, parse_manifest
@@ -50,6 +52,10 @@ __all__ = [
     "launcher_for",
     "upload_names",
 ]
+
+
+_MARK: Final = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
+"""A `RUNWARDEN_RUN_ID` that can be a job's mark (`JobId.mark`): a run id."""
 
 
 def check_remote(path: str) -> str:
@@ -224,8 +230,18 @@ class ScriptExecutor:
     def _launch(self, job: JobCommand, result: Completed) -> JobId:
         _checked(result, "spawn")
         text = result.stdout.decode("utf-8", "replace").strip()
+        words = text.split()
+        mark = job.env.get(RUN_ID_ENV)
         try:
-            return JobId(dir=job.dir, pid=int(text), container=job.container)
+            if not 1 <= len(words) <= 2:
+                raise ValueError("one pid and an optional start time")
+            return JobId(
+                dir=job.dir,
+                pid=int(words[0]),
+                container=job.container,
+                start=int(words[1]) if len(words) == 2 else None,
+                mark=mark if mark is not None and _MARK.fullmatch(mark) else None,
+            )
         except (ValueError, ValidationError) as error:
             raise ProtocolError(f"spawn answered pid {text[:40]!r}") from error
 
@@ -239,7 +255,10 @@ class ScriptExecutor:
         if limit == 0:
             return b""
         script = scripts.read_range_script(check_remote(path), offset, limit)
-        return _checked(self._transport.run(script, action="read"), "read").stdout
+        result = self._transport.run(script, action="read")
+        if result.exit_code == 3:
+            raise ProtocolError(error_line(result.stderr, 3))
+        return _checked(result, "read").stdout
 
     def status(self, job: JobId) -> JobStatus:
         result = self.statuses([job])[0]
@@ -312,12 +331,15 @@ class ScriptExecutor:
         _checked(result, "manifest")
         return parse_manifest(result.stdout)
 
-    def follow(self, entries: Sequence[FollowEntry]) -> list[FollowUpdate]:
+    def follow(
+        self, entries: Sequence[FollowEntry], timeout_s: float = scripts.FOLLOW_TIMEOUT_S
+    ) -> list[FollowUpdate]:
         if not entries:
             return []
         # A random token frames the answer: no content of a job's file can forge it.
         token = _secrets.token_hex(16)
-        result = self._transport.run(scripts.follow_script(entries, token), action="follow")
+        script = scripts.follow_script(entries, token)
+        result = self._transport.run(script, action="follow", timeout_s=timeout_s)
         _checked(result, "follow")
         return scripts.parse_follow(result.stdout, token, len(entries))
 

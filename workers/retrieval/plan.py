@@ -16,20 +16,20 @@ CHECKPOINT_EXCLUDE: Final = "checkpoint-*"
 
 def retrieval_plan(state: RunState, snapshot: Snapshot | None) -> tuple[list[str], list[str]]:
     """The `(entries, exclude)` to retrieve for a run that ended in `state`: `job.log`
-    always; stopped: also `snapshot.json` and the snapshot's checkpoint; succeeded:
-    also `output` without any `checkpoint-*` name; failed or cancelled: `job.log`
-    alone.
+    always; with a snapshot (a stopped run, or a failed one whose job proved one
+    before it failed) also `snapshot.json` and the snapshot's checkpoint; succeeded:
+    also `output` without any `checkpoint-*` name.
 
     Raises:
         ValueError: for a run that has not ended (`preparing`, `running`), or a
             stopped run without its snapshot.
     """
-    if state is RunState.STOPPED:
-        if snapshot is None:
-            raise ValueError("a stopped run has a snapshot: none given")
-        return [JOB_LOG, SNAPSHOT_FILE, snapshot.checkpoint], []
+    if not state.is_terminal:
+        raise ValueError(f"a {state.value} run has not ended: nothing to retrieve yet")
+    if state is RunState.STOPPED and snapshot is None:
+        raise ValueError("a stopped run has a snapshot: none given")
     if state is RunState.SUCCEEDED:
         return [JOB_LOG, OUTPUT_DIR], [CHECKPOINT_EXCLUDE]
-    if state in (RunState.FAILED, RunState.CANCELLED):
-        return [JOB_LOG], []
-    raise ValueError(f"a {state.value} run has not ended: nothing to retrieve yet")
+    if snapshot is not None:
+        return [JOB_LOG, SNAPSHOT_FILE, snapshot.checkpoint], []
+    return [JOB_LOG], []

@@ -25,7 +25,7 @@ def kill_in_the_middle_of_a_tick(
     """SIGKILLs worker `name` while it holds the watch tick lock of target `local`
     (restarting it and trying again when the kill came between two ticks)."""
     client = pipeline.redis.client()
-    key = b"rw:once:watch:local"
+    key = b"rw:lock:watch:local"
     try:
         for _ in range(tries):
             deadline = time.monotonic() + 10

@@ -72,8 +72,15 @@ def test_exited_non_zero_fails_whatever_the_proof(
 ) -> None:
     outcome = decide_outcome(JobStatus.exited(code), proof_read)
     assert outcome.state is RunState.FAILED
-    assert outcome.message == f"the job exited with code {code}"
-    assert outcome.snapshot is None
+    if isinstance(proof_read, ProofSaved):
+        # A proof is never thrown away: the snapshot stays, and the message says so.
+        assert outcome.snapshot == SAVED.snapshot
+        assert outcome.message == (
+            f"the job exited with code {code} after saving a snapshot at step 120 (cost)"
+        )
+    else:
+        assert outcome.message == f"the job exited with code {code}"
+        assert outcome.snapshot is None
 
 
 @pytest.mark.parametrize("proof_read", PROOFS)
@@ -93,8 +100,14 @@ def test_lost_fails_whatever_the_proof(
 ) -> None:
     outcome = decide_outcome(JobStatus.LOST, proof_read)
     assert outcome.state is RunState.FAILED
-    assert outcome.message == "the job stopped without an exit code"
-    assert outcome.snapshot is None
+    if isinstance(proof_read, ProofSaved):
+        assert outcome.snapshot == SAVED.snapshot
+        assert outcome.message == (
+            "the job stopped without an exit code after saving a snapshot at step 120 (cost)"
+        )
+    else:
+        assert outcome.message == "the job stopped without an exit code"
+        assert outcome.snapshot is None
 
 
 @pytest.mark.parametrize("proof_read", PROOFS)
@@ -232,6 +245,15 @@ def stopped(**changes: Any) -> RunRecord:
 
 def test_a_stopped_run_with_its_artifacts_is_resumable() -> None:
     assert check_resumable(stopped()).step == 7
+
+
+def test_a_failed_run_that_proved_a_snapshot_is_resumable() -> None:
+    # Its job proved a snapshot, then exited non-zero or was lost: the proof stays.
+    assert check_resumable(stopped(state=RunState.FAILED)).step == 7
+    with pytest.raises(NotResumable, match="failed, not stopped"):
+        check_resumable(stopped(state=RunState.FAILED, snapshot=None))
+    with pytest.raises(NotResumable, match="cancelled, not stopped"):
+        check_resumable(stopped(state=RunState.CANCELLED))
 
 
 @pytest.mark.parametrize(

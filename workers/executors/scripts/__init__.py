@@ -30,6 +30,7 @@ from .files import (
 )
 from .follow import (
     FOLLOW_CHUNK_BYTES,
+    FOLLOW_TIMEOUT_S,
     FollowEntry,
     FollowUpdate,
     follow_script,
@@ -49,6 +50,7 @@ __all__ = [
     "CANCEL_KILL_WAIT_S",
     "CANCEL_TERM_WAIT_S",
     "FOLLOW_CHUNK_BYTES",
+    "FOLLOW_TIMEOUT_S",
     "GROUP_SIGNAL",
     "MANIFEST_OPENSSL_ABOVE",
     "WATCHDOG_PID_FILE",

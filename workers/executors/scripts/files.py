@@ -12,7 +12,7 @@ from typing import Final
 from schemas.protocol import CLAIM_FILE
 
 from ..errors import InvalidArgument, ProtocolError
-from .common import quote
+from .common import READ_FILE, quote
 
 __all__ = [
     "MANIFEST_OPENSSL_ABOVE",
@@ -77,42 +77,41 @@ def parse_claim(output: bytes) -> bool:
 
 def read_range_script(path: str, offset: int, limit: int) -> str:
     """A script printing at most `limit` bytes of `path` from byte `offset`: nothing
-    for a missing file; exit 3 for something that exists but is not a readable
-    regular file."""
+    for a missing file; exit 3 (`<path> is not a regular file`) for anything else
+    that is not a regular file, a symbolic link included. The read never blocks and
+    never follows a link (`rw_read`)."""
     if offset < 0 or limit < 0:
         raise InvalidArgument("offset and limit are non-negative")
-    # One process fewer from the start of the file: a poll over SSH pays per fork.
-    if offset == 0:
-        read = f'head -c {limit} -- "$rw_path"'
-    else:
-        # One process with GNU dd (RW_GNU_DD is set by a shell that found it), else two.
-        read = (
-            f'if [ -n "${{RW_GNU_DD-}}" ]; then dd if="$rw_path" bs=65536 skip={offset} '
-            f"count={limit} iflag=skip_bytes,count_bytes status=none; "
-            f'else tail -c +{offset + 1} -- "$rw_path" | head -c {limit}; fi'
-        )
-    return f"""
+    return (
+        READ_FILE
+        + f"""
 rw_path={quote(path)}
-[ -e "$rw_path" ] || exit 0
-if [ ! -f "$rw_path" ] || [ ! -r "$rw_path" ]; then
-  printf 'cannot read %s\\n' "$rw_path" >&2; exit 3
+[ -e "$rw_path" ] || [ -h "$rw_path" ] || exit 0
+if [ ! -f "$rw_path" ] || [ -h "$rw_path" ]; then
+  printf '%s is not a regular file\\n' "$rw_path" >&2; exit 3
 fi
-{read}
+rw_read "$rw_path" {limit} {offset}
 """
+    )
 
 
 def put_file_script(path: str, parent: str, content: str) -> str:
     """A script that replaces `path` (in the directory `parent`, created if needed)
     with `content` through a rename from a temporary name unique to this writer
     (shell pid and a random token), so a reader sees the old or the new content,
-    never a part."""
+    never a part. Whatever is at `path` is replaced, never followed: a symbolic link
+    or a FIFO is renamed over (`mv -T`: never into a directory a link points to), and
+    a directory there (a job's, in a protocol file's place) is removed first. Exit 3
+    when it cannot be replaced."""
     token = _secrets.token_hex(6)
     return f"""
 rw_path={quote(path)}
 [ -d {quote(parent)} ] || mkdir -p -- {quote(parent)} || exit 3
 rw_tmp="$rw_path.rw-tmp.$$.{token}"
-if printf '%s' {quote(content)} > "$rw_tmp" && mv -f -- "$rw_tmp" "$rw_path"; then exit 0; fi
+if [ -d "$rw_path" ] && [ ! -h "$rw_path" ]; then rm -rf -- "$rw_path" 2>/dev/null; fi
+if printf '%s' {quote(content)} > "$rw_tmp" && mv -fT -- "$rw_tmp" "$rw_path"; then exit 0; fi
 rm -f -- "$rw_tmp"
+printf 'cannot replace %s\\n' "$rw_path" >&2
 exit 3
 """
 

@@ -12,11 +12,23 @@ from schemas.protocol import JOB_LOG, METRICS_FILE, SNAPSHOT_REQUEST
 
 from ..errors import InvalidArgument, ProtocolError
 from ..lines import complete_lines
-from .common import GROUP_SIGNAL, check_job_pid, quote
+from .common import GROUP_SIGNAL, READ_FILE, check_job_pid, job_start, quote
 from .status import parse_status, status_function
 
-__all__ = ["FOLLOW_CHUNK_BYTES", "FollowEntry", "FollowUpdate", "follow_script", "parse_follow"]
+__all__ = [
+    "CUT_MARK",
+    "FOLLOW_CHUNK_BYTES",
+    "FOLLOW_TIMEOUT_S",
+    "FollowEntry",
+    "FollowUpdate",
+    "chunk_lines",
+    "follow_script",
+    "parse_follow",
+]
 
+FOLLOW_TIMEOUT_S: Final = 30.0
+"""Longest run of one follow script, in seconds: every read in it is bounded, so only
+an unreachable or overloaded target takes this long."""
 FOLLOW_CHUNK_BYTES: Final = 256 * 1024
 """Most new bytes of one file a follow tick reads for one run; the rest comes next
 tick."""
@@ -37,16 +49,21 @@ def follow_script(
     metrics_offset)` it prints, each record introduced by `token` (random, so no
     file content can forge one):
 
-    - `S <i> <status>`: the job's status, as [`status_script`] decides it;
-    - `Q <i> <reason>` when `snapshot.request` holds a reason (first line, at most
-      32 bytes), `Q <i>` with nothing when there is no request;
+    - `S <i> <status>`: the job's status, as `status_script` decides it;
+    - `Q <i> <reason>` when `snapshot.request` is a regular file that is not empty
+      (the first line of its first 64 bytes, at most 32 bytes of it; `requested`
+      when that line is empty), `Q <i>` with nothing when there is no request;
     - `L <i> <n>` then the bytes of `job.log` from its offset, and `M <i> <n>` then
       those of `metrics.jsonl`, at most `chunk` bytes each, only for files that grew
       past their offset (`n` is the file's size).
 
-    Sizes come from one `find -printf` (GNU) for the whole batch, else one `wc -c`
-    per file; statuses and requests are read with shell builtins: a tick over idle
-    runs starts one process, whatever their number.
+    Every file the job can write is read only when it is a regular file and not a
+    symbolic link, bounded in bytes, and never blocking (`rw_read`): a directory, a
+    FIFO, a link or a huge file in its place costs this run nothing but its own
+    record, and never stalls the others. Sizes come from one `find -printf` (GNU)
+    for the whole batch, else one `ls -lnd` per file (which opens nothing);
+    statuses are read with shell builtins: a tick over idle runs starts one process,
+    whatever their number.
     """
     if not token.isalnum():
         raise InvalidArgument("the follow token is alphanumeric")
@@ -55,11 +72,13 @@ def follow_script(
         if log_offset < 0 or metrics_offset < 0:
             raise InvalidArgument("offsets are non-negative")
         rows.append(
-            f"rw_one {index} {quote(job.dir)} {check_job_pid(job)} {log_offset} {metrics_offset}"
+            f"rw_one {index} {quote(job.dir)} {check_job_pid(job)} {job_start(job)} "
+            f"{log_offset} {metrics_offset}"
         )
     body = "\n".join(rows)
     return (
         GROUP_SIGNAL
+        + READ_FILE
         + status_function()
         + f"""
 rw_t={token}
@@ -68,7 +87,7 @@ set --
 rw_flags=
 for rw_d in {" ".join(quote(job.dir) for job, _, _ in entries)}; do
   for rw_f in "$rw_d/{JOB_LOG}" "$rw_d/{METRICS_FILE}"; do
-    if [ -f "$rw_f" ]; then set -- "$@" "$rw_f"; rw_flags="${{rw_flags}}1"
+    if [ -f "$rw_f" ] && [ ! -h "$rw_f" ]; then set -- "$@" "$rw_f"; rw_flags="${{rw_flags}}1"
     else rw_flags="${{rw_flags}}0"; fi
   done
 done
@@ -80,7 +99,7 @@ if [ "$rw_count" -gt 0 ]; then
   # A file gone meanwhile, or no GNU find: sizes one by one instead.
   [ "$#" -eq "$rw_count" ] || rw_sizes=
 fi
-rw_read() {{
+rw_part() {{
   # $1 tag, $2 index, $3 file, $4 offset. A file is read only when it was listed
   # above ($rw_flags, one character a file, in order), so sizes never shift.
   rw_listed=${{rw_flags%"${{rw_flags#?}}"}}; rw_flags=${{rw_flags#?}}
@@ -88,23 +107,29 @@ rw_read() {{
   if [ -n "$rw_sizes" ]; then
     rw_n=${{rw_sizes%% *}}; rw_sizes=${{rw_sizes#* }}
   else
-    rw_n=$(wc -c < "$3" 2>/dev/null) || return 0
+    rw_n=$(ls -lnd -- "$3" 2>/dev/null) || return 0
+    set -f; set -- "$1" "$2" "$3" "$4" $rw_n; set +f
+    rw_n=${{9-}}
   fi
   [ "${{rw_n:-0}}" -gt "$4" ] 2>/dev/null || return 0
   printf '%s %s %s %s\\n' "$rw_t" "$1" "$2" "$rw_n"
-  tail -c +$(($4 + 1)) -- "$3" | head -c "$rw_chunk"
+  rw_read "$3" "$rw_chunk" "$4" || :
 }}
+rw_nl='
+'
 rw_one() {{
   printf '%s S %s ' "$rw_t" "$1"
-  rw_status "$2" "$3"
+  rw_status "$2" "$3" "$4"
   rw_q=
-  if [ -f "$2/{SNAPSHOT_REQUEST}" ]; then
-    IFS= read -r rw_q < "$2/{SNAPSHOT_REQUEST}" || :
+  if [ -s "$2/{SNAPSHOT_REQUEST}" ] && [ -f "$2/{SNAPSHOT_REQUEST}" ] &&
+    [ ! -h "$2/{SNAPSHOT_REQUEST}" ]; then
+    rw_q=$(rw_read "$2/{SNAPSHOT_REQUEST}" 64) || rw_q=
+    rw_q=${{rw_q%%"$rw_nl"*}}
     [ -n "$rw_q" ] || rw_q=requested
   fi
   printf '%s Q %s %.32s\\n' "$rw_t" "$1" "$rw_q"
-  rw_read L "$1" "$2/{JOB_LOG}" "$4"
-  rw_read M "$1" "$2/{METRICS_FILE}" "$5"
+  rw_part L "$1" "$2/{JOB_LOG}" "$5"
+  rw_part M "$1" "$2/{METRICS_FILE}" "$6"
 }}
 {body}
 printf '%s E\\n' "$rw_t"
@@ -134,12 +159,20 @@ class FollowUpdate:
         return chunk_lines(self.metrics)
 
 
+CUT_MARK: Final = " [runwarden: line cut]"
+"""Appended to a line emitted cut (longer than a tick reads); its rest follows as the
+next line."""
+
+
 def chunk_lines(chunk: bytes, chunk_bytes: int = FOLLOW_CHUNK_BYTES) -> tuple[list[str], int]:
     """The complete lines of `chunk`, a read of at most `chunk_bytes` bytes, and how
     many bytes they used. A full chunk with no line end (a line at least as long as a
-    tick reads) is cut and emitted, so a long line never stalls the follow."""
+    tick reads) is cut, marked with [`CUT_MARK`] and emitted, so a long line never
+    stalls the follow."""
     cap = chunk_bytes - 1 if len(chunk) >= chunk_bytes else None
-    lines, used, _ = complete_lines(chunk, cap=cap)
+    lines, used, skip = complete_lines(chunk, cap=cap)
+    if skip == "eol" and lines:
+        lines[-1] += CUT_MARK
     return lines, used
 
 

@@ -25,15 +25,43 @@ from .common import GROUP_SIGNAL, quote
 
 __all__ = ["WATCHDOG_PID_FILE", "launcher_script", "watchdog_script", "wrapper_script"]
 
+PREEMPTION_SIGNALS: Final = ("TERM", "USR1", "USR2", "XCPU")
+"""Signals the job wrapper outlives (a no-op trap; the job itself gets them with their
+default action): a signal sent to the whole process group (a systemd stop, Slurm's
+`--signal` without `B:`, Kubernetes' SIGTERM to a pod) then reaches the job, which may
+save and exit, and the wrapper still records its exit code."""
+
+
 def wrapper_script(dir: str, script: str) -> str:
-    """The job wrapper, run as `sh -c` by the session leader of the job: writes its own
-    pid to `job.pid` first, runs `script` in a child `sh`, then writes the script's
-    exit code to `exit_code` last (both through a temporary name and a rename)."""
+    """The job wrapper, run as `sh -c WRAPPER rw-job SH MV` by the session leader of
+    the job (`SH` and `MV` the absolute paths of `sh` and `mv`, so the job's own
+    `PATH` never changes what the wrapper runs): writes its own pid to `job.pid`
+    first, runs `script` in a child `sh`, then writes the script's exit code to
+    `exit_code` last (both through a temporary name and a rename).
+
+    It outlives [`PREEMPTION_SIGNALS`] (a signal caught while it waits ends the
+    `wait`, not the job, so it waits again while the job runs), except when the
+    `cancelling` marker exists: runwarden's cancel then ends it as before, so no exit
+    code is written and status says cancelled, not `exited 143`. Its own error output
+    goes nowhere (a shell reports a child killed by a signal, which is not the job's
+    output); the job's goes to `job.log`."""
+    traps = "".join(f"trap 'rw_caught {name}' {name}\n" for name in PREEMPTION_SIGNALS)
     return f"""cd -- {quote(dir)} || exit 126
-printf '%s\\n' "$$" > "{PID_FILE}.tmp.$$" && mv -f -- "{PID_FILE}.tmp.$$" {PID_FILE}
-sh -c {quote(script)}
-rw_code=$?
-printf '%s\\n' "$rw_code" > "{EXIT_FILE}.tmp.$$" && mv -f -- "{EXIT_FILE}.tmp.$$" {EXIT_FILE}
+rw_caught() {{
+  if [ -e {CANCELLING_FILE} ] || [ -h {CANCELLING_FILE} ]; then trap - "$1"; kill -s "$1" $$; fi
+}}
+{traps}printf '%s\\n' "$$" > "{PID_FILE}.tmp.$$" && "$2" -f -- "{PID_FILE}.tmp.$$" {PID_FILE}
+exec 3>&2 2>/dev/null
+"$1" -c {quote(script)} 2>&3 3>&- &
+rw_job=$!
+while :; do
+  wait "$rw_job"; rw_code=$?
+  if [ "$rw_code" -gt 128 ] && [ "$rw_code" != 127 ] && kill -0 "$rw_job" 2>/dev/null; then
+    continue
+  fi
+  break
+done
+printf '%s\\n' "$rw_code" > "{EXIT_FILE}.tmp.$$" && "$2" -f -- "{EXIT_FILE}.tmp.$$" {EXIT_FILE}
 exit "$rw_code"
 """
 
@@ -56,9 +84,12 @@ def watchdog_script(dir: str, after_s: float, poll_s: float) -> str:
     worker, no Redis), run as `sh -c` beside the job (see [`launcher_script`]). It
     asks for the `deadline` snapshot by itself when every worker is gone.
 
-    - It reads the job's pid from `job.pid` (exit 3 when that is not a pid above 1),
-      records its own in `.runwarden/watchdog.pid` (the folder created when missing;
-      a temporary name and a rename) and moves to `/`, so it pins no directory.
+    - It takes the job's pid and its leader's start time from its arguments (`sh -c
+      WATCHDOG rw-watchdog PID START`, as the launcher starts it: never from a file
+      the job could rewrite); started without them, it reads the pid from `job.pid`.
+      Exit 3 when that is not a pid above 1. It records its own pid in
+      `.runwarden/watchdog.pid` (the folder created when missing; a temporary name
+      and a rename) and moves to `/`, so it pins no directory.
     - Its fire time is `after_s` (rounded to milliseconds) after its own start, by
       the target's clock: `date +%s%N` where that gives nanoseconds (GNU), else
       `date +%s` (whole seconds: it fires within about a second of the time). When
@@ -66,9 +97,9 @@ def watchdog_script(dir: str, after_s: float, poll_s: float) -> str:
     - Each turn it sleeps the lesser of `poll_s` (at least 10 ms) and the time left
       (`sleep` with a fraction, else whole seconds, at least 1).
     - It exits as soon as the job has ended, checked before every write and after
-      every sleep: `exit_code` or `cancelled` exists, the run directory is gone, or no
-      process of the job's group is left (`kill -0` on the group, as status decides
-      "running").
+      every sleep: the run directory is gone, or the job's process group is gone (as
+      status decides "running": files the job writes, such as `exit_code`, do not
+      count).
     - At its fire time, the job still running and no `snapshot.request` there, it
       writes `deadline` to it: a complete temporary file unique to this writer
       (shell pid and a random token), hard-linked into place, so a request that
@@ -89,8 +120,10 @@ def watchdog_script(dir: str, after_s: float, poll_s: float) -> str:
 rw_dir={quote(dir)}
 rw_after={after_ms}
 rw_poll={poll_ms}
-rw_pid=
-IFS= read -r rw_pid < "$rw_dir/{PID_FILE}" || :
+rw_pid=${{1-}}
+rw_begun=${{2-}}
+if [ -z "$rw_pid" ]; then IFS= read -r rw_pid < "$rw_dir/{PID_FILE}" || :; fi
+case $rw_begun in *[!0-9]*) rw_begun= ;; esac
 case $rw_pid in ''|*[!0-9]*) exit 3 ;; esac
 if [ "${{#rw_pid}}" -gt 9 ] || [ "$rw_pid" -le 1 ]; then exit 3; fi
 cd / || :
@@ -117,8 +150,7 @@ rw_sleep() {{
   sleep "$(($1 / 1000)).${{rw_f#1}}" 2>/dev/null || sleep $((($1 + 999) / 1000))
 }}
 rw_ended() {{
-  [ -e "$rw_dir/{EXIT_FILE}" ] || [ -e "$rw_dir/{CANCEL_FILE}" ] || [ ! -d "$rw_dir" ] ||
-    ! rw_alive "$rw_pid"
+  [ ! -d "$rw_dir" ] || ! rw_ours "$rw_pid" "$rw_begun"
 }}
 rw_ask() {{
   rw_req="$rw_dir/{SNAPSHOT_REQUEST}"
@@ -161,59 +193,80 @@ def launcher_script(
     watchdog: tuple[float, float] | None = None,
 ) -> str:
     """The launcher of a job: enters `dir` (created when missing), clears stale
-    `exit_code`, `cancelling`, `cancelled`, `job.pid` and `.runwarden/watchdog.pid`,
-    exports `env` (non-secret, so on its command line), then
-    reads one line per name of `secret_names` from its standard input and exports
-    each (values never on a command line or in a file), and starts the
-    [`wrapper_script`] with `setsid` in its own session, stdin from /dev/null, stdout
-    and stderr appended to `job.log`, SIGHUP ignored (like `nohup`).
+    `exit_code`, `cancelling`, `cancelled`, `job.pid`, `.runwarden/watchdog.pid`,
+    `snapshot.request` and `snapshot.json`, and starts the [`wrapper_script`] with
+    `setsid` in its own session, stdin from /dev/null, stdout and stderr appended to
+    `job.log`, SIGHUP ignored (like `nohup`).
+
+    The job's variables (`env`, non-secret, so on the launcher's command line) and
+    its secrets (one line each on the launcher's standard input, per name of
+    `secret_names`; values never on a command line or in a file) are set in a
+    subshell that starts the job and nothing else: they reach the job's processes
+    only, never the launcher's own state, so no name (`IFS`, `PATH`, `HOME`, `rw_*`)
+    can change what the launcher does. Secrets are read straight into their names.
 
     The wrapper's parent is a small background `sh` that only waits for it, so the
     job's session leader is reaped even on a host whose init does not reap orphans.
     It is exec'd, not forked: a forked subshell would keep the caller's saved
-    descriptors (dash holds them at 10+), pipes the caller waits on among them. The
-    launcher itself returns at once, printing the job's pid once the wrapper wrote
-    `job.pid` (within 10 s, else exit 6).
+    descriptors (dash holds them at 10+), pipes the caller waits on among them. That
+    parent tells the launcher the wrapper's pid (`$!`: never read from `job.pid`,
+    which the job can rewrite); the launcher returns once the wrapper wrote
+    `job.pid` (or the job already removed its run directory), printing `<pid>
+    <start>`: the pid and the leader's start time in clock ticks (empty without
+    `/proc`). Exit 6 when the wrapper ended before it wrote `job.pid` (it could not
+    enter the run directory) or did not write it within 10 s.
 
-    With `watchdog` = `(after_s, poll_s)`, once the job's pid is known it also starts
-    the [`watchdog_script`] the same way (`setsid`, SIGHUP ignored, a waiting parent
-    `sh`), in a session of its own: never a member of the job's process group, so
-    status never sees it as the job and cancel never signals it. Its stdin, stdout
-    and stderr are /dev/null, and the secrets are unset before it starts: they reach
-    the job's environment only.
+    With `watchdog` = `(after_s, poll_s)`, it also starts the [`watchdog_script`] the
+    same way (`setsid`, SIGHUP ignored, a waiting parent `sh`), in a session of its
+    own: never a member of the job's process group, so status never sees it as the
+    job and cancel never signals it. It gets the job's pid and start time as
+    arguments; its stdin, stdout and stderr are /dev/null, and it never has the job's
+    variables or secrets.
 
     The caller validates names and values (`schemas.check_env_name`,
     `check_secret_value`).
     """
-    exports = "".join(f"{name}={quote(value)}; export {name}\n" for name, value in env.items())
+    exports = "".join(f"  {name}={quote(value)}; export {name}\n" for name, value in env.items())
     reads = "".join(
-        f"IFS= read -r rw_v || {{ echo 'the secrets ended early' >&2; exit 4; }}\n"
-        f'{name}=$rw_v; export {name}\n'
+        f"  IFS= read -r {name} || {{ echo 'the secrets ended early' >&2; exit 4; }}\n"
+        f"  export {name}\n"
         for name in secret_names
+    )
+    reaper = (
+        'trap "" HUP; "$1" "$2" -c "$3" rw-job "$2" "$4" </dev/null >>'
+        + JOB_LOG
+        + ' 2>&1 & printf "%s\\n" "$!"; exec >/dev/null 2>&1; wait $!'
     )
     start_watchdog = ""
     if watchdog is not None:
-        unset = f"unset {' '.join(secret_names)}\n" if secret_names else ""
         start_watchdog = (
-            unset
-            + """"$rw_sh" -c 'trap "" HUP; "$1" "$2" -c "$3" </dev/null >/dev/null 2>&1 & \\
-  wait $!' rw-watchdog "$rw_setsid" "$rw_sh" """
+            """"$rw_sh" -c 'trap "" HUP; "$1" "$2" -c "$3" rw-watchdog "$4" "$5" \\
+  </dev/null >/dev/null 2>&1 & wait $!' rw-watchdog-parent "$rw_setsid" "$rw_sh" """
             + quote(watchdog_script(dir, *watchdog))
-            + " </dev/null >/dev/null 2>&1 &\n"
+            + ' "$rw_pid" "$rw_st" </dev/null >/dev/null 2>&1 &\n'
         )
-    return f"""rw_sh=$(command -v sh) || exit 5
+    return (
+        GROUP_SIGNAL
+        + f"""rw_sh=$(command -v sh) || exit 5
 rw_setsid=$(command -v setsid) || {{ echo 'setsid is not installed on the target' >&2; exit 5; }}
+rw_mv=$(command -v mv) || exit 5
 mkdir -p -- {quote(dir)} && cd -- {quote(dir)} || exit 3
 rm -f -- {EXIT_FILE} {CANCELLING_FILE} {CANCEL_FILE} {PID_FILE} {WATCHDOG_PID_FILE} \\
   {SNAPSHOT_REQUEST} {SNAPSHOT_FILE} || exit 3
-{exports}{reads}rw_v=
-"$rw_sh" -c 'trap "" HUP; "$1" "$2" -c "$3" </dev/null >>{JOB_LOG} 2>&1 & wait $!' \\
-  rw-reaper "$rw_setsid" "$rw_sh" {quote(wrapper_script(dir, script))} </dev/null >/dev/null 2>&1 &
+rw_pid=$(
+  set -- "$rw_sh" "$rw_setsid" "$rw_mv"
+{exports}{reads}  "$1" -c {quote(reaper)} rw-job-parent "$2" "$1" \\
+    {quote(wrapper_script(dir, script))} "$3" </dev/null 2>/dev/null &
+) || exit 4
+case $rw_pid in ''|*[!0-9]*) echo 'the job did not start' >&2; exit 6 ;; esac
 rw_i=0
-while [ ! -s {PID_FILE} ]; do
+while [ ! -s {PID_FILE} ] && [ -d {quote(dir)} ]; do
+  if ! kill -0 "$rw_pid" 2>/dev/null; then echo 'the job ended before it started' >&2; exit 6; fi
   rw_i=$((rw_i + 1))
   if [ "$rw_i" -gt 200 ]; then echo 'the job did not start within 10 s' >&2; exit 6; fi
   sleep 0.05 2>/dev/null || sleep 1
 done
-{start_watchdog}IFS= read -r rw_pid < {PID_FILE} && printf '%s\\n' "$rw_pid"
+rw_start "$rw_pid"
+{start_watchdog}printf '%s %s\\n' "$rw_pid" "$rw_st"
 """
+    )

@@ -8,14 +8,15 @@ from collections.abc import Sequence
 from typing import Final
 
 from schemas import JobId, JobStatus
-from schemas.protocol import CANCEL_FILE, CANCELLING_FILE, EXIT_FILE
+from schemas.protocol import CANCEL_FILE, CANCELLING_FILE, EXIT_FILE, RUN_ID_ENV
 
 from ..errors import ProtocolError
-from .common import GROUP_SIGNAL, TICKS_PER_S, check_job_pid, quote
+from .common import GROUP_SIGNAL, READ_FILE, TICKS_PER_S, check_job_pid, job_start, quote
 
 __all__ = [
     "CANCEL_KILL_WAIT_S",
     "CANCEL_TERM_WAIT_S",
+    "MARK_SWEEP",
     "cancel_script",
     "parse_status",
     "parse_statuses",
@@ -30,21 +31,31 @@ CANCEL_KILL_WAIT_S: Final = 10
 
 
 def status_function() -> str:
-    """The shell function `rw_status DIR PGID` printing one status line (see
-    [`status_script`])."""
+    """The shell function `rw_status DIR PGID START` printing one status line (see
+    [`status_script`]). Needs `GROUP_SIGNAL` and `READ_FILE`."""
     # The group's liveness is sampled once, before any marker is read: a job that
     # writes its exit code and ends between two reads is then seen as exited, never
-    # lost.
+    # lost. With the leader's start time known, a live group is running whatever the
+    # files say: every file of the run directory is the job's to write, and a job
+    # must not be able to forge its end.
     return f"""
 rw_status() {{
-  if [ ! -d "$1" ]; then echo lost; return 0; fi
-  if rw_alive "$2"; then rw_a=1; else rw_a=0; fi
-  if [ -e "$1/{CANCEL_FILE}" ]; then echo cancelled
-  elif [ -e "$1/{CANCELLING_FILE}" ] && [ "$rw_a" = 1 ]; then echo running
-  elif [ -e "$1/{EXIT_FILE}" ]; then
-    rw_c=; IFS= read -r rw_c < "$1/{EXIT_FILE}" || :
-    printf 'exited %.32s\\n' "$rw_c"
-  elif [ -e "$1/{CANCELLING_FILE}" ]; then echo cancelled
+  rw_a=0
+  if [ -n "$3" ]; then
+    if rw_ours "$2" "$3"; then echo running; return 0; fi
+  elif rw_alive "$2"; then rw_a=1
+  fi
+  if [ ! -d "$1" ]; then echo lost
+  elif [ -e "$1/{CANCEL_FILE}" ] || [ -h "$1/{CANCEL_FILE}" ]; then echo cancelled
+  elif [ "$rw_a" = 1 ] && {{ [ -e "$1/{CANCELLING_FILE}" ] || [ -h "$1/{CANCELLING_FILE}" ]; }}
+  then echo running
+  elif [ -f "$1/{EXIT_FILE}" ] && [ ! -h "$1/{EXIT_FILE}" ]; then
+    rw_c=$(rw_read "$1/{EXIT_FILE}" 32) || rw_c=
+    case $rw_c in
+    ''|-|*[!0-9-]*|?*-*) echo lost ;;
+    *) if [ "${{#rw_c}}" -le 11 ]; then printf 'exited %s\\n' "$rw_c"; else echo lost; fi ;;
+    esac
+  elif [ -e "$1/{CANCELLING_FILE}" ] || [ -h "$1/{CANCELLING_FILE}" ]; then echo cancelled
   elif [ "$rw_a" = 1 ]; then echo running
   else echo lost
   fi
@@ -54,16 +65,32 @@ rw_status() {{
 
 def status_script(jobs: Sequence[JobId]) -> str:
     """A script printing one status line per job of `jobs`, in order: `running`,
-    `exited <code>`, `cancelled` or `lost`, decided in the protocol's order (docs/protocol.md):
+    `exited <code>`, `cancelled` or `lost` (docs/protocol.md, "Status").
 
-    1. `cancelled` exists -> cancelled;
-    2. `cancelling` exists and the group is alive -> running;
-    3. `exit_code` exists -> exited(code);
-    4. `cancelling` exists (group gone) -> cancelled;
-    5. the group is alive -> running; otherwise lost. A missing directory is lost.
+    A job whose leader's start time is known (`JobId.start`: every job runwarden
+    launched on a target with `/proc`):
+
+    1. its group is alive and is the job's (`rw_ours`: a reused pid is not) ->
+       running, whatever the files say: the job cannot forge its end;
+    2. the run directory is missing -> lost;
+    3. `cancelled` exists -> cancelled;
+    4. `exit_code` is a regular file holding one integer of at most 11 characters
+       (a line end after it allowed) -> exited(code); an `exit_code` that is anything
+       else (a directory, a link, garbage) is no exit code;
+    5. `cancelling` exists -> cancelled; otherwise lost.
+
+    Any other job (adopted, or a target without `/proc`), in overbrainer's order, the
+    group's liveness sampled once before any marker is read: the directory is
+    missing -> lost; `cancelled` -> cancelled; `cancelling` and the group alive ->
+    running; `exit_code` (as in 4) -> exited(code); `cancelling` -> cancelled; the
+    group alive -> running; otherwise lost. There, `cancelled` and `exit_code` win
+    over a live group, so a pid reused by another process is never taken for the
+    job.
     """
-    calls = "\n".join(f"rw_status {quote(job.dir)} {check_job_pid(job)}" for job in jobs)
-    return GROUP_SIGNAL + status_function() + calls + "\n"
+    calls = "\n".join(
+        f"rw_status {quote(job.dir)} {check_job_pid(job)} {job_start(job)}" for job in jobs
+    )
+    return GROUP_SIGNAL + READ_FILE + status_function() + calls + "\n"
 
 
 _EXITED = re.compile(r"exited (-?[0-9]{1,11})")
@@ -72,9 +99,10 @@ _EXITED = re.compile(r"exited (-?[0-9]{1,11})")
 def parse_status(line: str) -> JobStatus:
     """The [`JobStatus`] one line of [`status_script`] names.
 
+    An exit code outside 32 bits reads as lost (no exit code).
+
     Raises:
-        ProtocolError: for anything else, such as an `exit_code` file that does not
-            hold an integer (the line is shown, cut to 80 characters).
+        ProtocolError: for anything else (the line is shown, cut to 80 characters).
     """
     text = line.strip()
     if text == "running":
@@ -86,8 +114,9 @@ def parse_status(line: str) -> JobStatus:
     match = _EXITED.fullmatch(text)
     if match is not None:
         code = int(match[1])
-        if -(2**31) <= code < 2**31:
-            return JobStatus.exited(code)
+        # An exit status outside 32 bits was not written by the job's wrapper: no
+        # exit code, as a garbage one is.
+        return JobStatus.exited(code) if -(2**31) <= code < 2**31 else JobStatus.LOST
     raise ProtocolError(f"status {text[:80]!r}")
 
 
@@ -111,17 +140,58 @@ def parse_statuses(output: bytes, count: int) -> list[JobStatus | ProtocolError]
     return results
 
 
-def cancel_script(job: JobId) -> str:
-    """A script that cancels `job` as the protocol says, to its end:
+MARK_SWEEP: Final = r"""
+rw_marked() {
+  rw_found=$(grep -lsxzF -- "$1" /proc/[0-9]*/environ 2>/dev/null)
+  rw_left=
+  for rw_f in $rw_found; do
+    rw_p=${rw_f#/proc/}; rw_p=${rw_p%/environ}
+    case $rw_p in ''|*[!0-9]*) continue ;; esac
+    [ "$rw_p" = "$$" ] || [ "$rw_p" -le 1 ] || rw_left="$rw_left $rw_p"
+  done
+}
+rw_sweep() {
+  rw_i=0
+  while rw_marked "$1"; [ -n "$rw_left" ]; do
+    if [ "$rw_i" = 0 ]; then kill -s TERM $rw_left 2>/dev/null || :; fi
+    if [ "$rw_i" = "$2" ]; then kill -s KILL $rw_left 2>/dev/null || :; fi
+    rw_i=$((rw_i + 1))
+    [ "$rw_i" -gt "$3" ] && return 1
+    rw_nap
+  done
+  return 0
+}
+"""
+"""Shell functions over the processes that carry a run's mark, an exact entry
+`RUNWARDEN_RUN_ID=<id>` of their environment (`/proc/<pid>/environ`, readable for
+the target user's own processes): `rw_marked ENTRY` sets `rw_left` to their pids
+(never this script, pid 0 or 1); `rw_sweep ENTRY KILL_AT GIVE_UP` sends them TERM,
+KILL after KILL_AT turns of 0.1 s, and returns 1 when some are still there after
+GIVE_UP turns. A zombie's environment reads empty: it counts as gone."""
 
-    - no-op (exit 0) when `cancelled` or `exit_code` already exists: a recycled pid
-      is never signalled, an exited job is never marked cancelled;
-    - exit 3 when the run directory does not exist;
-    - otherwise writes `cancelling`, stops the container if any
-      (`<engine> stop -t 30 <name>`), SIGTERMs the group, waits up to 10 s, SIGKILLs
-      it, waits up to 10 s for it to be gone, then writes `cancelled`;
-    - exit 5 with a message when the group survives: `cancelling` stays, and a later
-      cancel retries.
+
+def cancel_script(job: JobId) -> str:
+    """A script that cancels `job` to its end:
+
+    - while the job's process group is alive and is the job's (`rw_ours`: never a
+      reused pid; pid 0 and 1 are never signalled), whatever its files say (a job
+      may write `exit_code` or `cancelled` itself) when the leader's start time is
+      known; without it (an adopted job), as overbrainer does, never when `exit_code`
+      or `cancelled` exists (the pid may have gone to another process): writes
+      `cancelling` (when it can), stops the container if any (`<engine> stop -t 30
+      <name>`), SIGTERMs the group, waits up to 10 s, SIGKILLs it, waits up to 10 s
+      for it to be gone; exit 5 with a message when it survives (`cancelling` stays,
+      and a later cancel retries);
+    - then, when the job has a mark (`JobId.mark`), every process still carrying it
+      (one that left the group: `setsid`, a daemon) gets SIGTERM, SIGKILL after
+      10 s, and exit 5 when one survives 10 s more. A process that cleared or
+      rewrote its environment is out of reach;
+    - finally writes `cancelled` when the group was signalled, or when it was gone
+      with neither `exit_code` nor `cancelled` (a lost job); a job that exited by
+      itself is left as it is.
+
+    A run directory that is gone is no error: there is nothing to mark. The group
+    gets one SIGTERM per cancel.
     """
     container = ""
     if job.container is not None:
@@ -131,31 +201,56 @@ def cancel_script(job: JobId) -> str:
         )
     term_ticks = CANCEL_TERM_WAIT_S * TICKS_PER_S
     kill_ticks = CANCEL_KILL_WAIT_S * TICKS_PER_S
+    sweep = ""
+    if job.mark is not None:
+        entry = quote(f"{RUN_ID_ENV}={job.mark}")
+        sweep = f"""if ! rw_sweep {entry} {term_ticks} {term_ticks + kill_ticks}; then
+  printf 'processes of run %s survived SIGKILL:%s\\n' {quote(job.mark)} "$rw_left" >&2
+  exit 5
+fi
+"""
     return (
         GROUP_SIGNAL
+        + MARK_SWEEP
         + f"""
 rw_dir={quote(job.dir)}
 rw_pid={check_job_pid(job)}
+rw_begun={job_start(job)}
 rw_gone() {{
   rw_i=0
-  while rw_alive "$rw_pid"; do
+  while rw_ours "$rw_pid" "$rw_begun"; do
     rw_i=$((rw_i + 1))
     [ "$rw_i" -gt "$1" ] && return 1
     rw_nap
   done
   return 0
 }}
-if [ -e "$rw_dir/{CANCEL_FILE}" ] || [ -e "$rw_dir/{EXIT_FILE}" ]; then exit 0; fi
-if [ ! -d "$rw_dir" ]; then printf '%s does not exist\\n' "$rw_dir" >&2; exit 3; fi
-: > "$rw_dir/{CANCELLING_FILE}" || exit 4
-{container}rw_signal "$rw_pid" TERM
-if ! rw_gone {term_ticks}; then
-  rw_signal "$rw_pid" KILL
-  if ! rw_gone {kill_ticks}; then
-    printf 'process group %s survived SIGKILL\\n' "$rw_pid" >&2
-    exit 5
+rw_mark() {{
+  if [ -d "$rw_dir" ] && [ ! -e "$rw_dir/$1" ] && [ ! -h "$rw_dir/$1" ]; then
+    : > "$rw_dir/$1" 2>/dev/null || :
   fi
+}}
+rw_signalled=
+rw_ended=
+if [ -z "$rw_begun" ] && [ -d "$rw_dir" ] &&
+  {{ [ -e "$rw_dir/{EXIT_FILE}" ] || [ -e "$rw_dir/{CANCEL_FILE}" ]; }}; then
+  rw_ended=1
 fi
-: > "$rw_dir/{CANCEL_FILE}" || exit 4
+if [ -z "$rw_ended" ] && rw_ours "$rw_pid" "$rw_begun"; then
+  rw_signalled=1
+  rw_mark {CANCELLING_FILE}
+  {container}rw_signal "$rw_pid" TERM
+  if ! rw_gone {term_ticks}; then
+    rw_signal "$rw_pid" KILL
+    if ! rw_gone {kill_ticks}; then
+      printf 'process group %s survived SIGKILL\\n' "$rw_pid" >&2
+      exit 5
+    fi
+  fi
+elif [ -d "$rw_dir" ] && [ ! -e "$rw_dir/{EXIT_FILE}" ] && [ ! -e "$rw_dir/{CANCEL_FILE}" ]; then
+  rw_signalled=1
+  rw_mark {CANCELLING_FILE}
+fi
+{sweep}if [ -n "$rw_signalled" ]; then rw_mark {CANCEL_FILE}; fi
 """
     )

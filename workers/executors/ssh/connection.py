@@ -108,11 +108,13 @@ class _Shell:
     def __init__(self, transport: paramiko.Transport, timeout_s: float) -> None:
         self.channel = transport.open_session(timeout=timeout_s)
         self.channel.exec_command("exec sh")
-        # fd 3 is the channel's stdout for every command; RW_GNU_DD tells the read
-        # script it may use one dd instead of tail | head.
+        # fd 3 is the channel's stdout for every command; rw_how=dd tells the read
+        # scripts (`scripts.common.READ_FILE`) that GNU dd reads without blocking,
+        # found once per shell instead of once per script.
         self.channel.sendall(
-            b"exec 3>&1; if dd if=/dev/null bs=1 count=0 iflag=skip_bytes,count_bytes "
-            b"status=none 2>/dev/null; then RW_GNU_DD=1; fi\n"
+            b"exec 3>&1; if dd if=/dev/null bs=1 count=0 "
+            b"iflag=nonblock,nofollow,skip_bytes,count_bytes "
+            b"status=none 2>/dev/null; then rw_how=dd; fi\n"
         )
 
     def run(self, script: str, timeout_s: float | None) -> Completed:

@@ -216,6 +216,41 @@ def test_a_recycled_pid_is_never_signalled(target: Target, marker: str) -> None:
         stranger.wait()
 
 
+@pytest.mark.parametrize("marker", [EXIT_FILE, CANCEL_FILE])
+def test_a_recycled_pid_with_another_start_time_is_never_signalled(
+    target: Target, marker: str
+) -> None:
+    # The job's leader started at another time than the process now at its pid: that
+    # group is not the job's, whatever the run directory holds.
+    stranger = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        run = target.workdir / "run"
+        run.mkdir()
+        job = JobId(dir=str(run), pid=stranger.pid, start=1)
+        assert target.executor.status(job) == JobStatus.LOST
+        target.executor.cancel(job)
+        time.sleep(0.2)
+        assert stranger.poll() is None
+        (run / marker).write_text("0\n")
+        target.executor.cancel(job)
+        assert stranger.poll() is None
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+@pytest.mark.parametrize("marker", [EXIT_FILE, CANCEL_FILE])
+def test_a_job_cannot_forge_its_end(target: Target, marker: str) -> None:
+    job = spawn(target, f"echo 0 > {marker}; sleep 60")
+    marker_file = Path(job.dir) / marker
+    wait_for(marker_file.exists)
+    assert job.start is not None
+    assert target.executor.status(job) == JobStatus.RUNNING
+    target.executor.cancel(job)  # signals the live group, whatever its files say
+    assert not group_alive(job.pid)
+    assert target.executor.status(job) == JobStatus.CANCELLED
+
+
 def test_pid_zero_and_one_are_never_signalled(target: Target) -> None:
     run = target.workdir / "run"
     run.mkdir()
@@ -228,10 +263,23 @@ def test_pid_zero_and_one_are_never_signalled(target: Target) -> None:
     assert not (run / CANCELLING_FILE).exists()
 
 
-def test_cancel_a_missing_run_directory_is_an_error(target: Target) -> None:
+def test_cancel_a_missing_run_directory_with_no_job_does_nothing(target: Target) -> None:
+    # A job may delete its own run directory: cancel still ends a live group (see
+    # test_a_job_that_deletes_its_run_directory_is_still_cancelled); with none, there
+    # is nothing to do, and no error that a retry could never clear.
     job = JobId(dir=str(target.workdir / "gone"), pid=999_999)
-    with pytest.raises(CommandError, match="does not exist"):
-        target.executor.cancel(job)
+    target.executor.cancel(job)
+    assert not (target.workdir / "gone").exists()
+
+
+def test_a_job_that_deletes_its_run_directory_is_still_cancelled(target: Target) -> None:
+    job = spawn(target, 'cd /; rm -rf -- "$RW_DIR"; sleep 60', env={"RW_DIR": target.run_dir()})
+    wait_for(lambda: not Path(job.dir).exists())
+    assert job.start is not None
+    assert target.executor.status(job) == JobStatus.RUNNING
+    target.executor.cancel(job)
+    assert not group_alive(job.pid)
+    assert target.executor.status(job) == JobStatus.LOST
 
 
 def test_an_abandoned_cancelling_marker(target: Target) -> None:

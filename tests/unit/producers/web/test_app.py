@@ -21,9 +21,10 @@ from pydantic import BaseModel
 from producers.api import Runwarden
 from producers.web import create_app, make_server
 from producers.web.server import is_loopback
-from producers.web.text import clean, left_text
+from producers.web.text import left_text
 from schemas import JobId, RunRecord, RunState, Settings, SnapshotReason
 from schemas.events import TASK_CANCEL, TASK_SNAPSHOT_REQUEST, SnapshotRequestBody
+from schemas.text import clean_text as clean
 from store import RunStore
 
 USER, PASSWORD = "ops", "s3cret pw:with colon"

@@ -27,10 +27,8 @@ from workers import jobside
 from workers.jobside import runwarden_job as job
 from workers.jobside import runwarden_preempt as preempt
 
-from ....conftest import process_alive, wait_for
+from ....conftest import JOBSIDE, process_alive, wait_for
 
-ROOT = Path(__file__).resolve().parents[2]
-JOBSIDE = ROOT / "workers" / "jobside"
 STEP_S = 0.02
 
 # A training loop in miniature. argv: `--wait-go` (look for requests only once the

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from schemas.protocol import CLAIM_FILE
-from workers.executors import CommandError, InvalidArgument, local_manifest
+from workers.executors import CommandError, InvalidArgument, ProtocolError, local_manifest
 
 from ..conftest import HOSTILE_DIR, HOSTILE_NAMES, Shell, no_pwned
 
@@ -97,7 +97,7 @@ def test_read_from_ranges(sh: Shell) -> None:
     assert read(str(path), len(data) + 50, 5) == b""
     assert read(str(path), 5, 0) == b""
     assert read(str(sh.workdir / "missing"), 0, 10) == b""
-    with pytest.raises(CommandError):
+    with pytest.raises(ProtocolError, match="not a regular file"):
         read(str(sh.workdir), 0, 10)
     with pytest.raises(InvalidArgument):
         read(str(path), -1, 10)

@@ -125,7 +125,10 @@ def test_it_fires_then_waits_for_the_job(dog: Watchdog) -> None:
     assert pid_file.read_text() == f"{proc.pid}\n"
     time.sleep(3 * POLL_S)
     assert proc.poll() is None  # it waits for the job's end
-    (dog.dir / EXIT_FILE).write_text("0\n")
+    (dog.dir / EXIT_FILE).write_text("0\n")  # forged by the job: its group still lives
+    time.sleep(3 * POLL_S)
+    assert proc.poll() is None
+    dog.end_job()
     proc.wait(timeout=POLL_S + 1)
     assert proc.returncode == 0
     assert sorted(os.listdir(dog.dir)) == [".runwarden", EXIT_FILE, PID_FILE, SNAPSHOT_REQUEST]
@@ -151,7 +154,20 @@ def test_a_request_already_there_is_never_replaced(dog: Watchdog, reason: str) -
     assert not [name for name in os.listdir(dog.dir) if "tmp" in name]
 
 
-@pytest.mark.parametrize("marker", [EXIT_FILE, CANCEL_FILE, "group", "directory"])
+@pytest.mark.parametrize("marker", [EXIT_FILE, CANCEL_FILE])
+def test_a_forged_end_does_not_stop_it(dog: Watchdog, marker: str) -> None:
+    # The job can write every file of its run directory: only its group's end counts.
+    proc = dog.start(after_s=1.0)
+    (dog.dir / marker).write_text("0\n")
+    wait_for(dog.request.exists, timeout_s=10, interval_s=0.02)
+    assert dog.request.read_text() == "deadline"
+    assert proc.poll() is None
+    dog.end_job()
+    proc.wait(timeout=POLL_S + 1)
+    assert proc.returncode == 0
+
+
+@pytest.mark.parametrize("marker", ["group", "directory"])
 def test_it_exits_with_the_job_and_writes_nothing(dog: Watchdog, marker: str) -> None:
     proc = dog.start(after_s=1.5)
     time.sleep(0.3)
@@ -208,4 +224,8 @@ def test_the_launcher_starts_a_watchdog_only_when_asked() -> None:
     assert "rw-watchdog" not in launcher_script("/w/r", "true", {}, ["TOKEN"])
     with_dog = launcher_script("/w/r", "true", {}, ["TOKEN"], (10.0, 1.0))
     assert "rw-watchdog" in with_dog
-    assert "unset TOKEN\n" in with_dog  # secrets never reach the watchdog
+    # Secrets are read in the subshell that starts the job, never in the launcher's
+    # own name space: they never reach the watchdog, started after it.
+    subshell_end = with_dog.index(") || exit 4")
+    assert with_dog.index("IFS= read -r TOKEN") < subshell_end
+    assert with_dog.index("rw-watchdog") > subshell_end

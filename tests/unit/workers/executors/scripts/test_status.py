@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 from schemas import JobId, JobStatus
 from schemas.protocol import CANCEL_FILE, CANCELLING_FILE, EXIT_FILE, JOB_LOG, PID_FILE
 from workers.executors import (
-    CommandError,
     InvalidArgument,
     LocalExecutor,
     ProtocolError,
@@ -89,11 +88,15 @@ def test_cancelling_with_a_live_group_is_running(sh: Shell) -> None:
     assert wait_for(lambda: sh.finished(job)) == JobStatus.CANCELLED
 
 
-def test_a_garbled_exit_code_is_a_protocol_error(sh: Shell) -> None:
-    for i, content in enumerate(["abc\n", "", "1 2\n", "99999999999999\n"]):
+def test_a_garbled_exit_code_is_no_exit_code(sh: Shell) -> None:
+    # The job can write its run directory: garbage there ends the run as lost, for
+    # that run alone, rather than failing every status of it for ever.
+    for i, content in enumerate(["abc\n", "", "1 2\n", "99999999999999\n", "1-2\n", "-\n"]):
         job = crafted(sh, f"g{i}", {EXIT_FILE: content})
-        with pytest.raises(ProtocolError):
-            sh.executor.status(job)
+        assert sh.executor.status(job) == JobStatus.LOST, content
+    job = crafted(sh, "gdir", {})
+    (Path(job.dir) / EXIT_FILE).mkdir()
+    assert sh.executor.status(job) == JobStatus.LOST
 
 
 def test_status_of_dirs_with_shell_metacharacters(sh: Shell) -> None:
@@ -145,9 +148,7 @@ def test_one_garbage_exit_code_does_not_hide_the_other_statuses(tmp_path: Path) 
     jobs = [JobId(dir=str(good), pid=999_999), JobId(dir=str(bad), pid=999_998)]
     statuses = executor.statuses(jobs)
     assert statuses[0] == JobStatus.exited(3)
-    assert isinstance(statuses[1], ProtocolError)
-    with pytest.raises(ProtocolError, match="not a number"):
-        executor.status(jobs[1])
+    assert statuses[1] == JobStatus.LOST  # garbage is no exit code, for that run alone
 
 
 # --- cancel -----------------------------------------------------------------------
@@ -193,8 +194,9 @@ def test_cancel_is_idempotent_and_spares_ended_jobs(sh: Shell) -> None:
 
 
 def test_cancel_errors(sh: Shell) -> None:
-    with pytest.raises(CommandError, match="does not exist"):
-        sh.executor.cancel(JobId(dir=sh.run_dir("gone"), pid=DEAD_PID))
+    # A run directory that is gone, with no live group, leaves nothing to cancel.
+    sh.executor.cancel(JobId(dir=sh.run_dir("gone"), pid=DEAD_PID))
+    assert not Path(sh.run_dir("gone")).exists()
     run = sh.workdir / "run"
     run.mkdir()
     for pid in (0, 1):
@@ -246,9 +248,8 @@ def test_status_lines_round_trip(status: JobStatus, end: str) -> None:
 
 
 @given(st.integers(2**31, 10**11 - 1) | st.integers(-(10**11) + 1, -(2**31) - 1))
-def test_exit_codes_out_of_i32_are_protocol_errors(code: int) -> None:
-    with pytest.raises(ProtocolError):
-        parse_status(f"exited {code}")
+def test_exit_codes_out_of_i32_are_no_exit_code(code: int) -> None:
+    assert parse_status(f"exited {code}") == JobStatus.LOST
 
 
 @given(st.lists(statuses, max_size=6), st.integers(0, 8))
