@@ -44,6 +44,8 @@ from ..conftest import Target, ssh_executor
 from ..sshd import SshServer, _descendants, _is_sshd, _sigkill, running_sshd
 from .test_executor_contract import HOSTILE_NAMES
 
+RUN = "run-1"
+"""The run id every retrieval here is made for."""
 SNAPSHOT = Snapshot(checkpoint="output/checkpoint-6", step=6, reason=SnapshotReason.REQUESTED)
 
 
@@ -117,7 +119,7 @@ def test_a_stopped_run_brings_its_checkpoint_home(
 ) -> None:
     entries, exclude = retrieval_plan(RunState.STOPPED, SNAPSHOT)
     dest = tmp_path / "store" / "run-1"
-    got = retrieve(target.executor, str(run), dest, entries, exclude)
+    got = retrieve(target.executor, str(run), dest, entries, exclude, run_id=RUN)
 
     expected = target.executor.manifest(str(run), entries, exclude)
     assert got.path == dest
@@ -141,13 +143,14 @@ def test_a_stopped_run_brings_its_checkpoint_home(
 
     sizes = {f.path: f.size for f in stored_files(dest) or []}
     assert sizes["output/checkpoint-6/empty"] == 0
-    checkpoint = check_stored(dest, "output/checkpoint-6")
+    checkpoint = check_stored(dest, "output/checkpoint-6", RUN)
     assert checkpoint == [d for d in expected if d.path.startswith("output/checkpoint-6/")]
-    assert check_stored(dest, "job.log") == [d for d in expected if d.path == "job.log"]
+    assert check_stored(dest, "job.log", RUN) == [d for d in expected if d.path == "job.log"]
 
     # Idempotent: a complete destination is returned unchanged, the target untouched.
     before = (dest / MANIFEST_FILE).stat().st_mtime_ns
-    again = retrieve(target.executor, str(run) + "-gone", dest, entries, exclude)
+    gone = str(run) + "-gone"
+    again = retrieve(target.executor, gone, dest, entries, exclude, run_id=RUN)
     assert again.reused
     assert (again.files, again.bytes) == (got.files, got.bytes)
     assert (dest / MANIFEST_FILE).stat().st_mtime_ns == before
@@ -158,7 +161,7 @@ def test_a_succeeded_run_brings_output_without_checkpoints(
 ) -> None:
     entries, exclude = retrieval_plan(RunState.SUCCEEDED, None)
     dest = tmp_path / "store" / "run-2"
-    got = retrieve(target.executor, str(run), dest, entries, exclude)
+    got = retrieve(target.executor, str(run), dest, entries, exclude, run_id=RUN)
     names = listing(dest)
     assert not any("checkpoint-" in n for n in names), names
     assert "output/model.safetensors" in names
@@ -172,12 +175,13 @@ def test_a_failed_run_without_a_log(target: Target, tmp_path: Path) -> None:
     remote = target.workdir / "empty-run"
     remote.mkdir()
     dest = tmp_path / "store" / "run-3"
-    got = retrieve(target.executor, str(remote), dest, *retrieval_plan(RunState.FAILED, None))
+    plan = retrieval_plan(RunState.FAILED, None)
+    got = retrieve(target.executor, str(remote), dest, *plan, run_id=RUN)
     assert (got.files, got.bytes, got.absent) == (0, 0, ("job.log",))
     assert listing(dest) == [MANIFEST_FILE]
     assert stored_manifest(dest) == []
     with pytest.raises(StoredArtifactsInvalid, match=r"no file under 'job\.log'"):
-        check_stored(dest, "job.log")
+        check_stored(dest, "job.log", RUN)
 
 
 # --- verification: the target changes between its manifest and the download ----------
@@ -233,7 +237,7 @@ def test_a_mismatch_is_reported_and_leaves_nothing(
     seam = ChangesAfterManifest(target.executor, actions[change])
 
     with pytest.raises(ArtifactMismatch) as raised:
-        retrieve(cast(Executor, seam), str(run), dest, entries, exclude)
+        retrieve(cast(Executor, seam), str(run), dest, entries, exclude, run_id=RUN)
     error = raised.value
     assert getattr(error, change) == [path]
     assert [k for k in ("missing", "differing", "extra") if getattr(error, k)] == [change]
@@ -245,7 +249,7 @@ def test_a_mismatch_is_reported_and_leaves_nothing(
     assert leftovers(dest.parent) == []
 
     # The target holds still now: retrieved again, verified against what it holds.
-    got = retrieve(target.executor, str(run), dest, entries, exclude)
+    got = retrieve(target.executor, str(run), dest, entries, exclude, run_id=RUN)
     assert stored_manifest(dest) == local_manifest(run, entries, exclude)
     assert got.files == len(local_manifest(run, entries, exclude))
     assert (dest / path).exists() == (change != "missing")
@@ -261,7 +265,7 @@ def test_a_mismatch_message_is_bounded(target: Target, tmp_path: Path) -> None:
 
     seam = ChangesAfterManifest(target.executor, add_many)
     with pytest.raises(ArtifactMismatch) as raised:
-        retrieve(cast(Executor, seam), str(remote), tmp_path / "d", ["output"])
+        retrieve(cast(Executor, seam), str(remote), tmp_path / "d", ["output"], run_id=RUN)
     assert len(raised.value.extra) == 100
     assert "100 extra" in str(raised.value)
     assert "and 70 more" in str(raised.value)
@@ -274,7 +278,7 @@ def test_a_mismatch_message_is_bounded(target: Target, tmp_path: Path) -> None:
 def test_a_missing_run_directory_is_not_retryable(target: Target, tmp_path: Path) -> None:
     dest = tmp_path / "store" / "gone"
     with pytest.raises(RetrievalError, match="does not exist") as raised:
-        retrieve(target.executor, str(target.workdir / "gone"), dest, ["job.log"])
+        retrieve(target.executor, str(target.workdir / "gone"), dest, ["job.log"], run_id=RUN)
     assert not raised.value.retryable
     assert raised.value.__cause__ is not None
     assert not dest.exists()
@@ -286,7 +290,7 @@ def test_entries_that_cannot_be_stored_are_refused(
     target: Target, run: Path, tmp_path: Path, entry: str
 ) -> None:
     with pytest.raises(RetrievalError) as raised:
-        retrieve(target.executor, str(run), tmp_path / "d", ["job.log", entry])
+        retrieve(target.executor, str(run), tmp_path / "d", ["job.log", entry], run_id=RUN)
     assert not raised.value.retryable
     assert not (tmp_path / "d").exists()
 
@@ -296,12 +300,12 @@ def test_a_foreign_destination_is_never_replaced(target: Target, run: Path, tmp_
     dest.mkdir(parents=True)
     (dest / "mine").write_text("not a retrieval")
     with pytest.raises(RetrievalError, match="not a complete retrieval") as raised:
-        retrieve(target.executor, str(run), dest, ["job.log"])
+        retrieve(target.executor, str(run), dest, ["job.log"], run_id=RUN)
     assert not raised.value.retryable
     assert listing(dest) == ["mine"]
     # An empty directory is no one's: it is replaced.
     (dest / "mine").unlink()
-    assert retrieve(target.executor, str(run), dest, ["job.log"]).files == 1
+    assert retrieve(target.executor, str(run), dest, ["job.log"], run_id=RUN).files == 1
 
 
 def test_leftovers_of_dead_attempts_go_live_ones_stay(
@@ -318,7 +322,7 @@ def test_leftovers_of_dead_attempts_go_live_ones_stay(
     fd = os.open(live, os.O_RDONLY | os.O_DIRECTORY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # as a retrieval in progress holds it
-        retrieve(target.executor, str(run), store / "run-5", ["job.log"])
+        retrieve(target.executor, str(run), store / "run-5", ["job.log"], run_id=RUN)
         assert leftovers(store) == [live.name, other.name]
     finally:
         os.close(fd)
@@ -334,7 +338,8 @@ def test_concurrent_retrievals_of_one_destination(
 
     def one() -> None:
         try:
-            results.append(retrieve(target.make(), str(run), dest, entries, exclude))
+            got = retrieve(target.make(), str(run), dest, entries, exclude, run_id=RUN)
+            results.append(got)
         except Exception as error:  # noqa: BLE001 # reported by the assertion below
             results.append(error)
 
@@ -355,25 +360,25 @@ def test_check_stored_names_what_is_wrong(target: Target, run: Path, tmp_path: P
     entries, exclude = retrieval_plan(RunState.STOPPED, SNAPSHOT)
     dest = tmp_path / "store" / "run-7"
     with pytest.raises(StoredArtifactsInvalid, match=r"no manifest\.json"):
-        check_stored(dest, "output/checkpoint-6")
+        check_stored(dest, "output/checkpoint-6", RUN)
     assert stored_manifest(dest) is None
-    retrieve(target.executor, str(run), dest, entries, exclude)
-    assert len(check_stored(dest, "")) == len(local_manifest(run, entries))
+    retrieve(target.executor, str(run), dest, entries, exclude, run_id=RUN)
+    assert len(check_stored(dest, "", RUN)) == len(local_manifest(run, entries))
     with pytest.raises(StoredArtifactsInvalid, match="no file under"):
-        check_stored(dest, "output/checkpoint-3")
+        check_stored(dest, "output/checkpoint-3", RUN)
     with pytest.raises(StoredArtifactsInvalid, match="no file under"):
-        check_stored(dest, "output/checkpoint-")  # a prefix of names is not a path
+        check_stored(dest, "output/checkpoint-", RUN)  # a prefix of names is not a path
 
     (dest / "output/checkpoint-6/optimizer.pt").unlink()
     with (dest / "output/checkpoint-6/empty").open("ab") as handle:
         handle.write(b"!")
     with pytest.raises(StoredArtifactsInvalid) as raised:
-        check_stored(dest, "output/checkpoint-6")
+        check_stored(dest, "output/checkpoint-6", RUN)
     message = str(raised.value)
     assert "1 missing ('output/checkpoint-6/optimizer.pt')" in message
     assert "1 of another size ('output/checkpoint-6/empty')" in message
     assert not raised.value.retryable
-    assert check_stored(dest, "job.log")  # the rest is still fine
+    assert check_stored(dest, "job.log", RUN)  # the rest is still fine
 
     (dest / MANIFEST_FILE).write_text("{not json")
     with pytest.raises(StoredArtifactsInvalid, match="malformed"):
@@ -460,8 +465,9 @@ HOSTILE_ARCHIVES = {
     "dotdot": [("file", "./output/../../rw-evil-up", b"evil")],
     "dotdot-inside": [("file", "./output/../job.log", b"not normalized")],
     "link-out": [("symlink", "./output/out", "../../.."), ("file", "./output/out/evil", b"x")],
-    "absolute-link": [("symlink", "./output/etc", "/etc")],
+    "below-absolute-link": [("symlink", "./output/etc", "/etc"), ("file", "./output/etc/x", b"x")],
     "hardlink-out": [("hardlink", "./output/passwd", "/etc/passwd")],
+    "hardlink-in": [("file", "./output/a", b"a"), ("hardlink", "./output/b", "./output/a")],
     "dot": [("dir", ".", b"")],
 }
 
@@ -478,7 +484,8 @@ def test_a_hostile_archive_is_refused(tmp_path: Path, kind: str) -> None:
     with pytest.raises(UnsafeArchive):
         executor.download(str(remote), local, ["job.log", "output"])
     with pytest.raises(RetrievalError) as raised:
-        retrieve(executor, str(remote), tmp_path / "store" / "run", ["job.log", "output"])
+        retrieve(executor, str(remote), tmp_path / "store" / "run", ["job.log", "output"],
+                 run_id=RUN)  # fmt: skip
     assert not raised.value.retryable
     assert isinstance(raised.value.__cause__, UnsafeArchive)
     assert not (tmp_path / "store" / "run").exists()
@@ -493,14 +500,14 @@ def test_device_files_and_fifos_are_skipped(tmp_path: Path) -> None:
         ("file", "./output/a", b"a"),
         ("chr", "./output/null", b""),
         ("fifo", "./output/pipe", b""),
-        ("hardlink", "./output/b", "./output/a"),
+        ("file", "./output/b", b"b"),
+        ("fifo", "./output/b", b""),  # a later member replaces an earlier one
     ]
     executor = ScriptExecutor(ReplayTransport(archive(*members)), str(tmp_path))
     local = tmp_path / "dl"
-    digests = executor.download(str(tmp_path), local, ["output"])
-    assert [d.path for d in digests] == ["output/a", "output/b"]
-    assert digests[0].sha256 == digests[1].sha256
-    assert listing(local) == ["output/a", "output/b"]
+    digests = executor.download(str(tmp_path), local, ["output"]).files
+    assert [d.path for d in digests] == ["output/a"]
+    assert listing(local) == ["output/a"]
 
 
 # --- an interrupted download over real SSH -------------------------------------------
@@ -560,18 +567,18 @@ def test_an_interrupted_download_fails_then_a_retry_verifies(
         # sshd dies mid-stream: the connection drops, reconnecting is refused.
         watcher = interrupt_when_incoming(store, "big", own_sshd.kill)
         with pytest.raises(RetrievalError) as raised:
-            retrieve(executor, str(run), dest, entries, exclude)
+            retrieve(executor, str(run), dest, entries, exclude, run_id=RUN)
         watcher.join()
         assert raised.value.retryable, raised.value
         assert not dest.exists()
         assert leftovers(store) == []
 
         own_sshd.start()
-        got = retrieve(executor, str(run), dest, entries, exclude)
+        got = retrieve(executor, str(run), dest, entries, exclude, run_id=RUN)
         assert got.files == 7
         assert got.bytes >= 96 * 1024 * 1024
         assert stored_manifest(dest) == local_manifest(run, entries, exclude)
-        assert len(check_stored(dest, SNAPSHOT.checkpoint)) == 5
+        assert len(check_stored(dest, SNAPSHOT.checkpoint, RUN)) == 5
     finally:
         executor.close()
 
@@ -601,7 +608,7 @@ def test_a_dropped_connection_is_retried_within_one_retrieval(
 
     try:
         watcher = interrupt_when_incoming(store, "big", kill_sessions)
-        got = retrieve(executor, str(run), store / "big", entries, exclude)
+        got = retrieve(executor, str(run), store / "big", entries, exclude, run_id=RUN)
         watcher.join()
         assert killed
         assert not got.reused
@@ -629,7 +636,7 @@ def test_server_rekeys_during_retrievals_never_stall(tmp_path: Path) -> None:
             for round_ in range(3):
                 started = time.monotonic()
                 dest = tmp_path / "store" / str(round_)
-                got = retrieve(executor, str(run), dest, entries, exclude)
+                got = retrieve(executor, str(run), dest, entries, exclude, run_id=RUN)
                 assert time.monotonic() - started < 15  # a stall lasts 30 s
                 assert got.files == 7
         finally:
