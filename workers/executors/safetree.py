@@ -269,8 +269,10 @@ class SafeTree:
                 done = f"{done}/{part}" if done else part
                 if done in self._skipped:
                     raise UnsafeArchive(f"{path[:200]!r} lies below the link {done[:200]!r}")
-                if done in self._files or done in self._links:
-                    raise UnsafeArchive(f"{path[:200]!r} lies below a non-directory")
+                if done in self._links:
+                    raise UnsafeArchive(f"{path[:200]!r} lies below the link {done[:200]!r}")
+                if done in self._files:
+                    raise UnsafeArchive(f"{path[:200]!r} lies below the file {done[:200]!r}")
                 child = self._child_dir(fd, part, done, create)
                 os.close(fd)
                 fd = child
