@@ -8,6 +8,7 @@ it is many times faster than a shell per call.
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets as _secrets
 import shutil
@@ -50,14 +51,20 @@ def _copy(node: Node, tree: SafeTree) -> None:
     if node.is_dir:
         tree.directory(node.path)
     elif node.is_link:
-        target = os.readlink(node.name, dir_fd=node.dir_fd)
+        try:
+            target = os.readlink(node.name, dir_fd=node.dir_fd)
+        except OSError as error:
+            if error.errno in (errno.ENOENT, errno.EINVAL):
+                return  # gone, or no longer a link, since it was listed
+            raise
         tree.link(node.path, target)
     else:
         fd = open_regular(node)
         if fd is None:
             return
         with open(fd, "rb") as source:
-            tree.file(node.path, source, node.info.st_mode, node.info.st_mtime_ns)
+            info = os.fstat(fd)  # of the file read, should it have changed since listed
+            tree.file(node.path, source, info.st_mode, info.st_mtime_ns)
 
 
 class LocalExecutor(ScriptExecutor):
