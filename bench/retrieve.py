@@ -51,6 +51,7 @@ from workers.executors.base import Executor
 from workers.executors.ssh import SshExecutor, SshTransport
 from workers.reaper import become_subreaper
 from workers.retrieval import disk as retrieval_disk
+from workers.retrieval import verified as retrieval_verified
 
 TARGET_RATIO = 0.7
 SHARDS = 8
@@ -115,7 +116,9 @@ class FlushTimer:
 
 
 def plain_download(executor: SshExecutor, remote: str, local: Path) -> None:
-    """The download as it was before hashing: tarfile's own extraction, data filter."""
+    """The download as it was before hashing: tarfile's own extraction, data filter.
+    A reference only, on the tree this script built: the product no longer extracts
+    with tarfile (it follows parent links a hostile target can plant)."""
     entries, exclude = retrieval.retrieval_plan(RunState.STOPPED, SNAPSHOT)
     script = scripts.archive_script(remote, entries, exclude)
 
@@ -170,7 +173,12 @@ class Contenders:
 
     def retrieve(self) -> None:
         got = retrieval.retrieve(
-            self.executor, self.remote, self.out / "store" / "run", self.entries, self.exclude
+            self.executor,
+            self.remote,
+            self.out / "store" / "run",
+            self.entries,
+            self.exclude,
+            run_id="run",
         )
         assert not got.reused
 
@@ -181,7 +189,7 @@ class Contenders:
         """One download and one retrieval, compared with the source's manifest."""
         want = local_manifest(source, self.entries, self.exclude)
         self.clean()
-        assert self.executor.download(self.remote, self.out / "down", *self.plan) == want
+        assert self.executor.download(self.remote, self.out / "down", *self.plan).files == want
         self.retrieve()
         assert retrieval.stored_manifest(self.out / "store" / "run") == want
         self.clean()
@@ -257,6 +265,7 @@ def main() -> None:
     ssh: SshExecutor | None = None
     flush = FlushTimer()
     retrieval_disk.flush_tree = flush  # type: ignore[assignment] # times the fsync share
+    retrieval_verified.flush_tree = flush  # type: ignore[assignment] # imported by name there
     try:
         server = start_sshd(tmp)
         run = server.workdir / "run"

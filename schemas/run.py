@@ -113,6 +113,10 @@ class Artifacts(BaseModel):
     """The run's directory in the artifact store, once retrieved."""
     files: int = Field(default=0, ge=0)
     bytes: int = Field(default=0, ge=0)
+    skipped_links: int = Field(default=0, ge=0)
+    """Symbolic links of the run directory left out of the retrieval: their targets
+    are absolute or lead outside it (each listed, with its target, in the stored
+    `manifest.json`). 0 in records written before it was counted."""
     retrieved: datetime | None = None
 
 

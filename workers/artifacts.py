@@ -155,9 +155,10 @@ def _attempt(ctx: Context, run: RunRecord, attempts: int, now: datetime) -> Arti
         entries, exclude = retrieval_plan(run.state, run.snapshot)
         # Complete and intact already (a retry after the record's update was lost, or
         # `force`): no need to reach the target, which may be gone.
-        done = reuse_stored(dest)
+        done = reuse_stored(dest, run.id)  # a copy made for another run is moved aside
         if done is None:
-            done = retrieve(ctx.executor(run.target), run.remote_dir, dest, entries, exclude)
+            executor = ctx.executor(run.target)
+            done = retrieve(executor, run.remote_dir, dest, entries, exclude, run_id=run.id)
     except Exception as error:
         if not isinstance(error, (RetrievalError, ExecError, RunError, OSError)):
             log.exception("run %s: retrieval failed unexpectedly", run.id)
@@ -183,11 +184,18 @@ def _attempt(ctx: Context, run: RunRecord, attempts: int, now: datetime) -> Arti
         "run %s: artifacts retrieved and verified: %d files, %d bytes in %.1f s",
         run.id, done.files, done.bytes, time.monotonic() - started,
     )  # fmt: skip
+    if done.skipped_links:
+        log.warning(
+            "run %s: %d symbolic link(s) leading outside the run directory left out, "
+            "listed in %s/manifest.json",
+            run.id, len(done.skipped_links), done.path,
+        )  # fmt: skip
     return Artifacts(
         phase=ArtifactsPhase.DONE,
         attempts=attempts,
         path=str(done.path),
         files=done.files,
         bytes=done.bytes,
+        skipped_links=len(done.skipped_links),
         retrieved=utcnow(),
     )

@@ -181,7 +181,7 @@ def resumable(ctx: Context, run_id: str) -> tuple[RunRecord, str, list[FileDiges
     source = ctx.store.get_run(run_id)
     checkpoint = check_resumable(source).checkpoint
     try:
-        files = check_stored(ctx.settings.artifacts_root / source.id, checkpoint)
+        files = check_stored(ctx.settings.artifacts_root / source.id, checkpoint, source.id)
     except RetrievalError as error:
         raise NotResumable(run_id, str(error)) from error
     return source, checkpoint, files

@@ -127,7 +127,13 @@ def checked_run_id(run_id: str) -> str:
 def artifacts_line(artifacts: Any) -> str:
     if artifacts.phase == "done":
         size = format_bytes(artifacts.bytes)
-        return f"done: {artifacts.files} files, {size}, verified, in {artifacts.path}"
+        text = f"done: {artifacts.files} files, {size}, verified, in {artifacts.path}"
+        skipped = getattr(artifacts, "skipped_links", 0)
+        if skipped:
+            # Links whose targets are absolute or outside the run directory: listed
+            # in the stored manifest.json, never made in the artifact store.
+            text += f"; {skipped} link(s) leading outside the run left out"
+        return text
     text = f"{artifacts.phase}"
     if artifacts.attempts:
         text += f" after {artifacts.attempts} attempt(s)"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from schemas.protocol import FILTERED_ENV_PREFIXES
 
 from .base import Executor
-from .digest import FileDigest, glob_match, local_manifest, parse_manifest, sha256_file
+from .digest import FileDigest, glob_match, parse_manifest, sha256_file
 from .errors import (
     CommandError,
     ExecError,
@@ -24,6 +24,8 @@ from .errors import (
 )
 from .lines import LineStream, complete_lines
 from .local import LocalExecutor, job_environment
+from .localtree import local_manifest
+from .safetree import Downloaded, Link
 from .scripts import FOLLOW_TIMEOUT_S, FollowEntry, FollowUpdate, parse_status, quote
 from .shell import ScriptExecutor
 from .ssh import SshExecutor
@@ -34,6 +36,7 @@ __all__ = [
     "FOLLOW_TIMEOUT_S",
     "CommandError",
     "Completed",
+    "Downloaded",
     "ExecError",
     "Executor",
     "FileDigest",
@@ -43,6 +46,7 @@ __all__ = [
     "InvalidSecret",
     "IoError",
     "LineStream",
+    "Link",
     "LocalExecutor",
     "LocalTransport",
     "ProtocolError",

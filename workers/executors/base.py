@@ -20,6 +20,7 @@ from schemas.policy import DiskSample
 from .digest import FileDigest
 from .errors import ProtocolError
 from .lines import LineStream
+from .safetree import Downloaded
 from .scripts import FOLLOW_TIMEOUT_S, FollowEntry, FollowUpdate
 
 __all__ = ["Executor"]
@@ -112,24 +113,41 @@ class Executor(Protocol):
 
     def download(
         self, remote: str, local: Path, entries: Sequence[str], exclude: Sequence[str] = ()
-    ) -> list[FileDigest]:
+    ) -> Downloaded:
         """Copies `entries` (relative to the target directory `remote`) into the local
         directory `local`, leaving out names matching an `exclude` pattern at any
-        depth. Missing entries are skipped; `local` is not created when none exists.
-        Directories, regular files and symbolic links (as links) are copied; device
-        files and FIFOs are not.
+        depth. Missing entries are skipped, and so is an entry with a symbolic link
+        on its way (`a/b` when `a` is a link); `local` is not created when none
+        exists. Directories and regular files are copied (a file with several hard
+        links comes once per name, in full); device files, FIFOs and sockets are
+        not. A file's mode keeps its owner/group/other read and execute bits, plus
+        owner read and write; its modification time is kept.
+
+        Symbolic links, the same on every executor: a link whose target, resolved
+        lexically from the link's own directory, stays inside `local` (relative, its
+        `..` components first and not above `local`; see `safetree.stays_inside`)
+        is made as a link; any other (absolute, climbing above `local`, or with a
+        `..` after a name) is not made, and is listed in the result's
+        `skipped_links`.
+
+        The target may be hostile: whatever it sends, every path component here is
+        made or opened relative to its parent without following a link, so nothing
+        is ever written outside `local` (`safetree.py`).
 
         Returns the SHA-256 of every regular file written, by path relative to `local`
-        (as [`manifest`] names them), sorted: computed from the bytes as they were
-        written, never by reading the files back. Comparing it with the target's
-        `manifest` verifies the copy without a second pass over the data here.
+        (as [`manifest`] names them), computed from the bytes as they were written,
+        never by reading the files back, and the links made and skipped; each list
+        sorted. Comparing the files with the target's `manifest` verifies the copy
+        without a second pass over the data here.
 
         Raises:
             CommandError: (action `download`, message `<remote> does not exist`) when
                 `remote` is not a directory.
             IoError: when `local` cannot be written (nothing is retried then).
-            UnsafeArchive: when the target sends a name that would land outside
-                `local` (a hostile target); nothing is written outside it.
+            UnsafeArchive: when the target sends a name that is absolute or holds
+                `.`/`..` components, a hard link, a member below a link or a file of
+                the same download, a link or file where a directory is, or an
+                oversized header (a hostile target); nothing is written outside it.
             ProtocolError: when the target's stream breaks off or is garbage.
         """
         ...
@@ -138,8 +156,9 @@ class Executor(Protocol):
         self, remote: str, entries: Sequence[str], exclude: Sequence[str] = ()
     ) -> list[FileDigest]:
         """Every regular file under `entries` of `remote` with its SHA-256, excluded
-        names left out at any depth, missing entries skipped, links not followed;
-        paths relative to `remote`, sorted. Each file is read once, with no deadline
+        names left out at any depth, missing entries skipped, links not followed
+        (an entry with a link on its way is missing, as for `download`); paths
+        relative to `remote`, sorted. Links are not listed. Each file is read once, with no deadline
         (like `download`).
 
         Raises:

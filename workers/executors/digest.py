@@ -1,5 +1,6 @@
-"""File digests: the manifest of a run's files on a target, and the same computed
-here, so a download can be verified against what the target holds."""
+"""File digests: the manifest of a run's files on a target (parsed here; the same
+computed on this machine is `localtree.local_manifest`), and hashing as a file is
+written, so a download can be verified against what the target holds."""
 
 from __future__ import annotations
 
@@ -7,22 +8,18 @@ import fnmatch
 import hashlib
 import os
 import re
-import stat
-from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from schemas import InvalidPath, safe_relpath
 
-from .errors import CommandError, InvalidArgument, IoError, ProtocolError
-from .scripts import check_exclude
+from .errors import IoError, ProtocolError
 
 __all__ = [
     "FileDigest",
     "copy_hashed",
     "glob_match",
-    "local_manifest",
     "parse_manifest",
     "sha256_file",
 ]
@@ -74,99 +71,28 @@ class Readable(Protocol):
     def read(self, size: int, /) -> bytes: ...
 
 
-def copy_hashed(source: Readable, target: Path, chunk_bytes: int = _COPY_CHUNK) -> str:
-    """Writes everything `source` holds, to its end, into the regular file `target`
-    (created with mode 0600, truncated when it exists) and returns the SHA-256 of the
-    bytes written (lowercase hex), hashed chunk by chunk as they are written: the file
-    is never read back. A link or other non-directory at `target` is removed first,
-    never followed.
+class Writable(Protocol):
+    """A binary sink: a file opened `wb`."""
+
+    def write(self, data: bytes, /) -> int: ...
+
+
+def copy_hashed(source: Readable, out: Writable, chunk_bytes: int = _COPY_CHUNK) -> str:
+    """Writes everything `source` holds, to its end, into `out` and returns the SHA-256
+    of the bytes written (lowercase hex), hashed chunk by chunk as they are written:
+    the file is never read back.
 
     Raises:
-        OSError: when `target` cannot be written (the caller translates it, knowing
-            what the file was); whatever reading `source` raises, unchanged.
+        OSError: when `out` cannot be written (the caller translates it, knowing what
+            the file was); whatever reading `source` raises, unchanged.
     """
     digest = hashlib.sha256()
-    try:
-        if not stat.S_ISREG(os.lstat(target).st_mode):
-            os.unlink(target)  # IsADirectoryError for a directory: never replaced here
-    except FileNotFoundError:
-        pass
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-    with open(os.open(target, flags, 0o600), "wb") as out:
-        while chunk := source.read(chunk_bytes):
-            # hashlib releases the GIL on chunks this large: the hashing overlaps the
-            # transport's thread instead of stalling it.
-            digest.update(chunk)
-            out.write(chunk)
+    while chunk := source.read(chunk_bytes):
+        # hashlib releases the GIL on chunks this large: the hashing overlaps the
+        # transport's thread instead of stalling it.
+        digest.update(chunk)
+        out.write(chunk)
     return digest.hexdigest()
-
-
-def _checked(entries: Sequence[str], exclude: Sequence[str]) -> None:
-    try:
-        for entry in entries:
-            safe_relpath(entry)
-    except InvalidPath as error:
-        raise InvalidArgument(str(error)) from error
-    for pattern in exclude:
-        check_exclude(pattern)
-
-
-def _walk(root: Path, entry: str, exclude: Sequence[str]) -> Iterator[str]:
-    """Relative paths of the regular files under `root/entry`, excluded names pruned
-    at any depth (the entry's own name included), symbolic links not followed."""
-
-    def excluded(name: str) -> bool:
-        return any(glob_match(p, name) for p in exclude)
-
-    top = root / entry
-    if excluded(top.name):
-        return
-    try:
-        info = top.lstat()
-    except FileNotFoundError:
-        return
-    except OSError as error:
-        raise IoError(top, error) from error
-    if stat.S_ISREG(info.st_mode):
-        yield entry
-        return
-    if not stat.S_ISDIR(info.st_mode):
-        return
-
-    def fail(error: OSError) -> None:
-        raise IoError(error.filename or top, error) from error
-
-    for dirpath, dirnames, filenames in os.walk(top, onerror=fail, followlinks=False):
-        dirnames[:] = [d for d in dirnames if not excluded(d)]
-        base = Path(dirpath)
-        for name in filenames:
-            if excluded(name):
-                continue
-            path = base / name
-            try:
-                if stat.S_ISREG(path.lstat().st_mode):
-                    yield path.relative_to(root).as_posix()
-            except OSError as error:
-                raise IoError(path, error) from error
-
-
-def local_manifest(
-    root: Path, entries: Sequence[str], exclude: Sequence[str] = ()
-) -> list[FileDigest]:
-    """Every regular file under `entries` of the local directory `root` with its
-    SHA-256, as [`manifest_script`](scripts.manifest_script) computes it on a target:
-    missing entries skipped, links not followed, sorted by path.
-
-    Raises:
-        CommandError: (action `manifest`) when `root` is not a directory.
-        InvalidArgument: for an entry that would leave `root` or a bad pattern.
-        IoError: when a file cannot be read.
-    """
-    _checked(entries, exclude)
-    if not root.is_dir():
-        raise CommandError("manifest", f"{root} does not exist")
-    paths = {path for entry in entries for path in _walk(root, entry, exclude)}
-    return sorted(FileDigest(path, sha256_file(root / path)) for path in paths)
 
 
 def parse_manifest(output: bytes) -> list[FileDigest]:

@@ -20,8 +20,10 @@ from pathlib import Path
 from schemas import JobCommand, JobId
 from schemas.protocol import FILTERED_ENV_PREFIXES
 
-from .digest import FileDigest, copy_hashed, glob_match, local_manifest
+from .digest import FileDigest
 from .errors import CommandError, InvalidArgument, IoError, ProtocolError
+from .localtree import Node, local_manifest, open_regular, open_root, walk_entries
+from .safetree import Downloaded, SafeTree
 from .shell import (
     ScriptExecutor,
     check_entries,
@@ -42,56 +44,28 @@ def job_environment(base: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in base.items() if not k.startswith(FILTERED_ENV_PREFIXES)}
 
 
-def _copy_entry(
-    root: Path, entry: str, local: Path, exclude: Sequence[str], written: dict[str, str]
-) -> None:
-    """Copies `root/entry` to `local/entry` as `download` does (directories, regular
-    files read once and hashed as written, links as links, excluded names pruned at
-    any depth, device files and FIFOs left out), recording each regular file's
-    digest in `written`. Raises OSError."""
-
-    def excluded(name: str) -> bool:
-        return any(glob_match(p, name) for p in exclude)
-
-    def copy(source: Path, relative: str, info: os.stat_result) -> None:
-        target = local / relative
-        if stat.S_ISLNK(info.st_mode):
-            if os.path.lexists(target):
-                os.unlink(target)
-            os.symlink(os.readlink(source), target)
-        elif stat.S_ISREG(info.st_mode):
-            with open(source, "rb") as handle:
-                written[relative] = copy_hashed(handle, target)
-            # As a download through tar: owner-writable, no group/other write.
-            os.chmod(target, (stat.S_IMODE(info.st_mode) & 0o755) | 0o600)
-            os.utime(target, ns=(info.st_atime_ns, info.st_mtime_ns))
-
-    source = root / entry
-    if excluded(source.name):
-        return
-    try:
-        top = source.lstat()
-    except FileNotFoundError:
-        return
-    (local / entry).parent.mkdir(parents=True, exist_ok=True)
-    if not stat.S_ISDIR(top.st_mode):
-        copy(source, entry, top)
-        return
-
-    def fail(error: OSError) -> None:
-        raise error
-
-    for dirpath, dirnames, filenames in os.walk(source, onerror=fail):
-        base = Path(dirpath)
-        relative = base.relative_to(root).as_posix()
-        (local / relative).mkdir(exist_ok=True)
-        names = [d for d in dirnames if not excluded(d)]
-        # os.walk lists links to directories among directories: copied as links.
-        dirnames[:] = [d for d in names if not (base / d).is_symlink()]
-        for name in [*filenames, *(d for d in names if d not in dirnames)]:
-            if not excluded(name):
-                path = base / name
-                copy(path, f"{relative}/{name}", path.lstat())
+def _copy(node: Node, tree: SafeTree) -> None:
+    """Writes the directory, regular file or link `node` into `tree` as a download
+    through tar does (a file read once, through a descriptor, and hashed as
+    written; a link by the tree's rule). A file gone or swapped for something else
+    since it was listed is left out, as the target's tar would miss it."""
+    if node.is_dir:
+        tree.directory(node.path)
+    elif node.is_link:
+        try:
+            target = os.readlink(node.name, dir_fd=node.dir_fd)
+        except OSError as error:
+            if error.errno in (errno.ENOENT, errno.EINVAL):
+                return  # gone, or no longer a link, since it was listed
+            raise
+        tree.link(node.path, target)
+    else:
+        fd = open_regular(node)
+        if fd is None:
+            return
+        with open(fd, "rb") as source:
+            info = os.fstat(fd)  # of the file read, should it have changed since listed
+            tree.file(node.path, source, info.st_mode, info.st_mtime_ns)
 
 
 class LocalExecutor(ScriptExecutor):
@@ -174,18 +148,18 @@ class LocalExecutor(ScriptExecutor):
 
     def download(
         self, remote: str, local: Path, entries: Sequence[str], exclude: Sequence[str] = ()
-    ) -> list[FileDigest]:
+    ) -> Downloaded:
         check_entries(entries, exclude)
-        root = Path(check_remote(remote))
-        if not root.is_dir():
-            raise CommandError("download", f"{remote} does not exist")
-        written: dict[str, str] = {}
+        root = open_root(Path(check_remote(remote)), "download")
         try:
-            for entry in entries:
-                _copy_entry(root, entry, local, exclude, written)
+            with SafeTree(local) as tree:
+                for node in walk_entries(root, entries, exclude):
+                    _copy(node, tree)
+                return tree.result()
         except OSError as error:
             raise IoError(error.filename or local, error) from error
-        return sorted(FileDigest(path, sha256) for path, sha256 in written.items())
+        finally:
+            os.close(root)
 
     def manifest(
         self, remote: str, entries: Sequence[str], exclude: Sequence[str] = ()

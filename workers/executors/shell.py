@@ -17,32 +17,32 @@ from typing import IO, Final
 from pydantic import ValidationError
 
 from schemas import (
-    InvalidPath,
     JobCommand,
     JobId,
     JobStatus,
     check_absolute_path,
     check_env_name,
     check_secret_value,
-    safe_relpath,
 )
 from schemas.policy import DiskSample
 from schemas.protocol import RUN_ID_ENV
 
 from . import scripts
-from .digest import FileDigest, copy_hashed, parse_manifest
+from .digest import FileDigest, parse_manifest
 from .errors import (
     CommandError,
     InvalidArgument,
     InvalidSecret,
     IoError,
     ProtocolError,
-    UnsafeArchive,
 )
 from .lines import LineStream
+from .localtree import check_entries
 from .probe import disk_probe_script, parse_disk_probe
+from .safetree import Downloaded, SafeTree
 from .scripts import FollowEntry, FollowUpdate
 from .transport import Completed, Transport, error_line
+from .untar import extract_stream
 
 __all__ = [
     "ScriptExecutor",
@@ -64,18 +64,6 @@ def check_remote(path: str) -> str:
         return check_absolute_path(path)
     except ValueError as error:
         raise InvalidArgument(str(error)) from error
-
-
-def check_entries(entries: Sequence[str], exclude: Sequence[str]) -> None:
-    """Raises [`InvalidArgument`] for an entry that is not a safe relative path or an
-    exclude pattern outside the executors' glob syntax."""
-    for entry in entries:
-        try:
-            safe_relpath(entry)
-        except InvalidPath as error:
-            raise InvalidArgument(str(error)) from error
-    for pattern in exclude:
-        scripts.check_exclude(pattern)
 
 
 def checked_secrets(job: JobCommand) -> list[tuple[str, str]]:
@@ -135,60 +123,6 @@ def upload_names(local: Path, skip: Sequence[str]) -> list[str]:
     except OSError as error:
         raise IoError(local, error) from error
     return [name for name in names if name not in set(skip)]
-
-
-_TAR_BUFSIZE = 64 * 1024
-"""tarfile's read size on a download stream, in bytes (its default is 10 KiB; beyond
-a few hundred KiB its buffer joins and slices leave the CPU cache and cost more than
-the hashing)."""
-
-
-def _member_path(name: str) -> str:
-    """The path an archive member names, relative to the destination (`./a/b` ->
-    `a/b`), or [`UnsafeArchive`] when it is absolute or holds `.`/`..` components."""
-    relative = name[2:] if name.startswith("./") else name
-    try:
-        return safe_relpath(relative)
-    except InvalidPath as error:
-        raise UnsafeArchive(f"archive member {name[:200]!r}: {error}") from error
-
-
-def _extract_hashed(
-    tar: tarfile.TarFile, member: tarfile.TarInfo, local: Path, written: dict[str, str]
-) -> None:
-    """Extracts `member` of the stream `tar` into `local` with tarfile's "data" filter
-    (no name outside `local`, no link leaving it, owner-writable modes, no owners).
-    Regular files are written here, hashed as written, their digests recorded in
-    `written` by relative path (a hard link takes its target's digest; any other
-    member drops the path's digest); device files and FIFOs are skipped (a manifest
-    lists regular files only).
-
-    Raises:
-        UnsafeArchive: for a member that would land outside `local`.
-        OSError: when writing fails; tarfile's errors for a broken stream.
-    """
-    path = _member_path(member.name)
-    if member.ischr() or member.isblk() or member.isfifo():
-        written.pop(path, None)
-        return
-    try:
-        safe = tarfile.data_filter(member, str(local))
-    except tarfile.FilterError as error:
-        raise UnsafeArchive(f"archive member {member.name[:200]!r}: {error}") from error
-    if not safe.isreg():
-        tar.extract(safe, local, filter="data")
-        written.pop(path, None)
-        if safe.islnk() and (linked := written.get(_member_path(safe.linkname))):
-            written[path] = linked
-        return
-    source = tar.extractfile(safe)
-    assert source is not None  # a regular member always has data
-    target = local / path
-    target.parent.mkdir(parents=True, exist_ok=True)
-    written[path] = copy_hashed(source, target)
-    if safe.mode is not None:
-        os.chmod(target, safe.mode)
-    os.utime(target, (safe.mtime, safe.mtime))
 
 
 class ScriptExecutor:
@@ -284,32 +218,31 @@ class ScriptExecutor:
 
     def download(
         self, remote: str, local: Path, entries: Sequence[str], exclude: Sequence[str] = ()
-    ) -> list[FileDigest]:
+    ) -> Downloaded:
         check_entries(entries, exclude)
         script = scripts.archive_script(check_remote(remote), entries, exclude)
         if not entries:
-            return []
+            return Downloaded()
 
         broken: list[tarfile.TarError] = []
-        written: dict[str, str] = {}
+        written: list[Downloaded] = []
 
         def sink(stream: IO[bytes]) -> None:
             # A transport that retries after a broken connection calls the sink again,
             # on a new stream from the start: only the last stream's files count.
             broken.clear()
             written.clear()
-            try:
-                with tarfile.open(fileobj=stream, mode="r|", bufsize=_TAR_BUFSIZE) as tar:
-                    for member in tar:
-                        local.mkdir(parents=True, exist_ok=True)
-                        # Never outside `local`, whatever the target sends.
-                        _extract_hashed(tar, member, local, written)
-            except tarfile.TarError as error:
-                broken.append(error)  # reported after the script's own failure, if any
-            except OSError as error:
-                # Translated here: an OSError leaving the sink would pass for a broken
-                # connection (and be retried) in the SSH transport.
-                raise IoError(error.filename or local, error) from error
+            # Never outside `local`, whatever the target sends (safetree.py).
+            with SafeTree(local) as tree:
+                try:
+                    extract_stream(stream, tree)
+                except tarfile.TarError as error:
+                    broken.append(error)  # reported after the script's own failure, if any
+                except OSError as error:
+                    # Translated here: an OSError leaving the sink would pass for a
+                    # broken connection (and be retried) in the SSH transport.
+                    raise IoError(error.filename or local, error) from error
+                written.append(tree.result())
 
         try:
             result = self._transport.receive(script, action="download", sink=sink)
@@ -318,7 +251,7 @@ class ScriptExecutor:
         _checked(result, "download")
         if broken:
             raise ProtocolError(f"download archive: {broken[0]}") from broken[0]
-        return sorted(FileDigest(path, sha256) for path, sha256 in written.items())
+        return written[-1] if written else Downloaded()
 
     def manifest(
         self, remote: str, entries: Sequence[str], exclude: Sequence[str] = ()

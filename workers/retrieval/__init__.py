@@ -21,8 +21,18 @@ or holds a complete, verified copy: a reader never sees a partial retrieval.
 Layout of `dest`: the retrieved entries at their paths in the run directory (e.g.
 `dest/output/checkpoint-12/...`), plus `manifest.json`:
 
-    {"version": 1, "entries": [...], "exclude": [...], "absent": [...],
-     "files": [{"path": "job.log", "sha256": "<64 hex>", "size": 1234}, ...]}
+    {"version": 2, "run_id": "<the run it was made for>",
+     "entries": [...], "exclude": [...], "absent": [...],
+     "files": [{"path": "job.log", "sha256": "<64 hex>", "size": 1234}, ...],
+     "links": [{"path": "output/ck/latest", "target": "model.bin"}, ...],
+     "skipped_links": [{"path": "output/ck/data", "target": "/datasets/x"}, ...]}
+
+Symbolic links come as the executors' `download` makes them: those whose targets
+stay inside the run directory are kept (`links`, not verified: the manifest lists
+regular files); the others are not made, and are listed in `skipped_links`. A
+retrieval is only ever reused or resumed from for the run it was made for
+(`run_id`); a version 1 manifest has none and counts as made for the run its
+directory is named after (those versions only wrote `<artifact store>/<run id>`).
 
 `dest` belongs to retrieval alone (nothing else may write there); its parent holds
 the in-progress `.incoming-<dest name>-<random>` directories.
@@ -44,6 +54,7 @@ from .stored import (
     MANIFEST_FILE,
     Retrieved,
     StoredFile,
+    StoredManifest,
     check_stored,
     reuse_stored,
     stored_files,
@@ -56,6 +67,7 @@ __all__ = [
     "MANIFEST_FILE",
     "Retrieved",
     "StoredFile",
+    "StoredManifest",
     "check_stored",
     "retrieval_plan",
     "retrieve",

@@ -10,20 +10,21 @@ import os
 import stat
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 from schemas import InvalidPath, safe_relpath
 
 from ..errors import StoredArtifactsInvalid, listed
-from ..executors import FileDigest
+from ..executors import FileDigest, Link
 from .disk import fsync_dir
 
 __all__ = [
     "MANIFEST_FILE",
     "Retrieved",
     "StoredFile",
+    "StoredManifest",
     "check_stored",
     "complete",
     "read_manifest",
@@ -37,7 +38,46 @@ log = logging.getLogger("runwarden")
 
 MANIFEST_FILE: Final = "manifest.json"
 """The verified file list in a retrieval's directory; its presence marks it complete."""
-MANIFEST_VERSION: Final = 1
+MANIFEST_VERSION: Final = 2
+"""2 added `run_id`, `links` and `skipped_links`; version 1 manifests still read."""
+
+
+@dataclass(frozen=True)
+class StoredFile:
+    """A file of a stored retrieval, as its `manifest.json` lists it."""
+
+    path: str
+    sha256: str
+    size: int
+
+    @property
+    def digest(self) -> FileDigest:
+        return FileDigest(self.path, self.sha256)
+
+
+@dataclass(frozen=True)
+class StoredManifest:
+    """A retrieval's `manifest.json`."""
+
+    run_id: str | None
+    """The run it was made for; None in a manifest written before run ids were
+    recorded (see [`made_for`](StoredManifest.made_for))."""
+    entries: list[str]
+    exclude: list[str]
+    absent: list[str]
+    """Entries under which the target had no regular file."""
+    files: list[StoredFile]
+    """The verified regular files, sorted by path."""
+    links: list[Link] = field(default_factory=list)
+    """Symbolic links kept (their targets inside the retrieval), not verified."""
+    skipped_links: list[Link] = field(default_factory=list)
+    """Symbolic links left out: absolute, or leading outside the retrieval."""
+
+    def made_for(self, dest: Path) -> str:
+        """The run whose retrieval this is: its recorded run id; for a manifest
+        without one (written by a version that recorded none), the name of `dest`,
+        its directory: those versions only ever wrote `<artifact store>/<run id>`."""
+        return self.run_id if self.run_id is not None else Path(dest).name
 
 
 @dataclass(frozen=True)
@@ -57,55 +97,46 @@ class Retrieved:
     wholly excluded)."""
     reused: bool = False
     """True when `path` was already complete and this call changed nothing."""
+    links: tuple[Link, ...] = ()
+    """Symbolic links kept, their targets inside the retrieval."""
+    skipped_links: tuple[Link, ...] = ()
+    """Symbolic links the run directory held that were not made: their targets are
+    absolute or lead outside it (listed in `manifest.json`)."""
 
     @classmethod
     def of(
-        cls,
-        path: Path,
-        files: Sequence[StoredFile],
-        absent: Sequence[str],
-        started: float,
-        *,
-        reused: bool,
+        cls, path: Path, stored: StoredManifest, started: float, *, reused: bool
     ) -> Retrieved:
-        """The retrieval in `path` holding `files`, for a call started at `started`
-        (`time.monotonic()`)."""
+        """The retrieval in `path` whose manifest is `stored`, for a call started at
+        `started` (`time.monotonic()`)."""
         return cls(
             path=path,
-            files=len(files),
-            bytes=sum(f.size for f in files),
+            files=len(stored.files),
+            bytes=sum(f.size for f in stored.files),
             seconds=time.monotonic() - started,
-            absent=tuple(absent),
+            absent=tuple(stored.absent),
             reused=reused,
+            links=tuple(stored.links),
+            skipped_links=tuple(stored.skipped_links),
         )
 
 
-@dataclass(frozen=True)
-class StoredFile:
-    """A file of a stored retrieval, as its `manifest.json` lists it."""
-
-    path: str
-    sha256: str
-    size: int
-
-    @property
-    def digest(self) -> FileDigest:
-        return FileDigest(self.path, self.sha256)
+def _links_json(links: Sequence[Link]) -> list[dict[str, str]]:
+    return [{"path": link.path, "target": link.target} for link in links]
 
 
-def write_manifest(
-    incoming: Path,
-    entries: Sequence[str],
-    exclude: Sequence[str],
-    absent: Sequence[str],
-    files: Sequence[StoredFile],
-) -> None:
+def write_manifest(incoming: Path, stored: StoredManifest) -> None:
+    """Writes `stored` as `incoming/manifest.json`, flushed to disk with its
+    directory."""
     document = {
         "version": MANIFEST_VERSION,
-        "entries": list(entries),
-        "exclude": list(exclude),
-        "absent": list(absent),
-        "files": [{"path": f.path, "sha256": f.sha256, "size": f.size} for f in files],
+        "run_id": stored.run_id,
+        "entries": list(stored.entries),
+        "exclude": list(stored.exclude),
+        "absent": list(stored.absent),
+        "files": [{"path": f.path, "sha256": f.sha256, "size": f.size} for f in stored.files],
+        "links": _links_json(stored.links),
+        "skipped_links": _links_json(stored.skipped_links),
     }
     # ASCII with \u escapes: a name that is not UTF-8 (a surrogate escape) survives.
     path = incoming / MANIFEST_FILE
@@ -116,22 +147,42 @@ def write_manifest(
     fsync_dir(incoming)
 
 
-def complete(dest: Path, started: float) -> Retrieved | None:
+def _foreign(dest: Path, stored: StoredManifest, run_id: str) -> str | None:
+    """Why the retrieval in `dest` is not `run_id`'s, or None when it is."""
+    owner = stored.made_for(dest)
+    if owner == run_id:
+        return None
+    return f"made for run {owner[:80]!r}, not {run_id[:80]!r}"
+
+
+def complete(dest: Path, started: float, run_id: str) -> Retrieved | None:
     """`dest` as a [`Retrieved`] when it is complete (has `manifest.json`), else None.
 
     Raises:
-        StoredArtifactsInvalid: when its `manifest.json` cannot be read.
+        StoredArtifactsInvalid: when its `manifest.json` cannot be read, or it was
+            made for another run than `run_id` ([`StoredManifest.made_for`]).
     """
     stored = read_manifest(dest)
     if stored is None:
         return None
-    files, absent = stored
-    return Retrieved.of(dest, files, absent, started, reused=True)
+    foreign = _foreign(dest, stored, run_id)
+    if foreign is not None:
+        raise StoredArtifactsInvalid(dest, foreign)
+    return Retrieved.of(dest, stored, started, reused=True)
 
 
+def _links(items: Any) -> list[Link]:
+    return [Link(safe_relpath(item["path"]), str(item["target"])) for item in items]
 
 
-def read_manifest(dest: Path) -> tuple[list[StoredFile], list[str]] | None:
+def read_manifest(dest: Path) -> StoredManifest | None:
+    """The `manifest.json` of `dest`; None when there is none (no complete
+    retrieval). Reads those of every version: one without a run id (version 1)
+    has `run_id` None, no links and no skipped links.
+
+    Raises:
+        StoredArtifactsInvalid: when it cannot be read or is malformed.
+    """
     path = dest / MANIFEST_FILE
     try:
         text = path.read_text("ascii")
@@ -141,14 +192,24 @@ def read_manifest(dest: Path) -> tuple[list[StoredFile], list[str]] | None:
         raise StoredArtifactsInvalid(dest, f"cannot read {MANIFEST_FILE}: {error}") from error
     try:
         document: Any = json.loads(text)
+        run_id = document.get("run_id")
+        if run_id is not None and (not isinstance(run_id, str) or not run_id):
+            raise ValueError(f"run_id {run_id!r} is not a run id")
         files = [
             StoredFile(safe_relpath(item["path"]), str(item["sha256"]), int(item["size"]))
             for item in document["files"]
         ]
-        absent = [str(entry) for entry in document.get("absent", [])]
-    except (ValueError, TypeError, KeyError, InvalidPath) as error:
+        return StoredManifest(
+            run_id=run_id,
+            entries=[str(entry) for entry in document.get("entries", [])],
+            exclude=[str(pattern) for pattern in document.get("exclude", [])],
+            absent=[str(entry) for entry in document.get("absent", [])],
+            files=files,
+            links=_links(document.get("links", [])),
+            skipped_links=_links(document.get("skipped_links", [])),
+        )
+    except (ValueError, TypeError, KeyError, AttributeError, InvalidPath) as error:
         raise StoredArtifactsInvalid(dest, f"{MANIFEST_FILE} is malformed: {error}") from error
-    return files, absent
 
 
 def stored_files(dest: Path) -> list[StoredFile] | None:
@@ -160,7 +221,7 @@ def stored_files(dest: Path) -> list[StoredFile] | None:
         StoredArtifactsInvalid: when `manifest.json` cannot be read or is malformed.
     """
     stored = read_manifest(Path(dest))
-    return None if stored is None else stored[0]
+    return None if stored is None else stored.files
 
 
 def stored_manifest(dest: Path) -> list[FileDigest] | None:
@@ -170,17 +231,19 @@ def stored_manifest(dest: Path) -> list[FileDigest] | None:
     return None if files is None else [f.digest for f in files]
 
 
-def check_stored(dest: Path, prefix: str) -> list[FileDigest]:
+def check_stored(dest: Path, prefix: str, run_id: str) -> list[FileDigest]:
     """The stored files of the retrieval in `dest` under `prefix` (a path relative to
     the run directory, e.g. a checkpoint `output/checkpoint-12`; the file itself or
-    everything below it; `""` for all), after checking that each is still there, a
+    everything below it; `""` for all), after checking that it was made for the run
+    `run_id` ([`StoredManifest.made_for`]) and that each file is still there, a
     regular file of the size listed. Contents are not read again: they were verified
     when retrieved. Used to decide whether a stopped run can be resumed from here.
 
     Raises:
         StoredArtifactsInvalid: when `dest` has no `manifest.json` (not retrieved, or
-            not completely), it is malformed, it lists no file under `prefix`, or a
-            listed file is missing or has another size (each such path named).
+            not completely), it is malformed, it was made for another run, it lists
+            no file under `prefix`, or a listed file is missing or has another size
+            (each such path named).
     """
     dest = Path(dest)
     if prefix:
@@ -188,9 +251,13 @@ def check_stored(dest: Path, prefix: str) -> list[FileDigest]:
             safe_relpath(prefix)
         except InvalidPath as error:
             raise StoredArtifactsInvalid(dest, str(error)) from error
-    files = stored_files(dest)
-    if files is None:
+    stored = read_manifest(dest)
+    if stored is None:
         raise StoredArtifactsInvalid(dest, f"no {MANIFEST_FILE}: not retrieved (completely)")
+    foreign = _foreign(dest, stored, run_id)
+    if foreign is not None:
+        raise StoredArtifactsInvalid(dest, foreign)
+    files = stored.files
     chosen = [f for f in files if not prefix or f.path == prefix or f.path.startswith(prefix + "/")]
     if not chosen:
         raise StoredArtifactsInvalid(dest, f"no file under {prefix!r} was retrieved")
@@ -224,27 +291,32 @@ def _check_files(dest: Path, files: Sequence[StoredFile]) -> None:
         raise StoredArtifactsInvalid(dest, "; ".join(parts))
 
 
-def reuse_stored(dest: Path) -> Retrieved | None:
-    """The complete retrieval in `dest` when every file it lists is still there with
-    its size (contents are not read again), without reaching any target; None when
-    there is none. A damaged one (a file lost, or of another size) is moved to
-    `<dest>.damaged-<unix time>` (kept: it may be all there is) and None returned, so
-    that it is retrieved again. `manifest.json` is read once.
+def reuse_stored(dest: Path, run_id: str) -> Retrieved | None:
+    """The complete retrieval in `dest` when it was made for the run `run_id`
+    ([`StoredManifest.made_for`]) and every file it lists is still there with its
+    size (contents are not read again), without reaching any target; None when
+    there is none. A damaged one (a file lost, or of another size) or one made for
+    another run is moved to `<dest>.damaged-<unix time>` (kept: it may be all there
+    is) and None returned, so that it is retrieved again. `manifest.json` is read
+    once.
 
     Raises:
         StoredArtifactsInvalid: when `manifest.json` cannot be read.
         OSError: when a damaged copy cannot be moved aside.
     """
     started = time.monotonic()
-    stored = read_manifest(Path(dest))
+    dest = Path(dest)
+    stored = read_manifest(dest)
     if stored is None:
         return None
-    files, absent = stored
     try:
-        _check_files(dest, files)
+        foreign = _foreign(dest, stored, run_id)
+        if foreign is not None:
+            raise StoredArtifactsInvalid(dest, foreign)
+        _check_files(dest, stored.files)
     except StoredArtifactsInvalid as error:
         aside = dest.with_name(f"{dest.name}.damaged-{int(time.time())}")
         log.warning("%s is damaged (%s): moved to %s", dest, error, aside)
         dest.rename(aside)
         return None
-    return Retrieved.of(dest, files, absent, started, reused=True)
+    return Retrieved.of(dest, stored, started, reused=True)

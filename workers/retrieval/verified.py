@@ -32,7 +32,14 @@ from ..executors import (
     UnsafeArchive,
 )
 from .disk import EarlyFlush, flush_tree, fsync_dir, regular_files
-from .stored import MANIFEST_FILE, Retrieved, StoredFile, complete, write_manifest
+from .stored import (
+    MANIFEST_FILE,
+    Retrieved,
+    StoredFile,
+    StoredManifest,
+    complete,
+    write_manifest,
+)
 
 __all__ = ["retrieve"]
 
@@ -50,20 +57,25 @@ def retrieve(
     dest: Path,
     entries: Sequence[str],
     exclude: Sequence[str] = (),
+    *,
+    run_id: str,
 ) -> Retrieved:
-    """Copies `entries` of the run directory `remote_dir` on `executor`'s target (names
-    matching an `exclude` pattern left out at any depth) into the local directory
-    `dest`, verified against the target's manifest, and returns what it holds.
+    """Copies `entries` of the run directory `remote_dir` of the run `run_id` on
+    `executor`'s target (names matching an `exclude` pattern left out at any depth)
+    into the local directory `dest`, verified against the target's manifest, and
+    returns what it holds. Symbolic links come as the executor's `download` makes
+    them: those leading outside the run directory are left out, listed in
+    `manifest.json` and in the result's `skipped_links`; the retrieval succeeds.
 
-    Idempotent: a complete `dest` (it has `manifest.json`) is returned unchanged,
-    whatever it holds. Otherwise: leftovers of earlier attempts beside `dest` are
-    removed; the manifest runs on the target on a second thread (an executor allows
-    two concurrent calls) while the download goes into a fresh
+    Idempotent: a complete `dest` (it has `manifest.json`) made for `run_id` is
+    returned unchanged, whatever it holds. Otherwise: leftovers of earlier attempts
+    beside `dest` are removed; the manifest runs on the target on a second thread (an
+    executor allows two concurrent calls) while the download goes into a fresh
     `.incoming-<name>-<random>` directory beside `dest`, hashed as it is written, and
     is flushed to disk (fsync) while the manifest may still run; every file the
     manifest lists must have arrived with the same SHA-256, and no other regular file
-    may be there; then `manifest.json` is written and flushed, and the directory is
-    renamed to `dest` (its parent flushed too): after a crash, `dest` is either
+    may be there; then `manifest.json` (recording `run_id`) is written and flushed,
+    and the directory is renamed to `dest` (its parent flushed too): after a crash, `dest` is either
     absent or complete on disk. Two concurrent retrievals of the same `dest` both
     download; the first rename wins and the other returns it.
 
@@ -78,16 +90,17 @@ def retrieve(
             entry that is not a safe relative path or would hide `manifest.json`,
             and for a `dest` that exists without being a complete retrieval.
         StoredArtifactsInvalid: when `dest` has a `manifest.json` that cannot be
-            read (never replaced: a person looks first).
+            read, or that was made for another run (never replaced: a person looks
+            first; `reuse_stored` moves such a copy aside).
     """
     started = time.monotonic()
     dest = Path(dest).absolute()
     _check_entries(entries)
-    done = complete(dest, started)
+    done = complete(dest, started, run_id)
     if done is not None:
         return done
     if os.path.lexists(dest) and not _is_empty_dir(dest):
-        done = complete(dest, started)  # renamed there meanwhile by a concurrent call
+        done = complete(dest, started, run_id)  # renamed there meanwhile by a concurrent call
         if done is not None:
             return done
         raise RetrievalError(
@@ -102,12 +115,12 @@ def retrieve(
         dest.parent.mkdir(parents=True, exist_ok=True)
         _remove_leftovers(dest)
         incoming, lock = _new_incoming(dest)
-        files, absent = _fetch(executor, remote_dir, incoming, entries, exclude)
-        write_manifest(incoming, entries, exclude, absent, files)
+        stored = _fetch(executor, remote_dir, incoming, entries, exclude, run_id=run_id)
+        write_manifest(incoming, stored)
         try:
             os.rename(incoming, dest)
         except OSError:
-            done = complete(dest, started)  # a concurrent retrieval won the rename
+            done = complete(dest, started, run_id)  # a concurrent retrieval won the rename
             if done is None:
                 raise
             return done
@@ -125,7 +138,7 @@ def retrieve(
             shutil.rmtree(incoming, ignore_errors=True)
         if lock >= 0:
             os.close(lock)
-    return Retrieved.of(dest, files, absent, started, reused=False)
+    return Retrieved.of(dest, stored, started, reused=False)
 
 
 def _check_entries(entries: Sequence[str]) -> None:
@@ -218,9 +231,12 @@ def _fetch(
     incoming: Path,
     entries: Sequence[str],
     exclude: Sequence[str],
-) -> tuple[list[StoredFile], list[str]]:
+    *,
+    run_id: str,
+) -> StoredManifest:
     """Downloads into `incoming` while the target's manifest runs on a thread, then
-    compares: returns the verified files and the entries with none.
+    compares: returns the manifest to store (the verified files, the entries with
+    none, the links kept and skipped).
 
     Raises:
         ArtifactMismatch, ExecError, OSError.
@@ -247,7 +263,7 @@ def _fetch(
         raise expected
     on_disk = regular_files(incoming)
     want = {d.path: d.sha256 for d in expected}
-    got = {d.path: d.sha256 for d in downloaded}
+    got = {d.path: d.sha256 for d in downloaded.files}
     missing = sorted(p for p in want if p not in got or p not in on_disk)
     differing = sorted(p for p in want if p in got and p in on_disk and got[p] != want[p])
     extra = sorted((got.keys() | on_disk.keys()) - want.keys())
@@ -257,4 +273,12 @@ def _fetch(
     absent = [
         entry for entry in entries if not any(p == entry or p.startswith(entry + "/") for p in want)
     ]
-    return files, absent
+    return StoredManifest(
+        run_id=run_id,
+        entries=list(entries),
+        exclude=list(exclude),
+        absent=absent,
+        files=files,
+        links=downloaded.links,
+        skipped_links=downloaded.skipped_links,
+    )

@@ -137,17 +137,35 @@ def _find_args(excludes: Sequence[str]) -> str:
     return f"\\( {names} \\) -prune -o"
 
 
-def _entries_loop(root: str, entries: Sequence[str], body: str) -> str:
+_LINKED: Final = """
+rw_linked() {
+  rw_rest=$1; rw_pre=.
+  while :; do
+    case $rw_rest in */*) ;; *) return 1 ;; esac
+    rw_pre="$rw_pre/${rw_rest%%/*}"; rw_rest=${rw_rest#*/}
+    if [ -h "$rw_pre" ] || [ ! -d "$rw_pre" ]; then return 0; fi
+  done
+}
+"""
+"""Defines `rw_linked ENTRY`: true when a directory on the way to ENTRY (a safe
+relative path) is a symbolic link or not a directory; such an entry counts as
+missing (`find` would follow the link), on every executor alike."""
+
+
+def _entries_loop(root: str, entries: Sequence[str], body: str, after: str = "") -> str:
+    """The loop running `body` for each entry of `root` there (`$rw_e`), `after`
+    appended to its `done` (a pipe to what reads the loop's output)."""
     words = " ".join(quote(e) for e in entries)
-    return f"""
+    return f"""{_LINKED}
 rw_root={quote(root)}
 if [ ! -d "$rw_root" ]; then printf '%s does not exist\\n' "$rw_root" >&2; exit 3; fi
 cd -- "$rw_root" || exit 3
 rw_main=$$
 for rw_e in {words}; do
   [ -e "./$rw_e" ] || [ -h "./$rw_e" ] || continue
+  if rw_linked "$rw_e"; then continue; fi
 {body}
-done
+done{after}
 """
 
 
@@ -196,23 +214,18 @@ esac
 
 def archive_script(root: str, entries: Sequence[str], exclude: Sequence[str]) -> str:
     """A script writing to stdout a tar stream of `entries` of `root` (directories,
-    files and symbolic links, links not followed), names matching an `exclude`
-    pattern left out at any depth. Exit 3 when `root` is not a directory. Needs GNU
-    tar (`--null -T -`)."""
+    files and symbolic links, links not followed, an entry with a link on its way
+    left out), names matching an `exclude` pattern left out at any depth. A file
+    with several hard links is archived in full under each name
+    (`--hard-dereference`): a download refuses hard link members, and the manifest
+    lists each name as a regular file. Exit 3 when `root` is not a directory. Needs
+    GNU tar (`--null -T -`)."""
     if not entries:
         return "exit 0\n"
     prune = _find_args(exclude)
-    words = " ".join(quote(e) for e in entries)
-    return f"""
-rw_root={quote(root)}
-if [ ! -d "$rw_root" ]; then printf '%s does not exist\\n' "$rw_root" >&2; exit 3; fi
-cd -- "$rw_root" || exit 3
-rw_main=$$
-for rw_e in {words}; do
-  [ -e "./$rw_e" ] || [ -h "./$rw_e" ] || continue
-  find "./$rw_e" {prune} -print0 || kill -s TERM "$rw_main"
-done | tar --null --no-recursion -T - -cf - || exit 4
-"""
+    body = f'  find "./$rw_e" {prune} -print0 || kill -s TERM "$rw_main"'
+    tar = " | tar --null --no-recursion --hard-dereference -T - -cf - || exit 4"
+    return _entries_loop(root, entries, body, tar)
 
 
 def unpack_script(remote: str) -> str:

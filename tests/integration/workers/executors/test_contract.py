@@ -19,9 +19,11 @@ from schemas import JobCommand, JobId, JobStatus
 from schemas.protocol import CANCEL_FILE, CANCELLING_FILE, CLAIM_FILE, EXIT_FILE, PID_FILE
 from workers.executors import (
     CommandError,
+    Downloaded,
     InvalidArgument,
     InvalidSecret,
     LineStream,
+    Link,
     LocalExecutor,
     local_manifest,
 )
@@ -560,7 +562,10 @@ def test_manifest_and_download_with_hostile_names(target: Target, tmp_path: Path
 
     local = tmp_path / "dl"
     # The digests of what was written, without reading it back, are the manifest's.
-    assert target.executor.download(str(remote), local, entries, exclude) == manifest
+    got = target.executor.download(str(remote), local, entries, exclude)
+    assert got.files == manifest
+    assert got.links == [Link("output/checkpoint-3/link", "nested/weights.bin")]
+    assert got.skipped_links == []
     assert local_manifest(local, entries, exclude) == manifest
     assert not (local / "output" / "checkpoint-3" / "cache.tmp").exists()
     assert not (local / "output" / "checkpoint-3" / "nested" / "scratch.tmp").exists()
@@ -573,7 +578,9 @@ def test_download_of_nothing_creates_nothing(target: Target, tmp_path: Path) -> 
     remote = target.workdir / "run"
     remote.mkdir()
     local = tmp_path / "none"
-    assert target.executor.download(str(remote), local, ["missing", "also/missing"]) == []
+    assert target.executor.download(str(remote), local, ["missing", "also/missing"]) == (
+        Downloaded()
+    )
     assert not local.exists()
     assert target.executor.manifest(str(remote), ["missing"]) == []
 

@@ -64,8 +64,9 @@ HOSTILE_ARCHIVES = {
     "dotdot": [("file", "./output/../../rw-evil-up", b"evil")],
     "dotdot-inside": [("file", "./output/../job.log", b"not normalized")],
     "link-out": [("symlink", "./output/out", "../../.."), ("file", "./output/out/evil", b"x")],
-    "absolute-link": [("symlink", "./output/etc", "/etc")],
+    "below-absolute-link": [("symlink", "./output/etc", "/etc"), ("file", "./output/etc/x", b"x")],
     "hardlink-out": [("hardlink", "./output/passwd", "/etc/passwd")],
+    "hardlink-in": [("file", "./output/a", b"a"), ("hardlink", "./output/b", "./output/a")],
     "dot": [("dir", ".", b"")],
 }
 
@@ -82,7 +83,8 @@ def test_a_hostile_archive_is_refused(tmp_path: Path, kind: str) -> None:
     with pytest.raises(UnsafeArchive):
         executor.download(str(remote), local, ["job.log", "output"])
     with pytest.raises(RetrievalError) as raised:
-        retrieve(executor, str(remote), tmp_path / "store" / "run", ["job.log", "output"])
+        retrieve(executor, str(remote), tmp_path / "store" / "run", ["job.log", "output"],
+                 run_id="run-1")  # fmt: skip
     assert not raised.value.retryable
     assert isinstance(raised.value.__cause__, UnsafeArchive)
     assert not (tmp_path / "store" / "run").exists()
@@ -97,11 +99,11 @@ def test_device_files_and_fifos_are_skipped(tmp_path: Path) -> None:
         ("file", "./output/a", b"a"),
         ("chr", "./output/null", b""),
         ("fifo", "./output/pipe", b""),
-        ("hardlink", "./output/b", "./output/a"),
+        ("file", "./output/b", b"b"),
+        ("fifo", "./output/b", b""),  # a later member replaces an earlier one
     ]
     executor = ScriptExecutor(ReplayTransport(archive(*members)), str(tmp_path))
     local = tmp_path / "dl"
-    digests = executor.download(str(tmp_path), local, ["output"])
-    assert [d.path for d in digests] == ["output/a", "output/b"]
-    assert digests[0].sha256 == digests[1].sha256
-    assert listing(local) == ["output/a", "output/b"]
+    digests = executor.download(str(tmp_path), local, ["output"]).files
+    assert [d.path for d in digests] == ["output/a"]
+    assert listing(local) == ["output/a"]

@@ -14,6 +14,8 @@ from schemas import Snapshot, SnapshotReason
 from ....conftest import Target
 from ..executors.test_contract import HOSTILE_NAMES
 
+RUN = "run-1"
+"""The run id every retrieval here is made for."""
 SNAPSHOT = Snapshot(checkpoint="output/checkpoint-6", step=6, reason=SnapshotReason.REQUESTED)
 
 

@@ -36,7 +36,7 @@ from workers.retrieval import (
 from ....conftest import Target, ssh_executor
 from ....sshd import SshServer, _descendants, _is_sshd, _sigkill, running_sshd
 from ..executors.test_contract import HOSTILE_NAMES
-from .conftest import SNAPSHOT, leftovers, listing
+from .conftest import RUN, SNAPSHOT, leftovers, listing
 
 # --- layouts ----------------------------------------------------------------------
 
@@ -46,7 +46,7 @@ def test_a_stopped_run_brings_its_checkpoint_home(
 ) -> None:
     entries, exclude = retrieval_plan(RunState.STOPPED, SNAPSHOT)
     dest = tmp_path / "store" / "run-1"
-    got = retrieve(target.executor, str(run), dest, entries, exclude)
+    got = retrieve(target.executor, str(run), dest, entries, exclude, run_id=RUN)
 
     expected = target.executor.manifest(str(run), entries, exclude)
     assert got.path == dest
@@ -70,13 +70,13 @@ def test_a_stopped_run_brings_its_checkpoint_home(
 
     sizes = {f.path: f.size for f in stored_files(dest) or []}
     assert sizes["output/checkpoint-6/empty"] == 0
-    checkpoint = check_stored(dest, "output/checkpoint-6")
+    checkpoint = check_stored(dest, "output/checkpoint-6", RUN)
     assert checkpoint == [d for d in expected if d.path.startswith("output/checkpoint-6/")]
-    assert check_stored(dest, "job.log") == [d for d in expected if d.path == "job.log"]
+    assert check_stored(dest, "job.log", RUN) == [d for d in expected if d.path == "job.log"]
 
     # Idempotent: a complete destination is returned unchanged, the target untouched.
     before = (dest / MANIFEST_FILE).stat().st_mtime_ns
-    again = retrieve(target.executor, str(run) + "-gone", dest, entries, exclude)
+    again = retrieve(target.executor, str(run) + "-gone", dest, entries, exclude, run_id=RUN)
     assert again.reused
     assert (again.files, again.bytes) == (got.files, got.bytes)
     assert (dest / MANIFEST_FILE).stat().st_mtime_ns == before
@@ -87,7 +87,7 @@ def test_a_succeeded_run_brings_output_without_checkpoints(
 ) -> None:
     entries, exclude = retrieval_plan(RunState.SUCCEEDED, None)
     dest = tmp_path / "store" / "run-2"
-    got = retrieve(target.executor, str(run), dest, entries, exclude)
+    got = retrieve(target.executor, str(run), dest, entries, exclude, run_id=RUN)
     names = listing(dest)
     assert not any("checkpoint-" in n for n in names), names
     assert "output/model.safetensors" in names
@@ -101,12 +101,13 @@ def test_a_failed_run_without_a_log(target: Target, tmp_path: Path) -> None:
     remote = target.workdir / "empty-run"
     remote.mkdir()
     dest = tmp_path / "store" / "run-3"
-    got = retrieve(target.executor, str(remote), dest, *retrieval_plan(RunState.FAILED, None))
+    plan = retrieval_plan(RunState.FAILED, None)
+    got = retrieve(target.executor, str(remote), dest, *plan, run_id=RUN)
     assert (got.files, got.bytes, got.absent) == (0, 0, ("job.log",))
     assert listing(dest) == [MANIFEST_FILE]
     assert stored_manifest(dest) == []
     with pytest.raises(StoredArtifactsInvalid, match=r"no file under 'job\.log'"):
-        check_stored(dest, "job.log")
+        check_stored(dest, "job.log", RUN)
 
 
 # --- verification: the target changes between its manifest and the download -------
@@ -162,7 +163,7 @@ def test_a_mismatch_is_reported_and_leaves_nothing(
     seam = ChangesAfterManifest(target.executor, actions[change])
 
     with pytest.raises(ArtifactMismatch) as raised:
-        retrieve(cast(Executor, seam), str(run), dest, entries, exclude)
+        retrieve(cast(Executor, seam), str(run), dest, entries, exclude, run_id=RUN)
     error = raised.value
     assert getattr(error, change) == [path]
     assert [k for k in ("missing", "differing", "extra") if getattr(error, k)] == [change]
@@ -174,7 +175,7 @@ def test_a_mismatch_is_reported_and_leaves_nothing(
     assert leftovers(dest.parent) == []
 
     # The target holds still now: retrieved again, verified against what it holds.
-    got = retrieve(target.executor, str(run), dest, entries, exclude)
+    got = retrieve(target.executor, str(run), dest, entries, exclude, run_id=RUN)
     assert stored_manifest(dest) == local_manifest(run, entries, exclude)
     assert got.files == len(local_manifest(run, entries, exclude))
     assert (dest / path).exists() == (change != "missing")
@@ -190,7 +191,7 @@ def test_a_mismatch_message_is_bounded(target: Target, tmp_path: Path) -> None:
 
     seam = ChangesAfterManifest(target.executor, add_many)
     with pytest.raises(ArtifactMismatch) as raised:
-        retrieve(cast(Executor, seam), str(remote), tmp_path / "d", ["output"])
+        retrieve(cast(Executor, seam), str(remote), tmp_path / "d", ["output"], run_id=RUN)
     assert len(raised.value.extra) == 100
     assert "100 extra" in str(raised.value)
     assert "and 70 more" in str(raised.value)
@@ -203,7 +204,7 @@ def test_a_mismatch_message_is_bounded(target: Target, tmp_path: Path) -> None:
 def test_a_missing_run_directory_is_not_retryable(target: Target, tmp_path: Path) -> None:
     dest = tmp_path / "store" / "gone"
     with pytest.raises(RetrievalError, match="does not exist") as raised:
-        retrieve(target.executor, str(target.workdir / "gone"), dest, ["job.log"])
+        retrieve(target.executor, str(target.workdir / "gone"), dest, ["job.log"], run_id=RUN)
     assert not raised.value.retryable
     assert raised.value.__cause__ is not None
     assert not dest.exists()
@@ -215,7 +216,7 @@ def test_entries_that_cannot_be_stored_are_refused(
     target: Target, run: Path, tmp_path: Path, entry: str
 ) -> None:
     with pytest.raises(RetrievalError) as raised:
-        retrieve(target.executor, str(run), tmp_path / "d", ["job.log", entry])
+        retrieve(target.executor, str(run), tmp_path / "d", ["job.log", entry], run_id=RUN)
     assert not raised.value.retryable
     assert not (tmp_path / "d").exists()
 
@@ -225,12 +226,12 @@ def test_a_foreign_destination_is_never_replaced(target: Target, run: Path, tmp_
     dest.mkdir(parents=True)
     (dest / "mine").write_text("not a retrieval")
     with pytest.raises(RetrievalError, match="not a complete retrieval") as raised:
-        retrieve(target.executor, str(run), dest, ["job.log"])
+        retrieve(target.executor, str(run), dest, ["job.log"], run_id=RUN)
     assert not raised.value.retryable
     assert listing(dest) == ["mine"]
     # An empty directory is no one's: it is replaced.
     (dest / "mine").unlink()
-    assert retrieve(target.executor, str(run), dest, ["job.log"]).files == 1
+    assert retrieve(target.executor, str(run), dest, ["job.log"], run_id=RUN).files == 1
 
 
 def test_leftovers_of_dead_attempts_go_live_ones_stay(
@@ -247,7 +248,7 @@ def test_leftovers_of_dead_attempts_go_live_ones_stay(
     fd = os.open(live, os.O_RDONLY | os.O_DIRECTORY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # as a retrieval in progress holds it
-        retrieve(target.executor, str(run), store / "run-5", ["job.log"])
+        retrieve(target.executor, str(run), store / "run-5", ["job.log"], run_id=RUN)
         assert leftovers(store) == [live.name, other.name]
     finally:
         os.close(fd)
@@ -263,7 +264,7 @@ def test_concurrent_retrievals_of_one_destination(
 
     def one() -> None:
         try:
-            results.append(retrieve(target.make(), str(run), dest, entries, exclude))
+            results.append(retrieve(target.make(), str(run), dest, entries, exclude, run_id=RUN))
         except Exception as error:  # noqa: BLE001 # reported by the assertion below
             results.append(error)
 
@@ -334,18 +335,18 @@ def test_an_interrupted_download_fails_then_a_retry_verifies(
         # sshd dies mid-stream: the connection drops, reconnecting is refused.
         watcher = interrupt_when_incoming(store, "big", own_sshd.kill)
         with pytest.raises(RetrievalError) as raised:
-            retrieve(executor, str(run), dest, entries, exclude)
+            retrieve(executor, str(run), dest, entries, exclude, run_id=RUN)
         watcher.join()
         assert raised.value.retryable, raised.value
         assert not dest.exists()
         assert leftovers(store) == []
 
         own_sshd.start()
-        got = retrieve(executor, str(run), dest, entries, exclude)
+        got = retrieve(executor, str(run), dest, entries, exclude, run_id=RUN)
         assert got.files == 7
         assert got.bytes >= 96 * 1024 * 1024
         assert stored_manifest(dest) == local_manifest(run, entries, exclude)
-        assert len(check_stored(dest, SNAPSHOT.checkpoint)) == 5
+        assert len(check_stored(dest, SNAPSHOT.checkpoint, RUN)) == 5
     finally:
         executor.close()
 
@@ -375,7 +376,7 @@ def test_a_dropped_connection_is_retried_within_one_retrieval(
 
     try:
         watcher = interrupt_when_incoming(store, "big", kill_sessions)
-        got = retrieve(executor, str(run), store / "big", entries, exclude)
+        got = retrieve(executor, str(run), store / "big", entries, exclude, run_id=RUN)
         watcher.join()
         assert killed
         assert not got.reused
@@ -403,7 +404,7 @@ def test_server_rekeys_during_retrievals_never_stall(tmp_path: Path) -> None:
             for round_ in range(3):
                 started = time.monotonic()
                 dest = tmp_path / "store" / str(round_)
-                got = retrieve(executor, str(run), dest, entries, exclude)
+                got = retrieve(executor, str(run), dest, entries, exclude, run_id=RUN)
                 assert time.monotonic() - started < 15  # a stall lasts 30 s
                 assert got.files == 7
         finally:
