@@ -32,6 +32,7 @@ from .artifacts import resend_due_retrievals
 from .context import Context
 from .executors import ExecError
 from .finish import finish
+from .launch import settle_launches
 
 log = logging.getLogger("runwarden")
 
@@ -271,4 +272,5 @@ def reconcile(ctx: Context, now: datetime, limit: int = 200) -> int:
             done += 1
         except Exception:
             log.exception("run %s: deadline failed", deadline.run_id)
+    settle_launches(ctx, now, limit)
     return done
