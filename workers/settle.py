@@ -138,6 +138,8 @@ def settle_launches(ctx: Context, now: datetime, limit: int = 100) -> int:
 
 
 def _settle(ctx: Context, run_id: str, key: str | None, unreachable: set[str]) -> bool:
+    """Settles one run of `settle_launches`; whether it did. A target that cannot be
+    reached is added to `unreachable`."""
     with leased(ctx.store, launch_lock(key, run_id), LAUNCH_LEASE_S) as lease:
         if lease is None:
             return False  # its launch is at work
@@ -152,6 +154,10 @@ def _settle(ctx: Context, run_id: str, key: str | None, unreachable: set[str]) -
             return False
         try:
             executor = ctx.executor(run.target)
+            job = find_job(executor, run.remote_dir) if claimed(executor, run, key) else None
+            if job is not None:
+                follow_found(ctx, executor, run, job, "its launch's worker died after the spawn")
+                return True
         except UnknownTarget:
             ctx.store.transition(
                 run_id,
@@ -160,11 +166,6 @@ def _settle(ctx: Context, run_id: str, key: str | None, unreachable: set[str]) -
                 expect={RunState.PREPARING},
             )
             return True
-        try:
-            job = find_job(executor, run.remote_dir) if claimed(executor, run, key) else None
-            if job is not None:
-                follow_found(ctx, executor, run, job, "its launch's worker died after the spawn")
-                return True
         except ExecError as error:
             unreachable.add(run.target)
             log.warning(

@@ -22,7 +22,7 @@ from workers.executors import SshError
 T0 = datetime(2026, 3, 4, 5, 6, 7, tzinfo=UTC)
 
 
-class Killed(BaseException):  # noqa: N818 - it stands for a SIGKILL, not an error
+class Killed(BaseException):
     """The worker process died here."""
 
 

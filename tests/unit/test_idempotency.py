@@ -41,9 +41,7 @@ HOSTILE = [
 ]
 
 
-@pytest.mark.parametrize(
-    "good", ["k", "0", "A-b_c.d", str(uuid.uuid4()), "k" * LAUNCH_KEY_MAX_LEN]
-)
+@pytest.mark.parametrize("good", ["k", "0", "A-b_c.d", str(uuid.uuid4()), "k" * LAUNCH_KEY_MAX_LEN])
 def test_a_valid_key_is_kept(good: str) -> None:
     assert validate_launch_key(good) == good
     assert LaunchSpec(target="t", command="true", key=good).key == good

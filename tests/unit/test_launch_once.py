@@ -260,7 +260,7 @@ def test_a_launch_abandoned_in_the_spawn_cancels_the_job_it_started() -> None:
     ex = FakeExecutor()
     ctx = fake_context(ex)
 
-    class SoftTimeLimit(Exception):  # noqa: N818 - as Celery names it
+    class SoftTimeLimit(Exception):
         pass
 
     def out_of_time() -> None:
@@ -296,6 +296,7 @@ def test_a_job_that_cannot_be_recorded_is_cancelled(monkeypatch: pytest.MonkeyPa
 
 def died(ctx: launching.Context, ex: FakeExecutor, point: str, key: str = "k1") -> RunRecord:
     """A launch of `key` whose worker was killed at `point`; returns its run."""
+
     def kill() -> None:
         raise Killed
 

@@ -177,8 +177,8 @@ def test_forget_preparing_repairs_only_entries_of_runs_not_preparing(store: RunS
      "k" * 129],
 )  # fmt: skip
 def test_a_hostile_key_never_reaches_redis(store: RunStore, bad: str) -> None:
-    with pytest.raises(SchemaError, match="invalid launch key|a launch key"):
+    with pytest.raises(SchemaError, match=r"invalid launch key"):
         store.create_run(record("r1"), key=bad)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"invalid launch key"):
         store.launch_run(bad)
     assert store.client.keys("*") == []
