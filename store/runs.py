@@ -44,7 +44,8 @@ class RunsMixin(StoreBase):
         With `key` (a launch's idempotency key, `schemas.idempotency`), the key is
         mapped to this run in the same step ([`launch_run`]); the key must be free,
         or map to `replaces` (the run whose claimed directory was taken, which the
-        launch gives up for the next id).
+        launch gives up for the next id). A key that maps to this very run already
+        answers True, changing nothing: a retry of a creation whose reply was lost.
 
         Raises:
             Conflict: the key maps to another run (nothing changed).

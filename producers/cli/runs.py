@@ -80,11 +80,12 @@ def launch(
 def _launch_once(api: Runwarden, spec: LaunchSpec) -> RunRecord:
     """`api.launch(spec)`, waiting for the upload (a resume: a whole checkpoint) to
     arrive; a launch that fails or is not answered in time names its key, so that the
-    same launch given again (`--key`) returns its run instead of starting another."""
+    same launch given again (`--key`) finds its run instead of starting another job."""
     try:
         return api.launch(spec, wait_s=api.settings.launch_max_runtime_s + 60)
     except OperationFailed as error:
-        raise OperationFailed(f"{error} (launch key {spec.key}: see --key)") from error
+        hint = f"launch key {spec.key}: launched again with --key {spec.key}, no second job"
+        raise OperationFailed(f"{error} ({hint})") from error
 
 
 @app.command()

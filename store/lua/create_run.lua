@@ -6,10 +6,12 @@
 -- ARGV: record json, score, run id, "1" when the run is preparing else "0", launch key
 --   ("" for none), the run id the launch key may map to now ("" for none: the key
 --   must be free).
--- Returns 1 when created, 0 when the id was taken, -1 when the launch key maps to
--- another run than ARGV[6] says (then nothing changed).
+-- Returns 1 when created (or when the key already maps to this very run: a retry of
+-- this creation whose reply was lost), 0 when the id was taken, -1 when the launch
+-- key maps to another run than ARGV[6] says (then nothing changed).
 if ARGV[5] ~= '' then
   local current = redis.call('GET', KEYS[6])
+  if current == ARGV[3] then return 1 end
   if (current or '') ~= ARGV[6] then return -1 end
 end
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX') then return 0 end

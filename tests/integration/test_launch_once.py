@@ -266,6 +266,7 @@ def test_the_launch_steps_of_the_store_on_a_real_redis(tmp_path: Path) -> None:
         assert store.launch_run("k2") is None
         store.transition("r1", RunState.FAILED, message="run directory taken")
         assert store.create_run(preparing("r1-2"), key="k1", replaces="r1")
+        assert store.create_run(preparing("r1-2"), key="k1", replaces="r1")  # a retry
         assert store.launch_run("k1") == "r1-2"
         assert store.preparing_runs(now) == [("r1-2", "k1")]
         record, changed = store.start_run("r1-2", JobId(dir="/w/r1-2", pid=4242))

@@ -63,6 +63,14 @@ def test_a_used_key_refuses_another_run_and_changes_nothing(store: RunStore) -> 
         store.create_run(record("r2"), key="k1", replaces="r9")
 
 
+def test_a_creation_retried_after_a_lost_reply_answers_created_again(store: RunStore) -> None:
+    assert store.create_run(record("r1"), key="k1")
+    before = store.get_run("r1")
+    assert store.create_run(record("r1"), key="k1")
+    assert store.get_run("r1") == before
+    assert index(store) == (["r1"], {"r1": "k1"})
+
+
 def test_a_taken_directory_moves_the_key_to_the_next_run(store: RunStore) -> None:
     assert store.create_run(record("r1"), key="k1")
     store.transition("r1", RunState.FAILED, message="run directory taken")
