@@ -37,6 +37,7 @@ from schemas.events import (
     SnapshotRequestBody,
     wire_config,
 )
+from schemas.idempotency import new_launch_key
 from schemas.run import ADOPTED_COMMAND, check_cancel, check_resumable, check_snapshot_request
 from store import RunStore
 
@@ -105,6 +106,12 @@ class Runwarden:
     def launch(self, spec: LaunchSpec, wait_s: float = DEFAULT_WAIT_S) -> RunRecord:
         """Launches `spec`; returns the run once running.
 
+        The launch is exactly once for its idempotency key `spec.key`; a spec without
+        one gets a random one here. Launching the same spec with the same key again
+        (after a timeout, from another process) starts nothing new: it returns the
+        run that key started (as it stands: running, ended, or still `preparing`
+        while its first launch is at work).
+
         Raises:
             UnknownTarget: when the target does not exist.
             OperationFailed: when the launch failed (the worker's message).
@@ -112,6 +119,8 @@ class Runwarden:
         self.store.get_target(spec.target)
         if spec.resume_from is not None:
             check_resumable(self.store.get_run(spec.resume_from))
+        if spec.key is None:
+            spec = spec.model_copy(update={"key": new_launch_key()})
         answer = self._call(TASK_LAUNCH, spec, wait_s)
         return self.store.get_run(answer["run_id"])
 

@@ -11,6 +11,7 @@ from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .idempotency import LaunchKey
 from .ids import RunId
 from .job import ENV_NAME, check_absolute_path
 from .run import RunLimits
@@ -124,6 +125,13 @@ class LaunchSpec(_Body):
     resume_from: RunId | None = None
     snapshots: bool = True
     """Whether the job reads snapshot requests (the job-side plugin)."""
+    key: LaunchKey | None = None
+    """The launch's idempotency key (`schemas.idempotency`: 1-128 of `[A-Za-z0-9_.-]`,
+    starting with a letter or digit), chosen by the producer: every launch with the
+    same key is the same run, started once. `producers.api.Runwarden.launch` (and so
+    the CLI) picks a random one when none is given; a message without one gets a key
+    derived from its own task id on the worker, so a redelivered message still finds
+    its run."""
 
     @field_validator("secrets")
     @classmethod

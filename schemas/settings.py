@@ -45,6 +45,13 @@ class Settings(BaseSettings):
     launch_max_runtime_s: _Positive = 3600.0
     """Longest run of a launch (it uploads the project, and a resume its checkpoint);
     past it the run is recorded failed."""
+    launch_grace_s: _Positive = 300.0
+    """How much longer than `launch_max_runtime_s` a run may stay `preparing` before
+    `reconcile` settles it (its launch's worker died): it is then followed when its job
+    started, else recorded failed. A launch still at work holds its key's lock, which
+    `reconcile` respects whatever the run's age; the grace only spares the store and
+    the target a look at young runs (the hard time limit of a launch is 30 s past
+    `launch_max_runtime_s`)."""
     retrieve_max_runtime_s: _Positive = 6 * 3600.0
     """Longest run of one retrieval task (it downloads a whole checkpoint)."""
 

@@ -1,7 +1,8 @@
 """Every Redis key of the run store, named in one place.
 
 `P` is the prefix (default `rw:`); `<id>` a run id, only `[a-z0-9_.-]` as
-`schemas.ids` checks it, so never `:` or `|`; `<target>` a target name.
+`schemas.ids` checks it, so never `:` or `|`; `<lkey>` a launch's idempotency
+key, only `[A-Za-z0-9_.-]` as `schemas.idempotency` checks it; `<target>` a target name.
 
 | key | type | holds |
 | --- | --- | --- |
@@ -9,6 +10,9 @@
 | `P run:<id>` | string | the run record (`RunRecord` JSON) |
 | `P runs` | sorted set | run ids, score = `created` (unix seconds) |
 | `P runs:t:<target>` | sorted set | the same, for one target |
+| `P launch:<lkey>` | string | id of the run the launch with key `<lkey>` started (1) |
+| `P preparing` | sorted set | ids of the runs in `preparing`, score = `created` (2) |
+| `P preparing:keys` | hash | run id -> launch key, for the runs of `P preparing` with one (2) |
 | `P follow:targets` | set | targets with at least one followed run |
 | `P follow:t:<target>` | set | ids of the followed runs of a target |
 | `P offsets:<id>` | hash | `log`, `metrics`: byte offsets the follower has read to |
@@ -22,7 +26,17 @@
 | `P progress:<id>` | hash | `Progress` fields, each a JSON value |
 | `P once:<key>` | string | marker of an effect done once (expires) |
 | `P retrievals` | sorted set | ids of runs with `artifacts` pending, score = next attempt |
-| `P lock:<key>` | string | a lock holder's token (expires; its holder extends, releases) |
+| `P lock:<key>` | string | a lock holder's token (expires; its holder extends, releases) (3) |
+
+(1) Set in the script that creates the run's record (`create_run`, with the record
+and its indexes); moved only to the next id when the run's claimed directory was
+taken; kept as long as the record (a launch with a used key returns its run).
+(2) Written by the script that creates the record, left in the transaction that moves
+the run on (`update_run`, `apply_transition`, `start_run`, `end_run`); `reconcile`
+settles the runs that stay in it too long (`workers.settle`).
+(3) `retrieve:<id>`, `policy-tick:<target>`, `launch:<lkey>` (a launch at work, or
+`reconcile` settling its run), `launch-run:<id>` (`reconcile` settling a run created
+without a key).
 """
 
 from __future__ import annotations
@@ -30,6 +44,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from schemas import validate_run_id
+from schemas.idempotency import validate_launch_key
 
 __all__ = ["DEFAULT_PREFIX", "Keys"]
 
@@ -62,6 +77,20 @@ class Keys:
 
     def runs_of(self, target: str) -> str:
         return self._key("runs", "t", target)
+
+    # --- launches ---------------------------------------------------------------------
+
+    def launch(self, key: str) -> str:
+        """Raises `SchemaError` (a `ValueError`) for an invalid launch key."""
+        return self._key("launch", validate_launch_key(key))
+
+    @property
+    def preparing(self) -> str:
+        return self._key("preparing")
+
+    @property
+    def preparing_keys(self) -> str:
+        return self._key("preparing", "keys")
 
     # --- the follow -------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from schemas import (
     RunRecord,
     RunState,
     Snapshot,
+    validate_run_id,
 )
 from schemas.run import transitioned
 
@@ -33,14 +34,52 @@ class RunsMixin(StoreBase):
     """Run records: create, read, list, update, transition."""
 
     @translated
-    def create_run(self, record: RunRecord) -> bool:
-        """Stores a new run record, atomically with its indexes. False (and nothing
-        changed) when a run with this id already exists."""
+    def create_run(
+        self, record: RunRecord, *, key: str | None = None, replaces: str | None = None
+    ) -> bool:
+        """Stores a new run record, atomically with its indexes (a `preparing` record
+        also in the index of preparing runs, with its launch key). False (and nothing
+        changed) when a run with this id already exists.
+
+        With `key` (a launch's idempotency key, `schemas.idempotency`), the key is
+        mapped to this run in the same step ([`launch_run`]); the key must be free,
+        or map to `replaces` (the run whose claimed directory was taken, which the
+        launch gives up for the next id). A key that maps to this very run already
+        answers True, changing nothing: a retry of a creation whose reply was lost.
+
+        Raises:
+            Conflict: the key maps to another run (nothing changed).
+            ValueError: an invalid key or `replaces` id.
+        """
+        keys = [
+            self.keys.run(record.id),
+            self.keys.runs,
+            self.keys.runs_of(record.target),
+            self.keys.preparing,
+            self.keys.preparing_keys,
+        ]
+        if key is not None:
+            keys.append(self.keys.launch(key))
+        elif replaces is not None:
+            raise ValueError("replaces goes with a launch key")
+        preparing = "1" if record.state is RunState.PREPARING else "0"
         done = self._script(
             "create_run",
-            keys=[self.keys.run(record.id), self.keys.runs, self.keys.runs_of(record.target)],
-            args=[record.model_dump_json(), record.created.timestamp(), record.id],
+            keys=keys,
+            args=[
+                record.model_dump_json(),
+                record.created.timestamp(),
+                record.id,
+                preparing,
+                key or "",
+                "" if replaces is None else validate_run_id(replaces),
+            ],
         )
+        if done == -1:
+            raise Conflict(
+                f"launch key {key!r} already belongs to another run than {record.id!r}",
+                run_id=record.id,
+            )
         return bool(done)
 
     @translated
@@ -135,6 +174,7 @@ class RunsMixin(StoreBase):
                     pipe.set(key, new.model_dump_json())
                     if new.artifacts != current.artifacts:
                         self._index_retrieval(pipe, new)
+                    self._index_preparing(pipe, current, new)
                     created = new.created.timestamp()
                     if new.target != current.target:
                         pipe.zrem(self.keys.runs_of(current.target), run_id)
@@ -148,6 +188,13 @@ class RunsMixin(StoreBase):
             f"run {run_id!r} is being changed by too many writers at once; try again",
             run_id=run_id,
         )
+
+    def _index_preparing(self, pipe: Any, current: RunRecord, new: RunRecord) -> None:
+        """Takes a run that leaves `preparing` out of the index of preparing runs (and
+        its launch key out of theirs), in the same transaction as its record."""
+        if current.state is RunState.PREPARING and new.state is not RunState.PREPARING:
+            pipe.zrem(self.keys.preparing, new.id)
+            pipe.hdel(self.keys.preparing_keys, new.id)
 
     def _index_retrieval(self, pipe: Any, record: RunRecord) -> None:
         """Keeps the retrieval queue in step with the record's `artifacts`, in the

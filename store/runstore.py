@@ -1,6 +1,6 @@
 """[`RunStore`]: the run store, one object over one Redis client, composed of the
 parts in this package (targets, runs, the follow, stops and deadlines, the end of a
-run, retrievals, coordination)."""
+run, launches, retrievals, coordination)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,14 @@ from redis.retry import Retry
 from .base import translated
 from .coordination import CoordinationMixin
 from .ending import EndingMixin
+from .launches import LaunchesMixin
 from .retrievals import RetrievalsMixin
 from .targets import TargetsMixin
 
 __all__ = ["RunStore"]
 
 
-class RunStore(TargetsMixin, EndingMixin, RetrievalsMixin, CoordinationMixin):
+class RunStore(TargetsMixin, EndingMixin, LaunchesMixin, RetrievalsMixin, CoordinationMixin):
     """The run store over one Redis client (keys: `store.keys`).
 
     Thread-safe as far as the client is (a `redis.Redis` with its connection pool is);

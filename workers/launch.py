@@ -1,19 +1,34 @@
-"""Starting runs: launch (with resume from a stopped run's checkpoint), adopting a run
-directory started elsewhere, and following a recorded run again."""
+"""Starting runs: launch, exactly once per idempotency key (with resume from a stopped
+run's checkpoint), adopting a run directory started elsewhere, following a recorded
+run again, and settling the launches whose worker died (`settle_launches`, from
+`reconcile`).
+
+Exactly once: a launch works under the lock of its key (`LaunchSpec.key`, else one
+derived from its message), and the store maps the key to the run it created, in the
+step that creates the record. A launch delivered again (its worker was killed, the
+broker redelivered the message) takes the lock (a dead worker's lapses within
+`LAUNCH_LEASE_S`), finds its run, and goes on from where it stopped: a run that is
+running or ended is returned as it is; a `preparing` run whose job started (`job.pid`
+in its run directory) is recorded running and followed; one whose job did not start
+is launched on (the uploads overwrite, the spawn clears stale files). Never two jobs,
+never a job nobody follows.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
-import secrets as _secrets
+import time
 from datetime import datetime
 from pathlib import Path
+from typing import Final
 
 from pydantic import SecretStr
 
 from schemas import (
     JobCommand,
     JobId,
+    NotFound,
     NotResumable,
     RunRecord,
     RunState,
@@ -22,6 +37,7 @@ from schemas import (
     validate_run_id,
 )
 from schemas.events import LaunchSpec
+from schemas.idempotency import new_launch_key
 from schemas.policy import deadline_request_after_s
 from schemas.protocol import (
     JOBSIDE_DIR,
@@ -38,16 +54,45 @@ from schemas.run import ADOPTED_COMMAND, check_resumable
 
 from .context import Context
 from .errors import LaunchError, RetrievalError, SecretMissing
-from .executors import Executor, FileDigest
+from .executors import ExecError, Executor, FileDigest, InvalidArgument, InvalidSecret
 from .jobside import jobside_dir
+from .lease import Lease, leased
 from .retrieval import check_stored
+from .settle import (
+    LAUNCH_LEASE_S,
+    PROTOCOL_FILES,
+    find_job,
+    follow_found,
+    launch_lock,
+    owner_of,
+    settle_launches,
+)
 
 log = logging.getLogger("runwarden")
 
-__all__ = ["CLAIM_TRIES", "adopt", "follow_again", "launch", "resumable"]
+__all__ = [
+    "CLAIM_TRIES",
+    "LAUNCH_LEASE_S",
+    "LAUNCH_WAIT_S",
+    "SPAWN_WINDOW_S",
+    "adopt",
+    "follow_again",
+    "launch",
+    "resumable",
+    "settle_launches",
+]
 
 CLAIM_TRIES = 20
 """Run ids tried (the next one after a taken directory) before a launch gives up."""
+LAUNCH_WAIT_S: Final = 1.5 * LAUNCH_LEASE_S
+"""How long a launch waits for its key's lock: long enough for the lock of a dead
+worker to lapse. A lock still held then is a live launch's (a duplicate message)."""
+SPAWN_WINDOW_S: Final = 12.0
+"""After a spawn failed without an answer (a timeout, a broken connection), how long
+after its start the launch keeps looking for `job.pid` before it decides no job
+started, in seconds: the launcher waits 10 s for the job to write it."""
+
+_Resume = tuple[RunRecord, str, list[FileDigest]]
 
 
 def _secrets_of(spec: LaunchSpec) -> dict[str, SecretStr]:
@@ -65,23 +110,39 @@ def _secrets_of(spec: LaunchSpec) -> dict[str, SecretStr]:
     return found
 
 
+def _record_failed(ctx: Context, run_id: str, message: str, job: JobId | None = None) -> None:
+    """Records the launch of `run_id` failed; a failure to record is logged only (the
+    run stays `preparing`, and `settle_launches` settles it)."""
+    try:
+        ctx.store.transition(run_id, RunState.FAILED, message=message, job=job)
+    except Exception:
+        log.exception("run %s: cannot record its failed launch", run_id)
+
+
 def _claim(
-    ctx: Context, executor: Executor, spec: LaunchSpec, now: datetime, resumed: str | None
-) -> str:
-    """Records a new run `preparing` and claims its run directory; a directory already
-    taken tries the next id. Returns the run id.
+    ctx: Context,
+    executor: Executor,
+    spec: LaunchSpec,
+    *,
+    now: datetime,
+    resumed: str | None,
+    key: str,
+) -> RunRecord:
+    """Records a new run `preparing`, its key mapped to it, and claims its run
+    directory; a directory already taken fails that run and tries the next id (the
+    key moves to it). Returns the record.
 
     Raises:
-        LaunchError: when no free directory was found.
+        LaunchError: when no free directory was found. ExecError: the claim failed
+            (the run is recorded failed).
     """
-    run_id = new_run_id(spec.name, now)
+    run_id, replaces = new_run_id(spec.name, now), None
     for _ in range(CLAIM_TRIES):
-        run_dir = f"{executor.workdir}/{run_id}"
         record = RunRecord(
             id=run_id,
             target=spec.target,
             created=now,
-            remote_dir=run_dir,
+            remote_dir=f"{executor.workdir}/{run_id}",
             state=RunState.PREPARING,
             snapshots=spec.snapshots,
             command=spec.command,
@@ -92,20 +153,38 @@ def _claim(
             secrets=spec.secrets,
             resumed_from=resumed,
         )
-        if ctx.store.create_run(record):
-            if executor.claim(run_dir, f"{run_id} {_secrets.token_hex(8)}"):
-                return run_id
+        if ctx.store.create_run(record, key=key, replaces=replaces):
+            try:
+                taken = not executor.claim(record.remote_dir, owner_of(run_id, key))
+            except ExecError as error:
+                _record_failed(ctx, run_id, f"launch failed: {error}")
+                raise
+            if not taken:
+                return record
             ctx.store.transition(run_id, RunState.FAILED, message="run directory taken")
+            replaces = run_id
         run_id = next_run_id(run_id)
     raise LaunchError(f"no free run directory after {CLAIM_TRIES} tries")
 
 
-def launch(ctx: Context, spec: LaunchSpec, now: datetime) -> RunRecord:
-    """Claims a run directory (a taken one tries the next id), records the run,
-    uploads, ships the job side, spawns (with the on-target watchdog when the run has
-    `max_hours` and reads snapshot requests), records it running and follows it. If
-    the record cannot be written after the spawn, the job is cancelled: nothing could
-    find it again.
+def launch(ctx: Context, spec: LaunchSpec, now: datetime, key: str | None = None) -> RunRecord:
+    """Launches `spec` once for its idempotency key (`spec.key`, else `key`, the one
+    derived from the message, else a random one): claims a run directory (a taken
+    one tries the next id), records the run, uploads, ships the job side, spawns
+    (with the on-target watchdog when the run has `max_hours` and reads snapshot
+    requests), records it running and follows it (one step). Returns the run.
+
+    Delivered again with the same key, it finds the run it started and goes on from
+    there (module docstring); while another launch of the key is at work (a
+    duplicate message), it returns that run as it stands (`preparing`), or raises
+    `LaunchError` when that launch has not created it yet.
+
+    A spawn that fails without an answer (a timeout, a broken connection) looks for
+    the job in the run directory for up to `SPAWN_WINDOW_S` after the spawn began: a
+    job found is followed; none recorded the run failed; a target that cannot be
+    read leaves the run `preparing` for `settle_launches`. A launch abandoned during
+    the spawn (its soft time limit) cancels a job it finds and records the run failed.
+    If the record cannot be written after the spawn, the job is cancelled.
 
     A resume (`spec.resume_from`) first checks that the run is stopped and its
     checkpoint is intact in the artifact store (else `NotResumable`, nothing claimed),
@@ -113,59 +192,179 @@ def launch(ctx: Context, spec: LaunchSpec, now: datetime) -> RunRecord:
     checks the upload against the stored manifest, and passes its absolute path as
     `RUNWARDEN_RESUME_FROM`. The spawn removes a stale `snapshot.request` or
     `snapshot.json` (from the uploaded directory), so the new run never inherits a
-    request.
+    request; the upload never copies `PROTOCOL_FILES`.
 
     Raises:
         UnknownTarget, NotFound, NotResumable, LaunchError, SecretMissing,
         ExecError, StoreError.
     """
-    resume = None if spec.resume_from is None else resumable(ctx, spec.resume_from)
-    secrets = _secrets_of(spec)
-    executor = ctx.executor(spec.target)
-    run_id = _claim(ctx, executor, spec, now, None if resume is None else resume[0].id)
-    run_dir = f"{executor.workdir}/{run_id}"
+    key = spec.key or key or new_launch_key()
+    with leased(ctx.store, launch_lock(key), LAUNCH_LEASE_S, LAUNCH_WAIT_S) as lease:
+        if lease is None:
+            run_id = ctx.store.launch_run(key)
+            if run_id is None:
+                raise LaunchError(f"a launch with key {key!r} is at work on another worker")
+            log.info("run %s: its launch (key %s) is at work on another worker", run_id, key)
+            return ctx.store.get_run(run_id)
+        return _launch(ctx, spec, now, key, lease)
+
+
+def _launch(ctx: Context, spec: LaunchSpec, now: datetime, key: str, lease: Lease) -> RunRecord:
+    """`launch` under the lock of `key`."""
+    run_id = ctx.store.launch_run(key)
+    if run_id is None:
+        resume = None if spec.resume_from is None else resumable(ctx, spec.resume_from)
+        secrets = _secrets_of(spec)
+        executor = ctx.executor(spec.target)
+        resumed = None if resume is None else resume[0].id
+        run = _claim(ctx, executor, spec, now=now, resumed=resumed, key=key)
+    else:
+        run = ctx.store.get_run(run_id)
+        if run.state is not RunState.PREPARING:
+            log.info("run %s: its launch (key %s) came again; it is %s", run.id, key, run.state)
+            return follow_again(ctx, run.id)
+        # A target that cannot be reached here leaves the run `preparing` (its job may
+        # have started): the next delivery, or `settle_launches`, looks again.
+        executor = ctx.executor(run.target)
+        if not executor.claim(run.remote_dir, owner_of(run.id, key)):
+            message = f"the run directory {run.remote_dir} is claimed by another"
+            _record_failed(ctx, run.id, f"launch failed: {message}")
+            raise LaunchError(message)
+        job = find_job(executor, run.remote_dir)
+        if job is not None:
+            return follow_found(ctx, executor, run, job, "its launch came again")
+        log.warning("run %s: its launch came again before its job started: going on", run.id)
+        try:
+            resume = None if spec.resume_from is None else resumable(ctx, spec.resume_from)
+            secrets = _secrets_of(spec)
+        except (NotFound, NotResumable, SecretMissing) as error:
+            _record_failed(ctx, run.id, f"launch failed: {error}")
+            raise
+    command = _prepare(ctx, executor, spec, run, resume=resume, secrets=secrets)
+    if not lease.held:
+        raise LaunchError(f"run {run.id}: the launch lost its lock before the spawn; not spawned")
+    job = _spawn(ctx, executor, run, command)
+    try:
+        record, _ = ctx.store.start_run(run.id, job)
+    except Exception:
+        log.exception("run %s: cannot record its job; cancelling it", run.id)
+        executor.cancel(job)
+        raise
+    log.info("run %s: launched on %s, pid %s", run.id, run.target, job.pid)
+    return record
+
+
+def _prepare(
+    ctx: Context,
+    executor: Executor,
+    spec: LaunchSpec,
+    run: RunRecord,
+    *,
+    resume: _Resume | None,
+    secrets: dict[str, SecretStr],
+) -> JobCommand:
+    """Uploads the project and the job side (and a resume's checkpoint) into the run
+    directory; returns the job to spawn. Any error records the run failed (nothing
+    was started) and is raised."""
+    run_dir = run.remote_dir
     try:
         if spec.upload is not None:
-            executor.upload(spec.upload, run_dir, spec.skip)
+            executor.upload(spec.upload, run_dir, [*spec.skip, *PROTOCOL_FILES])
         executor.upload(jobside_dir(), f"{run_dir}/{JOBSIDE_DIR}", ["__init__.py", "__pycache__"])
         env = {
             "PYTHONPATH": f"{run_dir}/{JOBSIDE_DIR}",
-            RUN_ID_ENV: run_id,
+            RUN_ID_ENV: run.id,
             REQUEST_ENV: f"{run_dir}/{SNAPSHOT_REQUEST}",
             METRICS_ENV: f"{run_dir}/{METRICS_FILE}",
         }
         if resume is not None:
             env[RESUME_ENV] = _upload_checkpoint(ctx, executor, run_dir, resume)
         after_s = deadline_request_after_s(spec.limits, ctx.settings.deadline_lead_s)
-        job = executor.spawn(
-            JobCommand(
-                dir=run_dir,
-                script=spec.command,
-                env=env,
-                secrets=secrets,
-                deadline_request_after_s=(
-                    None if after_s is None or not spec.snapshots else max(after_s, 0.001)
-                ),
-                watchdog_poll_s=ctx.settings.watchdog_poll_s,
-            )
+        return JobCommand(
+            dir=run_dir,
+            script=spec.command,
+            env=env,
+            secrets=secrets,
+            deadline_request_after_s=(
+                None if after_s is None or not spec.snapshots else max(after_s, 0.001)
+            ),
+            watchdog_poll_s=ctx.settings.watchdog_poll_s,
         )
     except Exception as error:
         # Also the task's soft time limit (an Exception): a run never stays `preparing`.
+        _record_failed(ctx, run.id, f"launch failed: {str(error) or type(error).__name__}")
+        raise
+
+
+def _spawn(ctx: Context, executor: Executor, run: RunRecord, command: JobCommand) -> JobId:
+    """Spawns `command`; returns its job, also one found after a spawn that failed
+    without an answer (see `launch`).
+
+    Raises:
+        InvalidSecret, InvalidArgument: refused before anything ran (recorded failed).
+        ExecError: the spawn failed and no job started (recorded failed), or the run
+            directory could not be read after it (left `preparing`).
+        Exception: the launch was abandoned (a job found is cancelled; recorded
+            failed).
+    """
+    began = time.monotonic()
+    try:
+        return executor.spawn(command)
+    except (InvalidSecret, InvalidArgument) as error:
+        _record_failed(ctx, run.id, f"launch failed: {error}")
+        raise
+    except ExecError as error:
+        try:
+            job = _job_after_spawn(executor, run.remote_dir, began)
+        except ExecError as unread:
+            log.error(
+                "run %s: spawn failed (%s) and the run directory cannot be read (%s): left "
+                "preparing, for reconcile to settle",
+                run.id, error, unread,
+            )  # fmt: skip
+            raise error from unread
+        if job is None:
+            _record_failed(ctx, run.id, f"launch failed: {error}")
+            raise
+        log.warning("run %s: spawn failed (%s), but its job started", run.id, error)
+        return job
+    except Exception as error:
         text = str(error) or type(error).__name__
         try:
-            ctx.store.transition(run_id, RunState.FAILED, message=f"launch failed: {text}")
-        except Exception:
-            log.exception("run %s: cannot record its failed launch", run_id)
+            job = find_job(executor, run.remote_dir)
+            if job is not None:
+                executor.cancel(job)
+        except ExecError:
+            log.exception("run %s: launch abandoned during the spawn; left preparing", run.id)
+            raise error from None
+        suffix = "" if job is None else f"; its job (pid {job.pid}) was cancelled"
+        _record_failed(ctx, run.id, f"launch failed: {text}{suffix}", job)
         raise
-    try:
-        record = ctx.store.transition(run_id, RunState.RUNNING, job=job)
-        ctx.store.follow(run_id)
-    except Exception:
-        log.exception("run %s: cannot record its job; cancelling it", run_id)
-        executor.cancel(job)
-        raise
-    log.info("run %s: launched on %s, pid %s", run_id, spec.target, job.pid)
-    return record
+
+
+def _job_after_spawn(executor: Executor, run_dir: str, began: float) -> JobId | None:
+    """The job a spawn that began at `began` (monotonic) started, looked for until
+    `SPAWN_WINDOW_S` after it (a broken connection may come back meanwhile); None
+    when none started.
+
+    Raises:
+        ExecError: the run directory could not be read at the end of the window.
+    """
+    deadline = began + SPAWN_WINDOW_S
+    while True:
+        failure: ExecError | None = None
+        try:
+            job = find_job(executor, run_dir)
+            if job is not None:
+                return job
+        except ExecError as error:
+            failure = error
+        left = deadline - time.monotonic()
+        if left <= 0:
+            if failure is not None:
+                raise failure
+            return None
+        time.sleep(min(1.0, left))
 
 
 def resumable(ctx: Context, run_id: str) -> tuple[RunRecord, str, list[FileDigest]]:

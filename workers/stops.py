@@ -34,6 +34,7 @@ from .artifacts import resend_due_retrievals
 from .context import Context
 from .executors import ExecError, ProtocolError, SshError
 from .finish import finish, read_proof
+from .launch import settle_launches
 
 log = logging.getLogger("runwarden")
 
@@ -311,7 +312,8 @@ def reconcile(ctx: Context, now: datetime, limit: int = 200) -> int:
     send one twice, and the retrieval task of every retrieval that is due; returns how
     many deadlines it sent. It acts on no run itself: each deadline runs as a task of
     its own, so one run that takes long (a cancel waits up to 20 s for its job) never
-    delays another's deadline."""
+    delays another's deadline. Last, it settles the launches whose worker died
+    (`workers.launch.settle_launches`)."""
     resend_due_retrievals(ctx, now, limit)
     sent = 0
     for deadline in ctx.store.due_deadlines(now, limit):
@@ -319,4 +321,6 @@ def reconcile(ctx: Context, now: datetime, limit: int = 200) -> int:
             continue
         _send_deadline(ctx, deadline.run_id, deadline.stop_id, deadline.kind, 0.0)
         sent += 1
+    # After the deadlines, so they never wait on it: it may reach a target.
+    settle_launches(ctx, now, limit)
     return sent

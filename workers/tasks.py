@@ -41,6 +41,7 @@ from schemas.events import (
     SnapshotRequestBody,
     TimeoutBody,
 )
+from schemas.idempotency import task_launch_key
 from store import RunStore
 
 from . import launch as launching
@@ -91,15 +92,20 @@ def _parse(model: type[_M], body: Any, task: str) -> _M:
 
 
 # A launch uploads (a resume: a whole checkpoint), so it gets its own limits; the
-# soft one raises inside `launch`, which records the run failed.
+# soft one raises inside `launch`, which records the run failed. Bound, for the
+# message's own task id: a body without a key gets one derived from it, which a
+# redelivered message keeps, so it finds the run its first delivery started.
 @app.task(
     name=TASK_LAUNCH,
+    bind=True,
     time_limit=int(settings.launch_max_runtime_s) + 30,
     soft_time_limit=int(settings.launch_max_runtime_s),
 )
-def launch(body: Any = None) -> dict[str, Any]:
+def launch(self: Any, body: Any = None) -> dict[str, Any]:
     spec = _parse(LaunchSpec, body, TASK_LAUNCH)
-    record = launching.launch(context(), spec, utcnow())
+    task_id = self.request.id
+    key = spec.key or (task_launch_key(task_id) if task_id else None)
+    record = launching.launch(context(), spec, utcnow(), key)
     return {"run_id": record.id, "pid": record.job.pid if record.job else None}
 
 

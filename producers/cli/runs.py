@@ -11,8 +11,10 @@ from typing import Annotated
 
 import typer
 
-from schemas import RunLimits, SnapshotReason
+from producers.api import OperationFailed, Runwarden
+from schemas import RunLimits, RunRecord, SnapshotReason
 from schemas.events import LaunchSpec
+from schemas.idempotency import new_launch_key
 
 from .common import (
     app,
@@ -45,6 +47,10 @@ def launch(
     ] = False,
     resume_from: Annotated[str | None, typer.Option(help="A stopped run to continue.")] = None,
     no_snapshots: Annotated[bool, typer.Option(help="The job cannot save snapshots.")] = False,
+    key: Annotated[
+        str | None,
+        typer.Option(help="Idempotency key: a launch with a used key returns that run."),
+    ] = None,
 ) -> None:
     """Launch a job: runwarden launch --target T [options] -- CMD ARGS..."""
     if not command:
@@ -62,13 +68,24 @@ def launch(
             limits=RunLimits(max_hours=max_hours, max_cost_usd=max_cost_usd,
                              usd_per_hour=usd_per_hour, disk=not no_disk_policy),
             resume_from=resume_from, snapshots=not no_snapshots,
+            key=key or new_launch_key(),
         )  # fmt: skip
 
     spec = run_op(build)
     api = client()
-    # A launch waits for its upload (a resume: a whole checkpoint) to arrive.
-    run = run_op(lambda: api.launch(spec, wait_s=api.settings.launch_max_runtime_s + 60))
+    run = run_op(lambda: _launch_once(api, spec))
     out.print(run.id, highlight=False)
+
+
+def _launch_once(api: Runwarden, spec: LaunchSpec) -> RunRecord:
+    """`api.launch(spec)`, waiting for the upload (a resume: a whole checkpoint) to
+    arrive; a launch that fails or is not answered in time names its key, so that the
+    same launch given again (`--key`) finds its run instead of starting another job."""
+    try:
+        return api.launch(spec, wait_s=api.settings.launch_max_runtime_s + 60)
+    except OperationFailed as error:
+        hint = f"launch key {spec.key}: launched again with --key {spec.key}, no second job"
+        raise OperationFailed(f"{error} ({hint})") from error
 
 
 @app.command()
@@ -78,13 +95,18 @@ def resume(
     command: Annotated[
         str | None, typer.Option(help="Another job command (shell); an adopted run needs one.")
     ] = None,
+    key: Annotated[
+        str | None,
+        typer.Option(help="Idempotency key: a launch with a used key returns that run."),
+    ] = None,
 ) -> None:
     """Continue a stopped run from its snapshot (as launch --resume-from): the same
     command, upload, secrets and limits; the step count goes on."""
     api = client()
     source = checked_run_id(run_id)
     spec = run_op(lambda: api.resume_spec(source, target=target, command=command))
-    new = run_op(lambda: api.launch(spec, wait_s=api.settings.launch_max_runtime_s + 60))
+    spec = run_op(lambda: LaunchSpec.model_validate({**dict(spec), "key": key or new_launch_key()}))
+    new = run_op(lambda: _launch_once(api, spec))
     out.print(new.id, highlight=False)
 
 

@@ -1,0 +1,72 @@
+"""Processes on this machine, for the tests that count a job's processes: every
+process of a job carries `RUNWARDEN_RUN_ID=<run id>` in its environment
+(`/proc/<pid>/environ`)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from datetime import UTC, datetime
+
+from schemas import RunRecord, RunState
+from store import RunStore
+
+__all__ = ["assert_one_followed_job", "children", "job_processes", "read_proc", "trainers"]
+
+
+def read_proc(path: str) -> bytes:
+    """The content of the `/proc` file `path`; empty when it cannot be read (the
+    process is gone, or a zombie)."""
+    try:
+        with open(path, "rb") as file:
+            return file.read()
+    except OSError:
+        return b""
+
+
+def _pids() -> list[int]:
+    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+
+
+def _ppid(pid: int) -> int:
+    stat = read_proc(f"/proc/{pid}/stat")
+    return int(stat.rsplit(b")", 1)[1].split()[1]) if stat else -1
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid`."""
+    return [p for p in _pids() if _ppid(p) == pid]
+
+
+def job_processes(run_id: str) -> list[int]:
+    """Live processes whose environment holds `RUNWARDEN_RUN_ID=<run_id>` (a zombie's
+    environment reads empty)."""
+    needle = f"RUNWARDEN_RUN_ID={run_id}".encode()
+    return [p for p in _pids() if needle in read_proc(f"/proc/{p}/environ").split(b"\0")]
+
+
+def trainers(run_id: str) -> dict[int, int]:
+    """The toy trainers of run `run_id` on this machine (Python running
+    `toy_trainer.py`, not the shells whose scripts name it): pid -> process group."""
+    found = {}
+    for pid in job_processes(run_id):
+        argv = read_proc(f"/proc/{pid}/cmdline").split(b"\0")
+        if os.path.basename(argv[0]).startswith(b"python") and any(
+            a.endswith(b"toy_trainer.py") for a in argv
+        ):
+            with contextlib.suppress(ProcessLookupError):
+                found[pid] = os.getpgid(pid)
+    return found
+
+
+def assert_one_followed_job(store: RunStore, run_id: str) -> RunRecord:
+    """Run `run_id` runs exactly one job on this machine, the one its record names,
+    and it is followed."""
+    run = store.get_run(run_id)
+    assert run.state is RunState.RUNNING, run
+    assert run.job is not None
+    found = trainers(run_id)
+    assert list(found.values()) == [run.job.pid], (found, run.job)
+    assert run_id in store.followed(run.target)
+    assert store.preparing_runs(datetime.now(UTC)) == []
+    return run

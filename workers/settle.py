@@ -1,0 +1,181 @@
+"""A launch's job found again from its run directory alone, and `settle_launches`:
+`reconcile`'s part of the exactly-once launch (docs/architecture.md, "Durability").
+
+A launch holds the lock of its idempotency key while it works (`launch:<key>` in the
+store, kept alive by a heartbeat); its run directory's `.claim` holds an owner
+derived from the run id and the key, so a redelivered launch re-claims the same
+directory. A job was started in that directory exactly when `job.pid` is there: the
+launcher's wrapper writes it before the job's command runs, the spawn clears a stale
+one, and the launch never uploads one (`PROTOCOL_FILES` are left out of the upload).
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+from typing import Final
+
+from pydantic import ValidationError
+
+from schemas import JobId, NotFound, RunRecord, RunState, UnknownTarget
+from schemas.protocol import CANCEL_FILE, CANCELLING_FILE, CLAIM_FILE, EXIT_FILE, PID_FILE
+
+from .context import Context
+from .executors import ExecError, Executor
+from .lease import leased
+
+log = logging.getLogger("runwarden")
+
+__all__ = [
+    "DIED_MESSAGE",
+    "LAUNCH_LEASE_S",
+    "PROTOCOL_FILES",
+    "claimed",
+    "find_job",
+    "follow_found",
+    "launch_lock",
+    "owner_of",
+    "settle_launches",
+]
+
+LAUNCH_LEASE_S: Final = 20.0
+"""How long a launch's lock on its key lasts without its worker's heartbeat (every
+quarter of it), in seconds. So the lock of a dead worker lapses 15 to 20 s after
+its death: longer than the launcher's own wait for `job.pid` (10 s), so a spawn that
+was under way when its worker died has shown its job by the time a redelivered
+launch may look."""
+DIED_MESSAGE: Final = "the worker died during the launch; no job started"
+PROTOCOL_FILES: Final = (PID_FILE, EXIT_FILE, CANCEL_FILE, CANCELLING_FILE, CLAIM_FILE)
+"""Top-level names an upload never copies into a run directory: they would pass for
+the marks of a job, or of another run's claim."""
+_PID_LIMIT: Final = 32
+_CLAIM_LIMIT: Final = 512
+
+
+def launch_lock(key: str | None, run_id: str = "") -> str:
+    """The name of the lock a launch holds while it works: `launch:<key>`; for a run
+    created without a key (by an earlier version), `launch-run:<run_id>`."""
+    return f"launch:{key}" if key is not None else f"launch-run:{run_id}"
+
+
+def owner_of(run_id: str, key: str) -> str:
+    """The claim owner of run `run_id` launched with key `key` (one line)."""
+    return f"{run_id} {key}"
+
+
+def find_job(executor: Executor, run_dir: str) -> JobId | None:
+    """The job started in `run_dir`, from its `job.pid` (at most 32 bytes read), or
+    None when there is none (or it holds no valid pid).
+
+    Raises:
+        ExecError: the target cannot be read.
+    """
+    raw = executor.read_from(f"{run_dir}/{PID_FILE}", 0, _PID_LIMIT)
+    try:
+        return JobId(dir=run_dir, pid=int(raw.decode("ascii", "replace").strip()))
+    except (ValueError, ValidationError):
+        return None
+
+
+def claimed(executor: Executor, run: RunRecord, key: str | None) -> bool:
+    """Whether the run directory of `run` is claimed by it: its `.claim` (at most 512
+    bytes read) holds the run's owner (`owner_of`); for a run without a key, an owner
+    starting with its id.
+
+    Raises:
+        ExecError: the target cannot be read.
+    """
+    raw = executor.read_from(f"{run.remote_dir}/{CLAIM_FILE}", 0, _CLAIM_LIMIT)
+    line = raw.decode("utf-8", "replace").split("\n", 1)[0]
+    if key is not None:
+        return line == owner_of(run.id, key)
+    return line.split(" ", 1)[0] == run.id
+
+
+def follow_found(
+    ctx: Context, executor: Executor, run: RunRecord, job: JobId, why: str
+) -> RunRecord:
+    """Records the `preparing` run `run` running with the `job` found in its run
+    directory and follows it (one step, `RunStore.start_run`); returns the record. A
+    job that already ended is recorded the same way: the next watch tick records its
+    end from its run directory (its exit code, cancel or loss), as for any job.
+
+    Raises:
+        ExecError: the job's status cannot be read. Conflict, StoreError.
+    """
+    status = executor.status(job)
+    record, _ = ctx.store.start_run(run.id, job)
+    log.warning("run %s: %s; its job (pid %s) is %s: following it", run.id, why, job.pid, status)
+    return record
+
+
+def settle_launches(ctx: Context, now: datetime, limit: int = 100) -> int:
+    """Settles every run still `preparing` longer than a launch may take
+    (`launch_max_runtime_s` + `launch_grace_s`) whose launch is not at work (its
+    key's lock is free; this call takes it, so a launch delivered meanwhile waits):
+    a run whose job started (`job.pid` in its claimed run directory) is recorded
+    running with it and followed; one whose job did not start is recorded failed
+    ([`DIED_MESSAGE`]). A target that cannot be reached leaves its runs to the next
+    call (and is not tried again in this one). Returns how many runs it settled.
+    Never raises (it runs inside `reconcile`, whose deadlines must not wait on it):
+    an error is logged, and what it left is tried by the next call.
+    """
+    settings = ctx.settings
+    cutoff = now - timedelta(seconds=settings.launch_max_runtime_s + settings.launch_grace_s)
+    settled = 0
+    unreachable: set[str] = set()
+    try:
+        found = ctx.store.preparing_runs(cutoff, limit)
+    except Exception:
+        log.exception("cannot list the preparing runs; left for the next reconcile")
+        return 0
+    for run_id, key in found:
+        try:
+            settled += _settle(ctx, run_id, key, unreachable)
+        except Exception:
+            log.exception("run %s: cannot settle its launch; left for the next reconcile", run_id)
+    return settled
+
+
+def _settle(ctx: Context, run_id: str, key: str | None, unreachable: set[str]) -> bool:
+    """Settles one run of `settle_launches`; whether it did. A target that cannot be
+    reached is added to `unreachable`."""
+    with leased(ctx.store, launch_lock(key, run_id), LAUNCH_LEASE_S) as lease:
+        if lease is None:
+            return False  # its launch is at work
+        try:
+            run = ctx.store.get_run(run_id)
+        except NotFound:
+            run = None
+        if run is None or run.state is not RunState.PREPARING:
+            ctx.store.forget_preparing(run_id)
+            return False
+        if run.target in unreachable:
+            return False
+        try:
+            executor = ctx.executor(run.target)
+            job = find_job(executor, run.remote_dir) if claimed(executor, run, key) else None
+            if job is not None:
+                follow_found(ctx, executor, run, job, "its launch's worker died after the spawn")
+                return True
+        except UnknownTarget:
+            ctx.store.transition(
+                run_id,
+                RunState.FAILED,
+                message=f"{DIED_MESSAGE} (its target {run.target!r} no longer exists)",
+                expect={RunState.PREPARING},
+            )
+            return True
+        except ExecError as error:
+            unreachable.add(run.target)
+            log.warning(
+                "run %s: its launch's worker died; %s cannot be reached (%s): left for the "
+                "next reconcile",
+                run_id, run.target, error,
+            )  # fmt: skip
+            return False
+        ctx.store.transition(
+            run_id, RunState.FAILED, message=DIED_MESSAGE, expect={RunState.PREPARING}
+        )
+        log.warning("run %s: %s", run_id, DIED_MESSAGE)
+        return True
