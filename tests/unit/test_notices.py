@@ -101,7 +101,7 @@ def test_values_reach_the_script_quoted_and_rounded() -> None:
 
 def test_two_scripts_use_different_scratch_tokens() -> None:
     def token(script: str) -> str:
-        match = re.search(r'rw_t="\$rw_j/notice\.\$\$\.([0-9a-f]+)"', script)
+        match = re.search(r'rw_t="\$\{TMPDIR:-/tmp\}/rw-notice\.\$\$\.([0-9a-f]+)"', script)
         assert match is not None
         return match[1]
 

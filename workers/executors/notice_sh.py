@@ -29,8 +29,10 @@ cd / || :
 rw_sup=$$
 rw_j="$rw_dir/@JOBSIDE@"
 mkdir -p -- "$rw_j" 2>/dev/null || :
-rw_t="$rw_j/notice.$$.@TOKEN@"
-mkdir -p -- "$rw_t" || exit 5
+# Scratch outside the run directory, so its pid files outlive a removed run
+# directory; a fresh name (mkdir fails on anything already there), private.
+rw_t="${TMPDIR:-/tmp}/rw-notice.$$.@TOKEN@"
+mkdir -m 700 -- "$rw_t" || exit 5
 rw_w="$rw_dir/@PID_RECORD@"
 if printf '%s\n' "$$" > "$rw_w.tmp.$$"; then mv -f -- "$rw_w.tmp.$$" "$rw_w" || :; fi
 rm -f -- "$rw_w.tmp.$$" 2>/dev/null || :
@@ -75,6 +77,7 @@ rw_state() {
 }
 rw_files() {
   rw_h="$rw_t/$1.h"; rw_b="$rw_t/$1.b"; rw_r="$rw_t/$1.r"; rw_pf="$rw_t/$1.pid"
+  rw_rc="$rw_t/$1.rc"
 }
 rw_run() {
   # Runs "$@" as a process whose pid is in $rw_pf, so the supervisor can end it.
@@ -84,11 +87,11 @@ rw_http() {
   # $1 method, $2 URL, $3 seconds at most, $4 one request header. Sets rw_code (three
   # digits, 000 without an answer); the response headers go to $rw_h and the body to
   # $rw_b, each at most @CAP@ bytes.
-  rm -f -- "$rw_h" "$rw_b" "$rw_r"
+  rm -f -- "$rw_h" "$rw_b" "$rw_r" "$rw_rc"
   case $rw_client in
   curl)
-    rw_run curl -sg --noproxy '*' -X "$1" -m "$3" -H "$4" -D - -o - "$2" 2>/dev/null |
-      head -c @CAP@ > "$rw_r"
+    { rw_run curl -sg --noproxy '*' -X "$1" -m "$3" -H "$4" -D - -o - "$2" 2>/dev/null
+      echo "$?" > "$rw_rc"; } | head -c @CAP@ > "$rw_r"
     tr -d '\r' < "$rw_r" > "$rw_b"
     sed -n '1,/^$/p' "$rw_b" > "$rw_h"
     sed '1,/^$/d' "$rw_b" > "$rw_r"
@@ -98,14 +101,24 @@ rw_http() {
     # for up to a second. ulimit -f bounds them (512-byte blocks).
     (ulimit -f @CAP_BLOCKS@ 2>/dev/null
       rw_run timeout "$3" wget -q -S -O "$rw_b" --tries=1 --max-redirect=0 --no-proxy \
-        --method="$1" --header="$4" "$2" 2> "$rw_h") ;;
+        --method="$1" --header="$4" "$2" 2> "$rw_h")
+    echo "$?" > "$rw_rc" ;;
   *)
     (ulimit -f @CAP_BLOCKS@ 2>/dev/null
-      rw_run timeout "$3" wget -q -S -O "$rw_b" -Y off --header "$4" "$2" 2> "$rw_h") ;;
+      rw_run timeout "$3" wget -q -S -O "$rw_b" -Y off --header "$4" "$2" 2> "$rw_h")
+    echo "$?" > "$rw_rc" ;;
   esac
   rm -f -- "$rw_pf"
   rw_code=$(sed -n 's/^ *HTTP\/[0-9.]* \([0-9][0-9][0-9]\).*/\1/p' "$rw_h" | head -n 1)
   [ -n "$rw_code" ] || rw_code=000
+  # An answer cut short (time, bytes, a broken connection: curl's 28, 23, 18,
+  # timeout's 124, a signal) is no answer. GNU wget's 8 (and 6 for a 401) is an
+  # error answer, kept; busybox wget says 1 for those and for a cut: errors kept.
+  rw_x=; IFS= read -r rw_x < "$rw_rc" || :
+  case $rw_client:$rw_x:$rw_code in
+  curl:0:*|wget:0:*|wget:[68]:[45]??|bbwget:0:*|bbwget:1:[345]??) ;;
+  *) rw_code=000 ;;
+  esac
 }
 rw_field() {
   # The string value of the JSON member named $1 (our constant) in the body, raw.
@@ -161,10 +174,10 @@ rw_token() {
 }
 rw_aws_get() {
   # GET of an IMDSv2 path; a 401 (token expired) gets one fresh token and a retry.
-  [ -n "$rw_tok" ] || rw_token @MAX_S@ || return 0
+  [ -n "$rw_tok" ] || rw_token @MAX_S@ || { rw_code=000; return 0; }
   rw_http GET "$rw_aws$1" @MAX_S@ "X-aws-ec2-metadata-token: $rw_tok"
   if [ "$rw_code" = 401 ]; then
-    rw_token @MAX_S@ || return 0
+    rw_token @MAX_S@ || { rw_code=000; return 0; }
     rw_http GET "$rw_aws$1" @MAX_S@ "X-aws-ec2-metadata-token: $rw_tok"
   fi
 }
@@ -250,14 +263,20 @@ rw_probe() {
 }
 rw_kids=
 rw_stop() {
-  # Ends the children, then the requests they had under way; removes the scratch.
+  # Ends the children, then the requests they had under way; removes the scratch
+  # (again while the ends of their pipelines still write there, at most a second).
   for rw_k in $rw_kids; do kill "$rw_k" 2>/dev/null; done
   for rw_k in "$rw_t"/*.pid; do
     [ -f "$rw_k" ] || continue
     rw_c=; IFS= read -r rw_c < "$rw_k" || :
     case $rw_c in ''|*[!0-9]*) ;; *) kill "$rw_c" 2>/dev/null ;; esac
   done
-  rm -rf -- "$rw_t" 2>/dev/null || :
+  rw_i=0
+  while [ -d "$rw_t" ] && [ "$rw_i" -lt 10 ]; do
+    rm -rf -- "$rw_t" 2>/dev/null || :
+    [ -d "$rw_t" ] || break
+    rw_i=$((rw_i + 1)); rw_nap
+  done
   rm -f -- "$rw_dir/@NOTICE_FILE@.rw-tmp.$$.@TOKEN@".* \
     "$rw_dir/@REQUEST@.rw-tmp.$$.@TOKEN@".* 2>/dev/null || :
 }

@@ -180,8 +180,9 @@ def notice_watch_script(
       server answers or fails: an erroring server is never asked in a busy loop.
       Every request is bounded in time (`curl -m`, `timeout`; [`NOTICE_HTTP_MAX_S`],
       GCP's long poll 35 s) and in bytes (64 KiB of headers and of body, `head -c`);
-      answers are only matched with `case` and `sed`, never evaluated; the values
-      written are cut to 64 printable ASCII characters and JSON-escaped.
+      an answer cut short by either bound, or by a broken connection, counts as no
+      answer; answers are only matched with `case` and `sed`, never evaluated; the
+      values written are cut to 64 printable ASCII characters and JSON-escaped.
 
     On a notice (the job still running): writes `notice.json` (a temporary name
     unique to the writer, renamed), then `snapshot.request` holding `preempted`
@@ -193,11 +194,12 @@ def notice_watch_script(
     `exit_code` nor `cancelled`, the run directory there, a process left in the
     job's group: `kill -0`, as status decides "running") and whether a loop
     recorded a notice; then it ends its loops and their requests under way (their
-    pids are recorded), removes its scratch directory `.runwarden/notice.<pid>.*`,
+    pids are recorded), removes its scratch directory (`$TMPDIR` or `/tmp`,
+    `rw-notice.<pid>.<random>`, mode 700, created fresh: exit 5 when it cannot be),
     writes `done: the job ended` or `done: recorded the <source> notice` to the
     state, and exits 0. SIGTERM, SIGINT and SIGHUP end it the same way (exit 0).
     Killed with SIGKILL, its loops end by themselves within a poll (GCP: within
-    its 35 s long poll). Exit 5 when it cannot create its scratch directory.
+    its 35 s long poll) and its scratch directory stays.
 
     `base_urls` maps `aws`, `gcp`, `azure` to `http://host[:port]` (the others keep
     [`DEFAULT_BASE_URLS`]).
