@@ -103,7 +103,11 @@ class Watched:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(
-        self, provider: str, urls: Mapping[str, str], poll_s: float
+        self,
+        provider: str,
+        urls: Mapping[str, str],
+        poll_s: float,
+        extra_env: Mapping[str, str] | None = None,
     ) -> subprocess.Popen[bytes]:
         # The generator checks the provider: a test may pass any string.
         script = notice_watch_script(str(self.dir), cast(Provider, provider), urls, poll_s)
@@ -113,7 +117,7 @@ class Watched:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
-            env={"PATH": str(self.bin), "HOME": "/nonexistent"},
+            env={"PATH": str(self.bin), "HOME": "/nonexistent", **(extra_env or {})},
         )
         return self.proc
 

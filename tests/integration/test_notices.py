@@ -379,6 +379,8 @@ def test_sigterm_ends_it_and_its_requests(root: Path) -> None:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=POLL_S + 2)
             assert proc.returncode == 0
+            assert watch.state() == "done: stopped by a signal"
+            assert not list(Path("/tmp").glob(f"rw-notice.{proc.pid}.*"))
             assert wait_until(lambda: not processes_naming(gcp.port), 2.5) is not None
     finally:
         watch.cleanup()
@@ -657,5 +659,18 @@ def test_the_scratch_directory_is_private_to_one_watcher(root: Path) -> None:
                 "notice.pid",
                 "notice.state",
             ]
+    finally:
+        watch.cleanup()
+
+
+def test_no_scratch_directory_is_unavailable(root: Path) -> None:
+    watch = watched(root, DASH_CURL)
+    try:
+        proc = watch.start("gcp", {}, POLL_S, {"TMPDIR": str(root / "missing")})
+        proc.wait(timeout=5)
+        assert proc.returncode == 5
+        assert watch.state() == (
+            "unavailable: cannot create its scratch directory in $TMPDIR or /tmp"
+        )
     finally:
         watch.cleanup()

@@ -29,10 +29,6 @@ cd / || :
 rw_sup=$$
 rw_j="$rw_dir/@JOBSIDE@"
 mkdir -p -- "$rw_j" 2>/dev/null || :
-# Scratch outside the run directory, so its pid files outlive a removed run
-# directory; a fresh name (mkdir fails on anything already there), private.
-rw_t="${TMPDIR:-/tmp}/rw-notice.$$.@TOKEN@"
-mkdir -m 700 -- "$rw_t" || exit 5
 rw_w="$rw_dir/@PID_RECORD@"
 if printf '%s\n' "$$" > "$rw_w.tmp.$$"; then mv -f -- "$rw_w.tmp.$$" "$rw_w" || :; fi
 rm -f -- "$rw_w.tmp.$$" 2>/dev/null || :
@@ -282,7 +278,14 @@ rw_stop() {
 }
 rw_quit() { rw_stop; rw_state "$2"; exit "$1"; }
 # --- main
-trap 'rw_stop; exit 0' TERM INT HUP
+# Scratch outside the run directory, so its pid files outlive a removed run
+# directory; a fresh name (mkdir fails on anything already there), private.
+rw_t="${TMPDIR:-/tmp}/rw-notice.$$.@TOKEN@"
+if ! mkdir -m 700 -- "$rw_t"; then
+  rw_state 'unavailable: cannot create its scratch directory in $TMPDIR or /tmp'
+  exit 5
+fi
+trap 'rw_quit 0 "done: stopped by a signal"' TERM INT HUP
 rw_ended && rw_quit 0 'done: the job ended'
 rw_sh=$(command -v sh) || rw_quit 4 'unavailable: no sh on the PATH'
 rw_timeout=

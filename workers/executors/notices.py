@@ -197,7 +197,8 @@ def notice_watch_script(
     pids are recorded), removes its scratch directory (`$TMPDIR` or `/tmp`,
     `rw-notice.<pid>.<random>`, mode 700, created fresh: exit 5 when it cannot be),
     writes `done: the job ended` or `done: recorded the <source> notice` to the
-    state, and exits 0. SIGTERM, SIGINT and SIGHUP end it the same way (exit 0).
+    state, and exits 0. SIGTERM, SIGINT and SIGHUP end it the same way (exit 0,
+    `done: stopped by a signal`).
     Killed with SIGKILL, its loops end by themselves within a poll (GCP: within
     its 35 s long poll) and its scratch directory stays.
 
