@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._timing import median_s, ms
 from tests.fakecloud import FakeCloud
-from tests.notice_env import Env, Watched, running, wait_until
+from tests.notice_env import Env, Watched, running, tool_dir, wait_until
 from workers.reaper import become_subreaper
 
 CLOUDS = ("aws", "gcp", "azure")
@@ -86,7 +86,7 @@ def one_round(root: Path, env: Env, cloud: str, poll_s: float) -> float:
 def floor_s(root: Path, env: Env, cloud: str, repeat: int) -> float:
     """The median of one bare request by the env's client to the fake."""
     method, path, header = FLOOR_REQUEST[cloud]
-    bin_dir = Watched(root, env).bin
+    bin_dir = tool_dir(root, env)
     with running(cloud) as fake:
         if env.client == "curl":
             argv = [str(bin_dir / "curl"), "-s", "-o", "/dev/null", "-X", method, "-H", header]

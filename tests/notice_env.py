@@ -145,15 +145,22 @@ class Watched:
         self.job.wait()
 
     def cleanup(self) -> None:
+        """Ends the job; the watcher then ends by itself (SIGKILL after 3 s), with
+        everything of its session; a scratch directory it left is removed."""
         self.end_job()
-        if self.proc is not None:
-            if self.proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, 9)
-            self.proc.communicate()
-            # Its children and requests share its session: none may outlive it.
+        if self.proc is None:
+            return
+        try:
+            self.proc.communicate(timeout=3)
+        except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, 9)
+            self.proc.communicate()
+        # Its children and requests share its session: none may outlive it.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, 9)
+        for scratch in Path("/tmp").glob(f"rw-notice.{self.proc.pid}.*"):
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 def processes_naming(port: int) -> list[int]:

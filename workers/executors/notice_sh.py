@@ -258,19 +258,26 @@ rw_probe() {
   esac
 }
 rw_kids=
-rw_stop() {
-  # Ends the children, then the requests they had under way; removes the scratch
-  # (again while the ends of their pipelines still write there, at most a second).
-  for rw_k in $rw_kids; do kill "$rw_k" 2>/dev/null; done
-  for rw_k in "$rw_t"/*.pid; do
+rw_end_clients() {
+  for rw_k in "$1"/*.pid; do
     [ -f "$rw_k" ] || continue
     rw_c=; IFS= read -r rw_c < "$rw_k" || :
     case $rw_c in ''|*[!0-9]*) ;; *) kill "$rw_c" 2>/dev/null ;; esac
   done
+}
+rw_stop() {
+  # Ends the children, then the requests they had under way, then removes the
+  # scratch. It is renamed first: a request starting then cannot record its pid
+  # (its wrapper then never starts the client), and one that recorded it is in
+  # the renamed directory, read twice (a wrapper may be between open and write).
+  for rw_k in $rw_kids; do kill "$rw_k" 2>/dev/null; done
+  rw_g="$rw_t.end"
+  mv -f -- "$rw_t" "$rw_g" 2>/dev/null || rw_g=$rw_t
+  rw_end_clients "$rw_g"; rw_nap; rw_end_clients "$rw_g"
   rw_i=0
-  while [ -d "$rw_t" ] && [ "$rw_i" -lt 10 ]; do
-    rm -rf -- "$rw_t" 2>/dev/null || :
-    [ -d "$rw_t" ] || break
+  while [ -d "$rw_g" ] && [ "$rw_i" -lt 10 ]; do
+    rm -rf -- "$rw_g" 2>/dev/null || :
+    [ -d "$rw_g" ] || break
     rw_i=$((rw_i + 1)); rw_nap
   done
   rm -f -- "$rw_dir/@NOTICE_FILE@.rw-tmp.$$.@TOKEN@".* \

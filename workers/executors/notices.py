@@ -178,11 +178,14 @@ def notice_watch_script(
       detail `Preempt <EventStatus>`; other event types are ignored.
     - Each loop takes at most one turn per `poll_s` (min 0.1 s), however fast the
       server answers or fails: an erroring server is never asked in a busy loop.
-      Every request is bounded in time (`curl -m`, `timeout`; [`NOTICE_HTTP_MAX_S`],
-      GCP's long poll 35 s) and in bytes (64 KiB of headers and of body, `head -c`);
-      an answer cut short by either bound, or by a broken connection, counts as no
-      answer; answers are only matched with `case` and `sed`, never evaluated; the
-      values written are cut to 64 printable ASCII characters and JSON-escaped.
+      Every request goes past any proxy (the services are link-local), is bounded
+      in time (`curl -m`, `timeout`; [`NOTICE_HTTP_MAX_S`], GCP's long poll 35 s)
+      and in bytes (64 KiB of headers and of body: `head -c` after curl,
+      `ulimit -f` around wget); an answer cut short by either bound, or by a broken
+      connection, counts as no answer. Answers are only matched with `case` and
+      `sed` (in the C locale), never evaluated; a token or ETag is used only when
+      made of the characters such values have; the values written are cut to 64
+      printable ASCII characters and JSON-escaped.
 
     On a notice (the job still running): writes `notice.json` (a temporary name
     unique to the writer, renamed), then `snapshot.request` holding `preempted`
@@ -193,12 +196,13 @@ def notice_watch_script(
     End: the supervisor checks every `poll_s` that the job still runs (no
     `exit_code` nor `cancelled`, the run directory there, a process left in the
     job's group: `kill -0`, as status decides "running") and whether a loop
-    recorded a notice; then it ends its loops and their requests under way (their
-    pids are recorded), removes its scratch directory (`$TMPDIR` or `/tmp`,
-    `rw-notice.<pid>.<random>`, mode 700, created fresh: exit 5 when it cannot be),
-    writes `done: the job ended` or `done: recorded the <source> notice` to the
-    state, and exits 0. SIGTERM, SIGINT and SIGHUP end it the same way (exit 0,
-    `done: stopped by a signal`).
+    recorded a notice; then (about 0.1 s) it ends its loops and their requests
+    under way (their pids are recorded in its scratch directory, renamed first so
+    that no request starts after), removes the scratch directory (`$TMPDIR` or
+    `/tmp`, `rw-notice.<pid>.<random>`, mode 700, created fresh: when it cannot be,
+    the state says so and the exit is 5), writes `done: the job ended` or
+    `done: recorded the <source> notice` to the state, and exits 0. SIGTERM, SIGINT
+    and SIGHUP end it the same way (exit 0, `done: stopped by a signal`).
     Killed with SIGKILL, its loops end by themselves within a poll (GCP: within
     its 35 s long poll) and its scratch directory stays.
 
