@@ -25,6 +25,10 @@ def targets_add(
     identity: Annotated[Path | None, typer.Option()] = None,
     known_hosts: Annotated[Path | None, typer.Option()] = None,
     ssh_config: Annotated[Path | None, typer.Option()] = None,
+    run_as: Annotated[
+        str | None,
+        typer.Option(help="Local targets: the user the jobs run as (README: run as)."),
+    ] = None,
 ) -> None:
     """Add (or replace) a target."""
 
@@ -40,13 +44,20 @@ def targets_add(
         elif any(v is not None for v in (port, identity, known_hosts, ssh_config)):
             raise ValueError("--port, --identity, --known-hosts and --ssh-config need --ssh")
         return TargetConfig(
-            name=name, kind="ssh" if options else "local", workdir=workdir, ssh=options
+            name=name,
+            kind="ssh" if options else "local",
+            workdir=workdir,
+            ssh=options,
+            run_as=run_as,
         )
 
     config = run_op(build)
     api = client()
     run_op(lambda: api.add_target(config))
-    out.print(f"target {name}: {config.kind}, {config.workdir}", markup=False, soft_wrap=True)
+    as_user = f", jobs run as {config.run_as}" if config.run_as else ""
+    out.print(
+        f"target {name}: {config.kind}, {config.workdir}{as_user}", markup=False, soft_wrap=True
+    )
 
 
 @targets_app.command("ls")
@@ -57,9 +68,10 @@ def targets_ls(as_json: Annotated[bool, typer.Option("--json")] = False) -> None
     if as_json:
         print_json([t.model_dump(mode="json") for t in targets])
         return
-    table = Table("name", "kind", "workdir", "ssh")
+    table = Table("name", "kind", "workdir", "ssh", "run as")
     for t in targets:
-        table.add_row(t.name, t.kind, escape(t.workdir), escape(t.ssh.destination) if t.ssh else "")
+        ssh = escape(t.ssh.destination) if t.ssh else ""
+        table.add_row(t.name, t.kind, escape(t.workdir), ssh, t.run_as or "")
     out.print(table)
 
 
