@@ -10,8 +10,12 @@ The users and the sudo rule are created when missing and left (tests/users.py).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
+import secrets
+import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +24,13 @@ import pytest
 from pydantic import SecretStr
 
 from schemas import JobCommand, JobId, JobStatus
-from workers.executors import CommandError, InvalidArgument, IoError, RunAsExecutor
+from workers.executors import (
+    CommandError,
+    InvalidArgument,
+    IoError,
+    LocalTransport,
+    RunAsExecutor,
+)
 from workers.executors.runas import RUN_AS_KEPT, RUN_AS_PATH, RunAsTransport, job_user
 from workers.executors.scripts import FollowEntry
 
@@ -169,7 +179,8 @@ def test_status_follow_put_and_a_cancel_that_sweeps_a_setsid_child(
 ) -> None:
     run = f"{executor.workdir}/run"
     assert executor.claim(run, "launch-1")
-    mark = "RUNWARDEN_RUN_ID=run-swept"
+    run_id = f"run-swept-{secrets.token_hex(4)}"
+    mark = f"RUNWARDEN_RUN_ID={run_id}"
     script = (
         'setsid sleep 300 & echo "child $!"\n'
         """printf '%s\\n' '{"event": "begin", "time": 1}' >> metrics.jsonl\n"""
@@ -179,7 +190,7 @@ def test_status_follow_put_and_a_cancel_that_sweeps_a_setsid_child(
         JobCommand(
             dir=run,
             script=script,
-            env={"RUNWARDEN_RUN_ID": "run-swept"},
+            env={"RUNWARDEN_RUN_ID": run_id},
             deadline_request_after_s=3600,
             watchdog_poll_s=0.2,
         )
@@ -311,13 +322,24 @@ def test_an_unknown_user_is_refused_when_the_executor_is_built(base: Path) -> No
 
 
 def test_a_script_past_its_deadline_under_sudo_is_killed_as_the_user(
-    base: Path, job_entry: pwd.struct_passwd
+    base: Path, job_entry: pwd.struct_passwd, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # This process is root; a worker that is not root may signal sudo (its own real
+    # uid) but not the script sudo runs as the user: the plain transport's kill is
+    # cut down to that.
+    def kill_sudo_only(self: LocalTransport, proc: subprocess.Popen[bytes]) -> None:
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
+
+    monkeypatch.setattr(LocalTransport, "_kill", kill_sudo_only)
     transport = RunAsTransport(job_user(JOB_USER), worker_is_root=False, sudo=sudo_worker())
+    started = time.monotonic()
     with pytest.raises(CommandError, match="timed out"):
-        transport.run("echo started; sleep 47; sleep 48", action="probe", timeout_s=1.0)
-    # WORKER_USER may not signal the user's script: the transport has it killed as
-    # the user, so nothing is left.
+        transport.run("sleep 47; sleep 48", action="probe", timeout_s=1.0)
+    # The transport had the script's group killed as the user: the call returned at
+    # its deadline (not once the script ended by itself), and nothing is left.
+    assert time.monotonic() - started < 10
     wait_for(lambda: not sleeping(job_entry.pw_uid, "sleep 47"), timeout_s=5)
     time.sleep(0.5)
     assert not sleeping(job_entry.pw_uid, "sleep 48")
