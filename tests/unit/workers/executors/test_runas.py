@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import pwd
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,8 @@ from workers.executors.runas import (
     job_user,
     run_as_environment,
 )
+
+from ....users import sudoers_lines
 
 USER = JobUser(name="rwjob", uid=4242, gid=4343, home="/home/rw job")
 
@@ -121,3 +124,11 @@ def test_job_user_reads_the_user_database() -> None:
 def test_job_user_refuses(name: str, needle: str) -> None:
     with pytest.raises(InvalidArgument, match=needle):
         job_user(name)
+
+
+def test_the_readme_gives_the_sudoers_lines_the_tests_use() -> None:
+    """The integration tests install `tests.users.sudoers_lines` for their users; the
+    README must give the same lines for its own."""
+    readme = (Path(__file__).resolve().parents[4] / "README.md").read_text()
+    expected = "".join(f"  {line}\n" for line in sudoers_lines("runwarden", "rwjob").splitlines())
+    assert f"  ```\n{expected}  ```\n" in readme
