@@ -26,6 +26,7 @@ key, only `[A-Za-z0-9_.-]` as `schemas.idempotency` checks it; `<target>` a targ
 | `P progress:<id>` | hash | `Progress` fields, each a JSON value |
 | `P once:<key>` | string | marker of an effect done once (expires) |
 | `P retrievals` | sorted set | ids of runs with `artifacts` pending, score = next attempt |
+| `P continuations` | sorted set | preempted runs whose continuation waits, score = next try (4) |
 | `P lock:<key>` | string | a lock holder's token (expires; its holder extends, releases) (3) |
 
 (1) Set in the script that creates the run's record (`create_run`, with the record
@@ -36,7 +37,9 @@ the run on (`update_run`, `apply_transition`, `start_run`, `end_run`); `reconcil
 settles the runs that stay in it too long (`workers.settle`).
 (3) `retrieve:<id>`, `policy-tick:<target>`, `launch:<lkey>` (a launch at work, or
 `reconcile` settling its run), `launch-run:<id>` (`reconcile` settling a run created
-without a key).
+without a key), `continue:<id>` (a preempted run being continued).
+(4) Kept in step with the record's `continuation` in the transaction that writes it
+(`update_run`, `apply_transition`, `end_run`), like `P retrievals` with `artifacts`.
 """
 
 from __future__ import annotations
@@ -137,6 +140,10 @@ class Keys:
     @property
     def retrievals(self) -> str:
         return self._key("retrievals")
+
+    @property
+    def continuations(self) -> str:
+        return self._key("continuations")
 
     def once(self, key: str) -> str:
         return self._key("once", key)

@@ -9,6 +9,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from .base import translated
+from .continuations import ContinuationsMixin
 from .coordination import CoordinationMixin
 from .ending import EndingMixin
 from .launches import LaunchesMixin
@@ -18,7 +19,14 @@ from .targets import TargetsMixin
 __all__ = ["RunStore"]
 
 
-class RunStore(TargetsMixin, EndingMixin, LaunchesMixin, RetrievalsMixin, CoordinationMixin):
+class RunStore(
+    TargetsMixin,
+    EndingMixin,
+    LaunchesMixin,
+    RetrievalsMixin,
+    ContinuationsMixin,
+    CoordinationMixin,
+):
     """The run store over one Redis client (keys: `store.keys`).
 
     Thread-safe as far as the client is (a `redis.Redis` with its connection pool is);
