@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 from typing import Any, Final
 
 from celery import Celery
@@ -40,6 +39,7 @@ from schemas.events import (
     RetrieveBody,
     SnapshotRequestBody,
     describe,
+    resume_spec,
     wire_config,
 )
 from schemas.idempotency import new_launch_key
@@ -160,18 +160,7 @@ class Runwarden:
         check_resumable(run)
         if command is None and run.command == ADOPTED_COMMAND:
             raise NotResumable(run_id, "it was adopted: its command is unknown; give one")
-        return LaunchSpec(
-            target=target or run.target,
-            command=command or run.command,
-            name=run.name,
-            upload=None if run.upload is None else Path(run.upload),
-            skip=run.skip,
-            secrets=run.secrets,
-            limits=run.limits,
-            resume_from=run.id,
-            snapshots=run.snapshots,
-            on_preempt=run.on_preempt,
-        )
+        return resume_spec(run, target=target, command=command)
 
     def retrieve(self, run_id: str, *, force: bool = True, wait_s: float | None = None) -> Any:
         """Asks for the retrieval of the ended run's artifacts now (again after a

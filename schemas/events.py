@@ -15,7 +15,7 @@ from .chain import OnPreempt
 from .idempotency import LaunchKey
 from .ids import RunId
 from .job import ENV_NAME, check_absolute_path
-from .run import RunLimits
+from .run import RunLimits, RunRecord
 from .settings import Settings
 from .snapshot import SnapshotReason
 from .stops import AskedBy, StopId
@@ -49,6 +49,7 @@ __all__ = [
     "SnapshotRequestBody",
     "TimeoutBody",
     "describe",
+    "resume_spec",
     "wire_config",
 ]
 
@@ -171,6 +172,27 @@ class LaunchSpec(_Body):
                 "cannot save a snapshot cannot be resumed"
             )
         return self
+
+
+def resume_spec(
+    run: RunRecord, *, target: str | None = None, command: str | None = None, key: str | None = None
+) -> LaunchSpec:
+    """The launch that continues `run` from its snapshot: its target, command, upload,
+    skip list, secret names, limits, name and on-preempt plan, unless overridden, with
+    `resume_from` set (the worker checks that it can be resumed)."""
+    return LaunchSpec(
+        target=target or run.target,
+        command=command or run.command,
+        name=run.name,
+        upload=None if run.upload is None else Path(run.upload),
+        skip=run.skip,
+        secrets=run.secrets,
+        limits=run.limits,
+        resume_from=run.id,
+        snapshots=run.snapshots,
+        on_preempt=run.on_preempt,
+        key=key,
+    )
 
 
 class FollowBody(_Body):

@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import secrets as _secrets
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Final
 
 from schemas import ArtifactsPhase, RunRecord, RunwardenError
@@ -25,7 +24,7 @@ from schemas.chain import (
     candidate_targets,
     continuation_key,
 )
-from schemas.events import TASK_CONTINUE, TASK_LAUNCH, LaunchSpec
+from schemas.events import TASK_CONTINUE, TASK_LAUNCH, LaunchSpec, resume_spec
 from schemas.run import ADOPTED_COMMAND
 
 from .context import Context
@@ -97,19 +96,7 @@ def _decline(ctx: Context, run: RunRecord, why: str, now: datetime) -> Continuat
 def _next_spec(run: RunRecord, target: str) -> LaunchSpec:
     """The launch of the run that continues `run` on `target`: the same command,
     upload, secrets, limits and name, its on-preempt plan, resumed from `run`."""
-    return LaunchSpec(
-        target=target,
-        command=run.command,
-        name=run.name,
-        upload=None if run.upload is None else Path(run.upload),
-        skip=run.skip,
-        secrets=run.secrets,
-        limits=run.limits,
-        resume_from=run.id,
-        snapshots=run.snapshots,
-        on_preempt=run.on_preempt,
-        key=continuation_key(run.id),
-    )
+    return resume_spec(run, target=target, key=continuation_key(run.id))
 
 
 def _pick_target(ctx: Context, run: RunRecord) -> tuple[str | None, list[str]]:

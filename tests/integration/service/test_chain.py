@@ -10,6 +10,7 @@ request at the next step end (`workers/jobside/runwarden_preempt.py`)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -60,10 +61,8 @@ def service(tmp_path: Path) -> Iterator[tuple[Pipeline, SshServer]]:
         finally:
             for run in pipeline.api.list_runs():
                 if run.job is not None and not run.state.is_terminal:
-                    try:
+                    with contextlib.suppress(ProcessLookupError):
                         os.killpg(run.job.pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
 
 
 def preempt(pipeline: Pipeline, run_id: str, after_step: int) -> RunRecord:
@@ -86,6 +85,19 @@ def preempt(pipeline: Pipeline, run_id: str, after_step: int) -> RunRecord:
     return wait_for(retrieved, timeout_s=120)
 
 
+def decided(pipeline: Pipeline, run_id: str) -> RunRecord:
+    """The run once its continuation left `waiting` (launched or declined)."""
+
+    def left_waiting() -> RunRecord | None:
+        run = pipeline.api.get_run(run_id)
+        waiting = run.continuation
+        return run if waiting is not None and waiting.phase != ContinuationPhase.WAITING else None
+
+    found = wait_for(left_waiting, timeout_s=60)
+    assert isinstance(found, RunRecord)
+    return found
+
+
 def test_a_preempted_run_goes_on_on_the_next_target_up_to_its_limit(
     service: tuple[Pipeline, SshServer],
 ) -> None:
@@ -103,12 +115,7 @@ def test_a_preempted_run_goes_on_on_the_next_target_up_to_its_limit(
     assert ended.snapshot is not None
     step = ended.snapshot.step
 
-    def continued() -> RunRecord | None:
-        run = pipeline.api.get_run(first.id)
-        waiting = run.continuation
-        return run if waiting is not None and waiting.phase != ContinuationPhase.WAITING else None
-
-    source = wait_for(continued, timeout_s=60)
+    source = decided(pipeline, first.id)
     assert source.continuation is not None
     assert source.continuation.phase is ContinuationPhase.LAUNCHED, (source, pipeline.logs())
     assert source.continuation.target == "remote"
@@ -131,19 +138,16 @@ def test_a_preempted_run_goes_on_on_the_next_target_up_to_its_limit(
         for line in (Path(second.remote_dir) / "metrics.jsonl").read_text().splitlines()
     ]
     logged = [m["step"] for m in metrics if m.get("event") == "log"]
-    assert logged and logged[0] > step, logged
+    assert logged, metrics
+    assert logged[0] > step, logged
 
     # 2: preempted again, on `remote`: the chain's second preemption is past its
     # limit of 1, so it stays stopped, and says why.
     again = preempt(pipeline, second.id, step + 3)
-    assert again.snapshot is not None and again.snapshot.step > step
+    assert again.snapshot is not None
+    assert again.snapshot.step > step
 
-    def decided() -> RunRecord | None:
-        run = pipeline.api.get_run(second.id)
-        waiting = run.continuation
-        return run if waiting is not None and waiting.phase != ContinuationPhase.WAITING else None
-
-    last = wait_for(decided, timeout_s=60)
+    last = decided(pipeline, second.id)
     assert last.continuation is not None
     assert last.continuation.phase is ContinuationPhase.DECLINED, last
     assert last.continuation.preemptions == 2

@@ -106,4 +106,5 @@ def test_the_snapshot_already_recorded_counts_too() -> None:
         state=RunState.RUNNING, on_preempt=OnPreempt(), snapshot=snap(SnapshotReason.PREEMPTED)
     )
     ended = transitioned(run, RunState.STOPPED, NOW)
-    assert ended is not None and ended.continuation is not None
+    assert ended is not None
+    assert ended.continuation is not None

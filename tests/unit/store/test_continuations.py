@@ -28,7 +28,8 @@ def test_a_preempted_run_with_a_plan_is_queued_by_its_end(store: RunStore, how: 
     end("c", RunState.CANCELLED)
     assert store.due_continuations(LATER) == ["a"]
     waiting = store.get_run("a").continuation
-    assert waiting is not None and waiting.phase is ContinuationPhase.WAITING
+    assert waiting is not None
+    assert waiting.phase is ContinuationPhase.WAITING
 
 
 def test_the_queue_follows_the_record_and_moves_only_waiting_entries(store: RunStore) -> None:

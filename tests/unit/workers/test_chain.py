@@ -94,13 +94,15 @@ def test_the_chain_s_preemptions_are_capped(tmp_path: Path) -> None:
     ctx, store, sent = worker(tmp_path)
     plan = OnPreempt(targets=("spare",), max_preemptions=2)
     run = preempted_run(ctx, store, tmp_path, on_preempt=plan, chain_preemptions=2)
-    assert run.continuation is not None and run.continuation.preemptions == 3
+    assert run.continuation is not None
+    assert run.continuation.preemptions == 3
     now = datetime.now(UTC)
     retrieve_artifacts(ctx, run.id, now)
     declined = continue_run(ctx, run.id, now)
     assert declined is not None
     assert declined.phase is ContinuationPhase.DECLINED
-    assert declined.reason is not None and "at most 2" in declined.reason
+    assert declined.reason is not None
+    assert "at most 2" in declined.reason
     assert sent.named(TASK_LAUNCH) == []
 
 
@@ -112,8 +114,10 @@ def test_a_checkpoint_that_could_not_be_retrieved_declines_it(tmp_path: Path) ->
     now = datetime.now(UTC)
     assert retrieve_artifacts(ctx, run.id, now).phase is ArtifactsPhase.FAILED
     declined = continue_run(ctx, run.id, now)
-    assert declined is not None and declined.phase is ContinuationPhase.DECLINED
-    assert declined.reason is not None and "could not be retrieved" in declined.reason
+    assert declined is not None
+    assert declined.phase is ContinuationPhase.DECLINED
+    assert declined.reason is not None
+    assert "could not be retrieved" in declined.reason
     assert sent.named(TASK_LAUNCH) == []
 
 
@@ -125,9 +129,11 @@ def test_with_no_target_available_it_waits_then_gives_up(tmp_path: Path) -> None
     now = datetime.now(UTC)
     retrieve_artifacts(ctx, run.id, now)
     waiting = continue_run(ctx, run.id, now)
-    assert waiting is not None and waiting.phase is ContinuationPhase.WAITING
+    assert waiting is not None
+    assert waiting.phase is ContinuationPhase.WAITING
     assert waiting.reason is not None
-    assert "gone" in waiting.reason and "HF_TOKEN" in waiting.reason, waiting.reason
+    assert "gone" in waiting.reason, waiting.reason
+    assert "HF_TOKEN" in waiting.reason, waiting.reason
     assert sent.named(TASK_LAUNCH) == []
     # Tried again after the retry wait, from reconcile.
     assert store.due_continuations(now) == []
@@ -140,7 +146,8 @@ def test_with_no_target_available_it_waits_then_gives_up(tmp_path: Path) -> None
     ended = store.get_run(run.id).ended
     assert ended is not None
     final = continue_run(ctx, run.id, ended + timedelta(seconds=CONTINUE_GIVE_UP_S))
-    assert final is not None and final.phase is ContinuationPhase.DECLINED
+    assert final is not None
+    assert final.phase is ContinuationPhase.DECLINED
     assert store.due_continuations(later + timedelta(days=2)) == []
 
 
@@ -151,4 +158,5 @@ def test_a_run_without_a_plan_or_not_preempted_is_never_continued(tmp_path: Path
     now = datetime.now(UTC)
     retrieve_artifacts(ctx, run.id, now)
     assert continue_run(ctx, run.id, now) is None
-    assert sent.named(TASK_CONTINUE) == [] and sent.named(TASK_LAUNCH) == []
+    assert sent.named(TASK_CONTINUE) == []
+    assert sent.named(TASK_LAUNCH) == []
