@@ -8,8 +8,10 @@ cause stays visible.
     │   ├── InvalidRunId
     │   ├── InvalidPath
     │   ├── BadRequest                   a task body that does not fit its schema
-    │   └── BadForm                      a web form that is not a small urlencoded
-    │                                    form (producers.web.security)
+    │   ├── BadForm                      a web form that is not a small urlencoded
+    │   │                                form (producers.web.security)
+    │   └── WebhookConfigError           RUNWARDEN_WEBHOOKS cannot be read or does
+    │                                    not fit (schemas.webhooks)
     ├── RunError                         the run store and the operations on runs
     │   ├── StoreError                   Redis unreachable, refused, or a stored value
     │   │                                unreadable

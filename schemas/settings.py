@@ -84,6 +84,11 @@ class Settings(BaseSettings):
     """Attempts before a retrieval is marked failed (shown; `runwarden retrieve`
     tries again)."""
 
+    webhooks: str | None = None
+    """The webhooks told of ledger events: a JSON list, or the path of a JSON or TOML
+    file (`schemas.webhooks.load_webhooks`). Never holds a secret: each webhook names
+    the environment variable or file its secret is read from."""
+
     @property
     def artifacts_root(self) -> Path:
         """The artifact store's root: each run's artifacts in `<root>/<run_id>/`."""
