@@ -17,6 +17,7 @@ from schemas.events import TASK_RETRIEVE
 from .context import Context, utcnow
 from .errors import RetrievalError
 from .executors import ExecError
+from .notify import emit, retrieved
 from .retrieval import retrieval_plan, retrieve, reuse_stored
 
 log = logging.getLogger("runwarden")
@@ -128,6 +129,7 @@ def retrieve_artifacts(
         beat.start()
         try:
             result = _attempt(ctx, run, attempts, now)
+            emit(ctx, retrieved, run, result, utcnow())
         finally:
             done.set()
             beat.join()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -49,6 +50,7 @@ from . import policies, stops, watch
 from .app import app, settings
 from .artifacts import retrieve_artifacts
 from .context import Context, utcnow
+from .notify import observe_tick
 
 __all__ = ["context"]
 
@@ -187,9 +189,11 @@ def watch_target(target: str) -> dict[str, int]:
     # (its deadlines do not wait: reconcile fires them).
     if not ctx.store.lock(lock, token, ttl_s=settings.follow_timeout_s + 1.0):
         return {"skipped": 1}
+    started = time.monotonic()
     try:
         return watch.watch_target(ctx, target, utcnow())
     finally:
+        observe_tick(ctx, target, time.monotonic() - started)
         ctx.store.unlock(lock, token)
 
 
