@@ -13,12 +13,29 @@ import typer
 
 from schemas import Settings
 from schemas.events import QUEUE, QUEUE_RETRIEVE
+from schemas.webhooks import WebhookConfigError, load_webhooks
 
 from ..demo import run_demo
 from ..embedded import EmbeddedRedis, NotServing
+from ..metrics import MetricsServer, serve_metrics
 from .common import app, fail, out
 
 __all__ = ["demo", "serve"]
+
+
+def _checked_extras(settings: Settings, metrics_port: int | None) -> MetricsServer | None:
+    """Checks the webhooks' configuration (exit 2 when it does not fit) and starts the
+    metrics endpoint when a port is given (exit 1 when it cannot be bound)."""
+    try:
+        load_webhooks(settings.webhooks)
+    except WebhookConfigError as error:
+        fail(str(error), 2)
+    if metrics_port is None:
+        return None
+    try:
+        return serve_metrics(settings, port=metrics_port)
+    except OSError as error:
+        fail(f"cannot serve metrics on 127.0.0.1:{metrics_port}: {error}", 1)
 
 
 @app.command()
@@ -26,10 +43,14 @@ def serve(
     concurrency: Annotated[int, typer.Option(min=1, max=64, help="Worker processes.")] = 2,
     flower: Annotated[bool, typer.Option(help="Also run Flower.")] = False,
     flower_port: Annotated[int, typer.Option(min=1, max=65535)] = 5555,
+    metrics_port: Annotated[
+        int | None, typer.Option(min=1, max=65535, help="Prometheus metrics on 127.0.0.1:PORT.")
+    ] = None,
 ) -> None:
     """Run the service in the foreground: Redis (embedded default), worker and beat."""
     settings = Settings()
     settings.state_dir.mkdir(parents=True, exist_ok=True)
+    metrics = _checked_extras(settings, metrics_port)
     embedded = EmbeddedRedis(settings) if settings.redis_url is None else None
     if embedded is not None:
         try:
@@ -69,6 +90,7 @@ def serve(
             procs.append(subprocess.Popen(command, env=env, start_new_session=True))
         out.print(f"serving: worker (concurrency {concurrency}), retrieval worker, beat"
                   + (f", flower on http://127.0.0.1:{flower_port}" if flower else "")
+                  + (f", metrics on http://127.0.0.1:{metrics_port}/metrics" if metrics else "")
                   + " — Ctrl-C stops everything")  # fmt: skip
         while not stopping and all(p.poll() is None for p in procs):
             time.sleep(0.2)
@@ -86,6 +108,8 @@ def serve(
                 proc.wait()
         if embedded is not None:
             embedded.stop()
+        if metrics is not None:
+            metrics.close()
     failed = [p for p in procs if p.returncode not in (0, -signal.SIGTERM, None)]
     raise typer.Exit(1 if failed and not stopping else 0)
 
