@@ -2,8 +2,8 @@
 receiver checks it (docs/architecture.md, "Webhooks").
 
 `RUNWARDEN_WEBHOOKS` holds either a JSON list (its first non-blank character is
-`[`) or the path of a file: `*.toml` holds `[[webhook]]` tables, anything else a JSON
-list. Each webhook:
+`[`; one starting with `{` is refused as JSON that is not a list) or the path of a
+file: `*.toml` holds `[[webhook]]` tables, anything else a JSON list. Each webhook:
 
     {"name": "ops",                              # 1-40 of [a-z0-9_-], unique
      "url": "https://hooks.example/runwarden",   # http or https
@@ -165,7 +165,8 @@ def parse_webhooks(document: Any, where: str = "RUNWARDEN_WEBHOOKS") -> tuple[We
 
 def load_webhooks(value: str | None) -> tuple[Webhook, ...]:
     """The webhooks `RUNWARDEN_WEBHOOKS` (`value`) configures: none for None or
-    blank; a JSON list given inline; else the file it names (TOML for `*.toml`, with
+    blank; a JSON list given inline (starting with `[`, or `{`: refused, not a
+    list); else the file it names (TOML for `*.toml`, with
     `[[webhook]]` tables; JSON otherwise), read up to 1 MiB.
 
     Raises:
@@ -174,7 +175,7 @@ def load_webhooks(value: str | None) -> tuple[Webhook, ...]:
     if value is None or not value.strip():
         return ()
     text = value.strip()
-    if text.startswith("["):
+    if text.startswith(("[", "{")):
         return parse_webhooks(_json(text, "RUNWARDEN_WEBHOOKS"))
     path = Path(text).expanduser()
     try:

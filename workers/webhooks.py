@@ -216,20 +216,23 @@ class Deliverer:
             if found is None:
                 continue
             head, tries = found
-            self._attempt(member, hook, name, head, tries + 1)
+            self._attempt(member, hook, name, head, attempts=tries + 1, now=now)
             done += 1
         return done
 
     def _attempt(
-        self, member: str, hook: Webhook | None, name: str, head: str, attempts: int
-    ) -> None:
+        self, member: str, hook: Webhook | None, name: str, head: str, *, attempts: int,
+        now: datetime,
+    ) -> None:  # fmt: skip
+        """Attempts `head`, started at `now`; its backoff counts from when it failed."""
+        started = time.monotonic()
         try:
             delivery: dict[str, Any] = json.loads(head)
         except ValueError:
             delivery = {}
         if hook is None:
             result = Attempt(None, "the webhook is no longer configured")
-            self._give_up(member, name, head, delivery, attempts=attempts, result=result)
+            self._give_up(member, name, head, delivery, attempts=attempts, result=result, now=now)
             return
         try:
             secret = read_secret(hook, self.env)
@@ -238,13 +241,14 @@ class Deliverer:
         else:
             body = str(delivery.get("body", "")).encode("utf-8")
             result = post(hook.url, body, _headers(delivery, body, secret), hook.timeout_s)
+        ended = now + timedelta(seconds=time.monotonic() - started)
         if result.delivered:
-            self.store.end_delivery(member, head, utcnow())
+            self.store.end_delivery(member, head, now)  # the next one is due at once
             self._count(name, "delivered")
             return
         if result.retryable and attempts < hook.attempts:
             wait_s = min(hook.backoff_s * 2 ** (attempts - 1), hook.backoff_max_s)
-            self.store.retry_delivery(member, head, attempts, utcnow() + timedelta(seconds=wait_s))
+            self.store.retry_delivery(member, head, attempts, ended + timedelta(seconds=wait_s))
             self._count(name, "retried")
             log.warning(
                 "webhook %s (%s): delivery %s of run %s failed (attempt %d), again in %g s: %s",
@@ -252,7 +256,7 @@ class Deliverer:
                 result.error,
             )  # fmt: skip
             return
-        self._give_up(member, name, head, delivery, attempts=attempts, result=result)
+        self._give_up(member, name, head, delivery, attempts=attempts, result=result, now=now)
 
     def _give_up(
         self,
@@ -263,8 +267,8 @@ class Deliverer:
         *,
         attempts: int,
         result: Attempt,
+        now: datetime,
     ) -> None:
-        now = utcnow()
         failure = {
             "webhook": name,
             "run_id": delivery.get("run_id"),
@@ -272,7 +276,7 @@ class Deliverer:
             "kind": delivery.get("kind"),
             "attempts": attempts,
             "error": result.error,
-            "at": now.isoformat(),
+            "at": utcnow().isoformat(),
         }
         self.store.end_delivery(member, head, now, failure)
         self._count(name, "gave_up")
