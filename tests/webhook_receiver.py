@@ -49,11 +49,12 @@ class Received:
 @dataclass
 class Receiver:
     """A running receiver: its URL, what it got, and the statuses still to answer
-    (then 200)."""
+    (then 200): those of `statuses_for[path]` for that path first, then `statuses`."""
 
     url: str
     got: list[Received] = field(default_factory=list)
     statuses: list[int] = field(default_factory=list)
+    statuses_for: dict[str, list[int]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def wait_for(
@@ -80,7 +81,8 @@ def receiver() -> Iterator[Receiver]:
             length = int(self.headers.get("Content-Length", "0"))
             body = self.rfile.read(min(length, 1 << 20))
             with state.lock:
-                status = state.statuses.pop(0) if state.statuses else 200
+                mine = state.statuses_for.get(self.path) or state.statuses
+                status = mine.pop(0) if mine else 200
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 state.got.append(Received(self.path, headers, body, time.time(), status))
             self.send_response(status)

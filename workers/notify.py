@@ -11,8 +11,8 @@ Guarantees:
   operation goes on. A worker killed between a state change and its `emit` loses
   that event (the state is still right: the ledger tells, it does not decide).
 - **Fast.** Two Redis round trips at most (a read of the run's newest ledger
-  entries, when the event needs its stop; the transaction); delivery happens on a
-  thread of its own (`workers.webhooks`), never in the operation.
+  entries, when the event needs its stop; the transaction); delivery happens on
+  threads of their own (`workers.webhooks`), never in the operation.
 - **Completed from the ledger.** An event that does not know its stop (a manual
   cancel, a job cancelled, a run's end) gets the stop the ledger says is open; a
   retrieval gets the stop its run ended with. A run that ended with a snapshot while

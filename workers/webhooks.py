@@ -1,11 +1,11 @@
 """Delivering the ledger's events to webhooks (docs/architecture.md, "Webhooks"): a
-thread per worker process drains the delivery queue of the run store
+few threads per worker process drain the delivery queue of the run store
 (`store.webhooks`), signing each body with its webhook's secret, read here and now
 from the worker's environment or a file.
 
-Why a thread and not a task: a delivery to a receiver that does not answer takes its
+Why threads and not a task: a delivery to a receiver that does not answer takes its
 whole timeout, and a Celery task would take a pool process that a stop's deadline
-may need. The thread holds none: the run operations only append to the queue (in the
+may need. The threads hold none: the run operations only append to the queue (in the
 transaction that records the event), so a receiver that is down never blocks or
 slows a stop. Any process's thread may deliver any delivery: a list (one webhook,
 one run) is leased to one thread at a time, and only its head is attempted, so a
@@ -59,6 +59,7 @@ from .context import utcnow
 log = logging.getLogger("runwarden")
 
 __all__ = [
+    "DELIVERY_THREADS",
     "POLL_S",
     "Attempt",
     "Deliverer",
@@ -69,7 +70,10 @@ __all__ = [
 ]
 
 POLL_S: Final = 1.0
-"""How often a process's delivery thread looks for due deliveries when not woken."""
+"""How often a process's delivery threads look for due deliveries when not woken."""
+DELIVERY_THREADS: Final = 4
+"""Delivery threads per worker process: a receiver that hangs holds one of them per
+attempt (its timeout), the others go on delivering to the other webhooks."""
 _LEASE_EXTRA_S: Final = 10.0
 """A delivery's lease lasts its webhook's timeout plus this much."""
 _SECRET_LIMIT: Final = 4096
@@ -306,16 +310,15 @@ def _headers(delivery: dict[str, Any], body: bytes, secret: bytes) -> dict[str, 
     return headers
 
 
-# --- the thread of this process -------------------------------------------------------
+# --- the threads of this process ------------------------------------------------------
 
-_thread_lock = threading.Lock()
-_thread: threading.Thread | None = None
+_threads_lock = threading.Lock()
+_threads: list[threading.Thread] = []
 _wake = threading.Event()
 
 
 def _reset() -> None:
-    global _thread  # noqa: PLW0603 - one per process, started again in a forked child
-    _thread = None
+    _threads.clear()  # a forked child has none of its parent's threads
     _wake.clear()
 
 
@@ -323,19 +326,21 @@ os.register_at_fork(after_in_child=_reset)
 
 
 def start_deliverer(store: RunStore, settings: Settings) -> bool:
-    """Starts this process's delivery thread, once, when `settings` configure
-    webhooks, and wakes it (a delivery was just queued); whether one runs."""
-    global _thread  # noqa: PLW0603 - see _reset
+    """Starts this process's [`DELIVERY_THREADS`] delivery threads, once, when
+    `settings` configure webhooks, and wakes them (a delivery was just queued);
+    whether they run."""
     hooks = configured_webhooks(settings)
     if not hooks:
         return False
-    with _thread_lock:
-        if _thread is None or not _thread.is_alive():
+    with _threads_lock:
+        _threads[:] = [thread for thread in _threads if thread.is_alive()]
+        while len(_threads) < DELIVERY_THREADS:
             deliverer = Deliverer(store, hooks)
-            _thread = threading.Thread(
+            thread = threading.Thread(
                 target=_loop, args=(deliverer,), name="runwarden-webhooks", daemon=True
             )
-            _thread.start()
+            thread.start()
+            _threads.append(thread)
     _wake.set()
     return True
 
