@@ -46,6 +46,7 @@ from schemas.ledger import (
 from schemas.metrics import FOLLOW_TICK, Sample, event_samples
 
 from .context import Context
+from .errors import RetrievalError
 from .retrieval import stored_files
 from .webhooks import configured_webhooks, start_deliverer
 
@@ -132,10 +133,16 @@ def slack_text(event: LedgerEvent) -> str:
 def retrieved(run: RunRecord, result: Artifacts, now: datetime) -> LedgerEvent | None:
     """The event of a retrieval attempt of `run` that gave `result`; a retrieval done
     for a run with a snapshot carries its checkpoint's digest, from the stored
-    `manifest.json` ([`schemas.ledger.checkpoint_digest`])."""
+    `manifest.json` ([`schemas.ledger.checkpoint_digest`]; None when that cannot be
+    read, logged)."""
     digest = None
     if result.path is not None and run.snapshot is not None and result.phase == "done":
-        files = stored_files(Path(result.path)) or []
+        try:
+            files = stored_files(Path(result.path)) or []
+        except RetrievalError as error:
+            # Told without its digest rather than not at all.
+            log.warning("run %s: no checkpoint digest: %s", run.id, error)
+            files = []
         digest = checkpoint_digest(((f.path, f.sha256) for f in files), run.snapshot.checkpoint)
     return retrieval_event(run, result, now, digest)
 
