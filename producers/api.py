@@ -7,12 +7,13 @@ itself (`app.send_task("runwarden.snapshot_request", kwargs={"body": {...}})`).
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any, Final
 
 from celery import Celery
 from celery.exceptions import TimeoutError as CeleryTimeout
-from pydantic import BaseModel
+from pydantic import BaseModel, SecretStr
 
 from schemas import (
     Artifacts,
@@ -24,6 +25,7 @@ from schemas import (
     StopState,
     TargetConfig,
 )
+from schemas.auth import OPERATOR, sign, sign_target
 from schemas.events import (
     TASK_CANCEL,
     TASK_FOLLOW,
@@ -35,11 +37,13 @@ from schemas.events import (
     LaunchSpec,
     RetrieveBody,
     SnapshotRequestBody,
+    describe,
     wire_config,
 )
 from schemas.idempotency import new_launch_key
 from schemas.ledger import LedgerEvent
 from schemas.run import ADOPTED_COMMAND, check_cancel, check_resumable, check_snapshot_request
+from schemas.secrets import SecretsError, producer_key_file
 from store import RunStore
 
 __all__ = ["OperationFailed", "Runwarden", "producer_app"]
@@ -85,8 +89,24 @@ class Runwarden:
                 self._store = RunStore.from_url(self.settings.store_url())
             return self._store
 
+    def _key(self, producer: str) -> SecretStr:
+        key = self.settings.secrets.read(producer_key_file(producer))
+        if key is None:
+            raise SecretsError(
+                f"no key for producer {producer!r} in {self.settings.secrets.path}: "
+                "the operator creates one with `runwarden producers add`"
+            )
+        return key
+
     def _call(self, task: str, body: BaseModel, wait_s: float | None) -> Any:
-        result = self.app.send_task(task, kwargs={"body": body.model_dump(mode="json")})
+        """Publishes `task` with `body`, signed by this client's producer; with
+        `wait_s`, waits for its result."""
+        data = body.model_dump(mode="json")
+        producer = self.settings.producer
+        auth = sign(task, data, producer, self._key(producer), time.time())
+        result = self.app.send_task(
+            task, kwargs={"body": data, "auth": auth}, kwargsrepr=describe(task, data)
+        )
         if wait_s is None:
             return {"task_id": result.id}
         try:
@@ -247,7 +267,15 @@ class Runwarden:
     # --- targets --------------------------------------------------------------------
 
     def add_target(self, config: TargetConfig) -> None:
-        self.store.put_target(config.name, config.model_dump(mode="json"))
+        """Adds or replaces a target, signed with the operator's key: only a client
+        with it defines targets (a worker refuses any other record).
+
+        Raises:
+            SecretsError: this client has no operator key.
+        """
+        data = config.model_dump(mode="json")
+        signature = sign_target(config.name, data, self._key(OPERATOR))
+        self.store.put_target(config.name, data, signature)
 
     def list_targets(self) -> list[TargetConfig]:
         return [TargetConfig.model_validate(c) for c in self.store.list_targets().values()]

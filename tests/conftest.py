@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -202,3 +203,13 @@ def env_without_runwarden(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
         if name.startswith(("RUNWARDEN_", "OVERBRAINER_", "VAULT_")):
             monkeypatch.delenv(name)
+
+
+def put_signed_target(store: Any, settings: Any, config: dict[str, Any]) -> None:
+    """Stores target `config` signed with the operator's key of `settings` (created
+    in its secrets directory when missing), as `runwarden targets add` does."""
+    from schemas.auth import OPERATOR, sign_target
+    from schemas.secrets import producer_key_file
+
+    key, _ = settings.secrets.ensure(producer_key_file(OPERATOR))
+    store.put_target(config["name"], config, sign_target(config["name"], config, key))

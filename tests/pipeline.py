@@ -16,9 +16,12 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from producers.api import Runwarden
 from schemas import RunRecord, Settings, StopPhase, StopState, TargetConfig
+from schemas.auth import OPERATOR, WORKER, sign
+from schemas.secrets import producer_key_file
 from workers.executors import quote
 
 from .conftest import ROOT, TOY_TRAINER
@@ -41,6 +44,13 @@ CLOCKS = {
     "RUNWARDEN_DISK_USED_FRACTION": "1",
     "RUNWARDEN_DISK_CHECKPOINT_FACTOR": "0",
 }
+
+
+def signed(settings: Settings, task: str, body: Any, producer: str = OPERATOR) -> dict[str, Any]:
+    """The keyword arguments of `task` with `body`, signed by `producer` of `settings`
+    (its key created in the secrets directory when missing)."""
+    key, _ = settings.secrets.ensure(producer_key_file(producer))
+    return {"body": body, "auth": sign(task, body, producer, key, time.time())}
 
 
 def toy(*args: str) -> str:
@@ -114,6 +124,13 @@ class Pipeline:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+
+    def send(self, task: str, body: Any, producer: str = OPERATOR, **options: Any) -> Any:
+        """Publishes `task` with `body` signed by `producer` (its key created in the
+        secrets directory when missing), as a producer service would, with Celery's
+        `options` (`eta`...); returns the Celery result."""
+        kwargs = signed(self.api.settings, task, body, producer)
+        return self.api.app.send_task(task, kwargs=kwargs, **options)
 
     def kill_worker(self, name: str = "w1") -> None:
         """SIGKILLs the worker and its pool processes (its whole session)."""
@@ -267,6 +284,8 @@ def running_pipeline(
             if k.startswith("RUNWARDEN_")
         }
     )  # type: ignore[arg-type]
+    for producer in (OPERATOR, WORKER):  # as `runwarden serve` creates them
+        settings.secrets.ensure(producer_key_file(producer))
     api = Runwarden(settings)
     workdir = tmp / "work"
     workdir.mkdir()

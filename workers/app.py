@@ -18,6 +18,7 @@ from kombu.entity import Queue
 
 from schemas import Settings
 from schemas.events import (
+    DEFAULT_QUEUE,
     QUEUE,
     QUEUE_RETRIEVE,
     TASK_FOLLOW_TICK,
@@ -49,7 +50,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_track_started": True,
         "task_time_limit": int(settings.task_max_runtime_s),
         "result_expires": 24 * 3600,
-        "task_queues": (Queue(QUEUE), Queue(QUEUE_RETRIEVE)),  # type: ignore[no-untyped-call]
+        "task_queues": (Queue(QUEUE), Queue(QUEUE_RETRIEVE), Queue(DEFAULT_QUEUE)),  # type: ignore[no-untyped-call]
         "timezone": "UTC",
         "enable_utc": True,
         "beat_schedule": {

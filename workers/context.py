@@ -16,11 +16,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from schemas import Settings
+from schemas import Settings, TargetConfig
 from store import RunStore
 
 from .executors import Executor
-from .targets import executor_for
+from .identity import Identities
+from .targets import executor_for, target_config
 
 __all__ = ["Context", "Scheduler", "utcnow"]
 
@@ -39,18 +40,29 @@ class Context:
     schedule: Scheduler
     worker_id: str = field(default="")
     """Names this process in deadline leases; default `<host>:<pid>`."""
+    identities: Identities = field(init=False)
+    """The producers' keys: who sent a message, who signed a target."""
 
     def __post_init__(self) -> None:
         self.worker_id = self.worker_id or f"{os.uname().nodename}:{os.getpid()}"
+        self.identities = Identities(self.settings)
 
     def executor(self, target: str) -> Executor:
         """The executor of target `target` for this process (built once, rebuilt when
         the target's configuration changes).
 
         Raises:
-            UnknownTarget, StoreError, InvalidArgument.
+            UnknownTarget, Unauthenticated, StoreError, InvalidArgument.
         """
-        return executor_for(self.store, target)
+        return executor_for(self.store, target, self.identities)
+
+    def target(self, name: str) -> TargetConfig:
+        """The operator-signed configuration of target `name`.
+
+        Raises:
+            UnknownTarget, Unauthenticated, StoreError.
+        """
+        return target_config(self.store, name, self.identities)
 
 
 def utcnow() -> datetime:

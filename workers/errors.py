@@ -5,7 +5,8 @@ shared with producers; executors keep their own subtree (`workers.executors.erro
 
     WorkerError
     ├── LaunchError               a launch could not be carried out
-    │   └── SecretMissing         a secret the launch names is not set (name only)
+    │   ├── SecretMissing         a secret the launch names is not set (name only)
+    │   └── NotAllowed            a secret or an upload its target does not allow
     └── RetrievalError            artifacts could not be retrieved or checked;
         │                         `retryable` says whether trying again may help
         ├── ArtifactMismatch      the download and the target's manifest disagree
@@ -24,6 +25,7 @@ from schemas.protocol import SECRET_ENV_PREFIX
 __all__ = [
     "ArtifactMismatch",
     "LaunchError",
+    "NotAllowed",
     "RetrievalError",
     "SecretMissing",
     "StoredArtifactsInvalid",
@@ -43,15 +45,22 @@ class LaunchError(WorkerError):
 
 
 class SecretMissing(LaunchError):
-    """A secret the launch names is not set on the worker as `RUNWARDEN_SECRET_<NAME>`;
-    names the variable, never a value."""
+    """A secret the launch names has no value on the worker (no file of that name in
+    the secrets directory); names it, never a value."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, where: Path | str | None = None) -> None:
         self.name = name
+        self.where = None if where is None else str(where)
+        place = f"in {where}" if where is not None else "on the worker"
         super().__init__(
-            f"secret {name} is not set on the worker: set {SECRET_ENV_PREFIX}{name} in its "
-            "environment"
+            f"secret {name} is not set {place}: put it in the file {name} of the worker's "
+            f"secrets directory (or, with RUNWARDEN_SECRETS_FROM_ENV, in {SECRET_ENV_PREFIX}{name})"
         )
+
+
+class NotAllowed(LaunchError):
+    """A launch asks for what its target does not allow: a secret not in its
+    `allow_secrets`, an upload outside its `upload_roots`. Nothing was started."""
 
 
 def listed(kind: str, paths: Sequence[str]) -> str:

@@ -17,7 +17,6 @@ never a job nobody follows.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from datetime import datetime
 from pathlib import Path
@@ -28,10 +27,10 @@ from pydantic import SecretStr
 from schemas import (
     JobCommand,
     JobId,
-    NotFound,
     NotResumable,
     RunRecord,
     RunState,
+    RunwardenError,
     new_run_id,
     next_run_id,
     validate_run_id,
@@ -47,16 +46,16 @@ from schemas.protocol import (
     REQUEST_ENV,
     RESUME_ENV,
     RUN_ID_ENV,
-    SECRET_ENV_PREFIX,
     SNAPSHOT_REQUEST,
 )
 from schemas.run import ADOPTED_COMMAND, check_resumable
 
 from .context import Context
-from .errors import LaunchError, RetrievalError, SecretMissing
+from .errors import LaunchError, RetrievalError
 from .executors import ExecError, Executor, FileDigest, InvalidArgument, InvalidSecret
 from .jobside import jobside_dir
 from .lease import Lease, leased
+from .permits import check_launch
 from .retrieval import check_stored
 from .settle import (
     LAUNCH_LEASE_S,
@@ -93,21 +92,6 @@ after its start the launch keeps looking for `job.pid` before it decides no job
 started, in seconds: the launcher waits 10 s for the job to write it."""
 
 _Resume = tuple[RunRecord, str, list[FileDigest]]
-
-
-def _secrets_of(spec: LaunchSpec) -> dict[str, SecretStr]:
-    """The values of the secrets `spec` names, from the worker's environment.
-
-    Raises:
-        SecretMissing: naming the first one that is not set.
-    """
-    found = {}
-    for name in spec.secrets:
-        value = os.environ.get(SECRET_ENV_PREFIX + name)
-        if value is None:
-            raise SecretMissing(name)
-        found[name] = SecretStr(value)
-    return found
 
 
 def _record_failed(ctx: Context, run_id: str, message: str, job: JobId | None = None) -> None:
@@ -214,7 +198,7 @@ def _launch(ctx: Context, spec: LaunchSpec, now: datetime, key: str, lease: Leas
     run_id = ctx.store.launch_run(key)
     if run_id is None:
         resume = None if spec.resume_from is None else resumable(ctx, spec.resume_from)
-        secrets = _secrets_of(spec)
+        secrets = check_launch(ctx, spec)
         executor = ctx.executor(spec.target)
         resumed = None if resume is None else resume[0].id
         run = _claim(ctx, executor, spec, now=now, resumed=resumed, key=key)
@@ -236,8 +220,8 @@ def _launch(ctx: Context, spec: LaunchSpec, now: datetime, key: str, lease: Leas
         log.warning("run %s: its launch came again before its job started: going on", run.id)
         try:
             resume = None if spec.resume_from is None else resumable(ctx, spec.resume_from)
-            secrets = _secrets_of(spec)
-        except (NotFound, NotResumable, SecretMissing) as error:
+            secrets = check_launch(ctx, spec)
+        except RunwardenError as error:
             _record_failed(ctx, run.id, f"launch failed: {error}")
             raise
     command = _prepare(ctx, executor, spec, run, resume=resume, secrets=secrets)

@@ -67,14 +67,22 @@ def schedule_deadline(
 ) -> None:
     """Sends the countdown task of `stop`'s `kind` deadline. A failure to send is
     logged only: the deadline is in the store's table and `reconcile` fires it."""
-    _send_deadline(ctx, stop.run_id, stop.stop_id, kind, countdown_s)
+    _send_deadline(ctx, stop.run_id, stop.stop_id, kind, countdown_s, reason=stop.reason)
 
 
 def _send_deadline(
-    ctx: Context, run_id: str, stop_id: str, kind: DeadlineKind, countdown_s: float
+    ctx: Context,
+    run_id: str,
+    stop_id: str,
+    kind: DeadlineKind,
+    countdown_s: float,
+    *,
+    reason: SnapshotReason | None = None,
 ) -> None:
     name = TASK_PROOF_TIMEOUT if kind == "proof" else TASK_END_TIMEOUT
-    body = {"run_id": run_id, "stop_id": stop_id}
+    body: dict[str, str] = {"run_id": run_id, "stop_id": stop_id}
+    if reason is not None:
+        body["reason"] = str(reason)
     try:
         ctx.schedule(name, {"body": body}, countdown_s)
     except Exception:  # noqa: BLE001 - reconcile fires it from the deadline table

@@ -1,6 +1,6 @@
-"""Executors for targets, built from their stored configuration: one per target and
-process (an SSH executor's connection is per process anyway), rebuilt when the
-target's configuration changes."""
+"""Executors for targets, built from their stored configuration once the operator's
+signature of it is checked: one per target and process (an SSH executor's connection
+is per process anyway), rebuilt when the target's configuration changes."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from schemas import TargetConfig
 from store import RunStore
 
 from .executors import Executor, LocalExecutor, SshExecutor
+from .identity import Identities
 
-__all__ = ["build_executor", "executor_for"]
+__all__ = ["build_executor", "executor_for", "target_config"]
 
 _lock = threading.Lock()
 _cache: dict[str, tuple[TargetConfig, Executor]] = {}
@@ -40,14 +41,29 @@ def build_executor(config: TargetConfig) -> Executor:
     )
 
 
-def executor_for(store: RunStore, name: str) -> Executor:
+def target_config(store: RunStore, name: str, identities: Identities) -> TargetConfig:
+    """The configuration of target `name`, signed by the operator.
+
+    Raises:
+        UnknownTarget: when there is no such target.
+        Unauthenticated: when the record is not signed by the operator (written into
+            Redis by anyone else): it is never used.
+        StoreError: when the store cannot be read.
+    """
+    raw, signature = store.get_target_signed(name)
+    identities.check_target(name, raw, signature)
+    return TargetConfig.model_validate(raw)
+
+
+def executor_for(store: RunStore, name: str, identities: Identities) -> Executor:
     """The executor of target `name` for this process.
 
     Raises:
         UnknownTarget: when there is no such target.
+        Unauthenticated: when its record is not signed by the operator.
         StoreError: when the store cannot be read.
     """
-    config = TargetConfig.model_validate(store.get_target(name))
+    config = target_config(store, name, identities)
     with _lock:
         cached = _cache.get(name)
         if cached is not None and cached[0] == config:

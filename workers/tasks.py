@@ -1,9 +1,11 @@
 """The Celery tasks, by their public names (`schemas.events`): the Celery edge of the
-run operations. Each task parses its body (a `schemas` model, passed as JSON in the
-`body` keyword), calls one operation of `workers.launch`, `.stops`, `.watch`,
-`.policies` or `.artifacts` with this process's `Context`, and returns small JSON. A
-malformed body is refused with a clear error (`BadRequest`) and logged; the worker
-carries on.
+run operations. Each task that changes something checks its body's signature
+(`auth`, `schemas.auth`: who sent it), parses the body (a `schemas` model, passed as
+JSON in the `body` keyword), calls one operation of `workers.launch`, `.stops`,
+`.watch`, `.policies` or `.artifacts` with this process's `Context`, and returns
+small JSON. An unsigned or malformed message is refused with a clear error
+(`Unauthenticated`, `BadRequest`) and logged; the worker carries on. The periodic
+ticks carry no body and change nothing by themselves: beat sends them unsigned.
 
 Every task is idempotent: the operations re-read the state and act only if its phase
 still applies, so a redelivered, late or duplicate message, or two workers running
@@ -21,6 +23,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from schemas import BadRequest, validation_message
+from schemas.auth import Unauthenticated, asked_by
 from schemas.events import (
     TASK_CANCEL,
     TASK_END_TIMEOUT,
@@ -41,6 +44,7 @@ from schemas.events import (
     RetrieveBody,
     SnapshotRequestBody,
     TimeoutBody,
+    describe,
 )
 from schemas.idempotency import task_launch_key
 from store import RunStore
@@ -69,7 +73,14 @@ os.register_at_fork(after_in_child=_reset)
 
 
 def _schedule(name: str, kwargs: dict[str, Any], countdown_s: float) -> None:
-    app.send_task(name, kwargs=kwargs, countdown=countdown_s)
+    # The workers' own messages are signed too: a worker trusts no unsigned body. Flower
+    # shows what each does (`kwargsrepr`), never its signature.
+    app.send_task(
+        name,
+        kwargs=context().identities.signed(name, kwargs),
+        countdown=countdown_s,
+        kwargsrepr=describe(name, kwargs.get("body")),
+    )
 
 
 def context() -> Context:
@@ -84,9 +95,16 @@ def context() -> Context:
 _M = TypeVar("_M", bound=BaseModel)
 
 
-def _parse(model: type[_M], body: Any, task: str) -> _M:
+def _parse(model: type[_M], body: Any, auth: Any, task: str) -> tuple[_M, str]:
+    """The body of `task` as a `model`, and the producer who signed it. Refused (and
+    logged) when it is not signed by a known producer or does not fit its schema."""
     try:
-        return model.model_validate(body)
+        producer = context().identities.check(task, body, auth)
+    except Unauthenticated as error:
+        log.error("%s", error)
+        raise
+    try:
+        return model.model_validate(body), producer
     except ValidationError as error:
         message = f"{task}: invalid body: {validation_message(error, 'body')}"
         log.error("%s", message)
@@ -103,8 +121,8 @@ def _parse(model: type[_M], body: Any, task: str) -> _M:
     time_limit=int(settings.launch_max_runtime_s) + 30,
     soft_time_limit=int(settings.launch_max_runtime_s),
 )
-def launch(self: Any, body: Any = None) -> dict[str, Any]:
-    spec = _parse(LaunchSpec, body, TASK_LAUNCH)
+def launch(self: Any, body: Any = None, auth: Any = None) -> dict[str, Any]:
+    spec, _ = _parse(LaunchSpec, body, auth, TASK_LAUNCH)
     task_id = self.request.id
     key = spec.key or (task_launch_key(task_id) if task_id else None)
     record = launching.launch(context(), spec, utcnow(), key)
@@ -112,8 +130,8 @@ def launch(self: Any, body: Any = None) -> dict[str, Any]:
 
 
 @app.task(name=TASK_FOLLOW)
-def follow(body: Any = None) -> dict[str, Any]:
-    request = _parse(FollowBody, body, TASK_FOLLOW)
+def follow(body: Any = None, auth: Any = None) -> dict[str, Any]:
+    request, _ = _parse(FollowBody, body, auth, TASK_FOLLOW)
     if request.run_id is not None:
         record = launching.follow_again(context(), request.run_id)
     else:
@@ -124,13 +142,13 @@ def follow(body: Any = None) -> dict[str, Any]:
 
 
 @app.task(name=TASK_SNAPSHOT_REQUEST)
-def snapshot_request(body: Any = None) -> dict[str, Any]:
-    request = _parse(SnapshotRequestBody, body, TASK_SNAPSHOT_REQUEST)
+def snapshot_request(body: Any = None, auth: Any = None) -> dict[str, Any]:
+    request, producer = _parse(SnapshotRequestBody, body, auth, TASK_SNAPSHOT_REQUEST)
     stop = stops.request_snapshot(
         context(),
         request.run_id,
         request.reason,
-        request.asked_by,
+        asked_by(producer, request.asked_by),
         utcnow(),
         only_if_none_open=request.only_if_none_open,
     )
@@ -138,21 +156,21 @@ def snapshot_request(body: Any = None) -> dict[str, Any]:
 
 
 @app.task(name=TASK_CANCEL)
-def cancel(body: Any = None) -> dict[str, Any]:
-    request = _parse(CancelBody, body, TASK_CANCEL)
+def cancel(body: Any = None, auth: Any = None) -> dict[str, Any]:
+    request, _ = _parse(CancelBody, body, auth, TASK_CANCEL)
     record = stops.cancel(context(), request.run_id)
     return {"run_id": record.id, "state": str(record.state)}
 
 
 @app.task(name=TASK_PROOF_TIMEOUT)
-def proof_timeout(body: Any = None) -> str:
-    request = _parse(TimeoutBody, body, TASK_PROOF_TIMEOUT)
+def proof_timeout(body: Any = None, auth: Any = None) -> str:
+    request, _ = _parse(TimeoutBody, body, auth, TASK_PROOF_TIMEOUT)
     return stops.on_deadline(context(), request.run_id, request.stop_id, utcnow())
 
 
 @app.task(name=TASK_END_TIMEOUT)
-def end_timeout(body: Any = None) -> str:
-    request = _parse(TimeoutBody, body, TASK_END_TIMEOUT)
+def end_timeout(body: Any = None, auth: Any = None) -> str:
+    request, _ = _parse(TimeoutBody, body, auth, TASK_END_TIMEOUT)
     return stops.on_deadline(context(), request.run_id, request.stop_id, utcnow())
 
 
@@ -226,7 +244,7 @@ def policy_target(target: str) -> dict[str, int]:
     time_limit=int(settings.retrieve_max_runtime_s) + 60,
     soft_time_limit=int(settings.retrieve_max_runtime_s),
 )
-def retrieve(body: Any = None) -> dict[str, Any]:
-    request = _parse(RetrieveBody, body, TASK_RETRIEVE)
+def retrieve(body: Any = None, auth: Any = None) -> dict[str, Any]:
+    request, _ = _parse(RetrieveBody, body, auth, TASK_RETRIEVE)
     result = retrieve_artifacts(context(), request.run_id, utcnow(), force=request.force)
     return result.model_dump(mode="json")

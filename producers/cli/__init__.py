@@ -6,6 +6,7 @@ one line on stderr, never a traceback for a user error.
     common   apps, consoles, errors, client, formatting
     serve    serve, demo
     targets  targets add|ls|rm
+    producers  producers add|ls|rm
     runs     launch, resume, retrieve, follow, stop, cancel
     views    runs, show, logs, stops
 """
@@ -14,13 +15,13 @@ from __future__ import annotations
 
 import sys
 
-from . import runs, serve, targets, views
+from . import producers, runs, serve, targets, views
 from .common import app, err
 
 __all__ = ["app", "main"]
 
 # The command modules register their commands on `app` when imported.
-_COMMANDS = (runs, serve, targets, views)
+_COMMANDS = (producers, runs, serve, targets, views)
 
 
 def main() -> None:

@@ -32,6 +32,7 @@ from schemas import (
     validation_message,
 )
 from schemas import Progress as RunProgress
+from schemas.secrets import SecretsError
 from schemas.text import clean_text, format_bytes
 
 from ..api import OperationFailed, Runwarden
@@ -91,7 +92,7 @@ def run_op(call: Callable[[], _T]) -> _T:
         return call()
     except NotServing as error:
         fail(f"{error} (start it with `runwarden serve`)")
-    except (NotStarted, NotRunning, NoSnapshots, Conflict) as error:
+    except (NotStarted, NotRunning, NoSnapshots, Conflict, SecretsError) as error:
         fail(one_line(error), 1)
     except _BAD_INPUT as error:
         fail(one_line(error), 2)

@@ -25,8 +25,25 @@ def targets_add(
     identity: Annotated[Path | None, typer.Option()] = None,
     known_hosts: Annotated[Path | None, typer.Option()] = None,
     ssh_config: Annotated[Path | None, typer.Option()] = None,
+    allow_secret: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A secret name its runs may receive (repeat for several); none by default.",
+            metavar="NAME",
+        ),
+    ] = None,
+    upload_root: Annotated[
+        list[Path] | None,
+        typer.Option(
+            help="A directory of this machine launches may upload from (repeat for several); "
+            "none by default: no upload.",
+            metavar="DIR",
+        ),
+    ] = None,
 ) -> None:
-    """Add (or replace) a target."""
+    """Add (or replace) a target, signed with the operator's key: only the operator
+    defines targets, and says which secrets their runs may receive and which
+    directories may be uploaded to them."""
 
     def build() -> TargetConfig:
         options = None
@@ -40,7 +57,12 @@ def targets_add(
         elif any(v is not None for v in (port, identity, known_hosts, ssh_config)):
             raise ValueError("--port, --identity, --known-hosts and --ssh-config need --ssh")
         return TargetConfig(
-            name=name, kind="ssh" if options else "local", workdir=workdir, ssh=options
+            name=name,
+            kind="ssh" if options else "local",
+            workdir=workdir,
+            ssh=options,
+            allow_secrets=tuple(allow_secret or ()),
+            upload_roots=tuple(str(p.expanduser().absolute()) for p in upload_root or ()),
         )
 
     config = run_op(build)

@@ -190,11 +190,12 @@ def test_targets_add_ls_rm(pipeline: Pipeline, tmp_path: Path) -> None:
     listed = as_json(rw(pipeline, "targets", "ls", "--json"))
     assert isinstance(listed, list)
     for item in listed:
-        assert set(item) == {"name", "kind", "workdir", "ssh"}, item
+        assert set(item) == set(TargetConfig.model_fields), item
         TargetConfig.model_validate(item)
     by_name = {item["name"]: item for item in listed}
     assert by_name["scratch"] == {
-        "name": "scratch", "kind": "local", "workdir": str(scratch), "ssh": None
+        "name": "scratch", "kind": "local", "workdir": str(scratch), "ssh": None,
+        "allow_secrets": [], "upload_roots": [],
     }  # fmt: skip
     gpu = by_name["gpu"]
     assert (gpu["kind"], gpu["workdir"]) == ("ssh", "/srv/runs")
@@ -322,7 +323,11 @@ def test_runs_json_lists_run_records(pipeline: Pipeline, running: Launched) -> N
     run = pipeline.api.get_run(running.run_id)
     assert item["target"] == "local"
     assert item["state"] == "running"
-    assert item["job"] == {"dir": run.remote_dir, "pid": run.job.pid, "container": None}  # type: ignore[union-attr]
+    assert run.job is not None
+    assert item["job"] == {
+        "dir": run.remote_dir, "pid": run.job.pid, "container": None,
+        "start": run.job.start, "mark": run.id,
+    }  # fmt: skip
     assert item["remote_dir"] == str(pipeline.workdir / running.run_id)
     assert item["command"] == shlex.join(TOY)
     assert item["limits"] == {

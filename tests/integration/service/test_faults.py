@@ -159,7 +159,7 @@ def assert_late_countdowns_change_nothing(pipeline: Pipeline, run_id: str, stop_
     before = snapshot_of_store(pipeline, run_id)
     body = {"run_id": run_id, "stop_id": stop_id}
     results = [
-        pipeline.api.app.send_task(name, kwargs={"body": body})
+        pipeline.send(name, body)
         for name in (TASK_PROOF_TIMEOUT, TASK_END_TIMEOUT, TASK_PROOF_TIMEOUT)
     ]
     assert [r.get(timeout=30) for r in results] == ["stale"] * 3
@@ -197,7 +197,7 @@ def test_a_killed_worker_s_stop_is_completed_by_a_fresh_worker_on_time(
         # Published raw, so the kill lands while the task may still be running: the
         # request is on the target, the countdown maybe not scheduled yet.
         body = {"run_id": run_id, "reason": "cost", "asked_by": "test"}
-        pipeline.api.app.send_task(TASK_SNAPSHOT_REQUEST, kwargs={"body": body})
+        pipeline.send(TASK_SNAPSHOT_REQUEST, body)
         wait_for((run_dir / "snapshot.request").exists, timeout_s=20, interval_s=0.002)
         pipeline.kill_worker("w1")
         stop = pipeline.api.get_stop(run_id)  # opened before the request was written
@@ -292,7 +292,7 @@ def test_a_countdown_delivered_again_after_reconcile_did_its_work_changes_nothin
     before = snapshot_of_store(pipeline, run_id)
     body = {"run_id": run_id, "stop_id": stop.stop_id}
     results = [
-        pipeline.api.app.send_task(TASK_PROOF_TIMEOUT, kwargs={"body": body}) for _ in range(3)
+        pipeline.send(TASK_PROOF_TIMEOUT, body) for _ in range(3)
     ]
     assert [r.get(timeout=30) for r in results] == ["stale"] * 3
     assert snapshot_of_store(pipeline, run_id) == before
@@ -337,9 +337,7 @@ def test_two_workers_and_duplicate_messages_give_each_effect_once(two_workers: P
     # The proof countdown of `ignoring`, delivered twice more at its due time.
     body = {"run_id": ignoring, "stop_id": stops[ignoring].stop_id}
     duplicates = [
-        pipeline.api.app.send_task(
-            TASK_PROOF_TIMEOUT, kwargs={"body": body}, eta=stops[ignoring].proof_deadline
-        )
+        pipeline.send(TASK_PROOF_TIMEOUT, body, eta=stops[ignoring].proof_deadline)
         for _ in range(2)
     ]
 

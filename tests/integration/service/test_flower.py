@@ -17,11 +17,12 @@ from typing import Any
 
 import pytest
 
+from producers.service import FLOWER_CONFIG
 from schemas import RunState, SnapshotReason
 from schemas.events import LaunchSpec
 
 from ...conftest import ROOT
-from ...pipeline import Pipeline, running_pipeline, toy
+from ...pipeline import Pipeline, running_pipeline, signed, toy
 
 pytestmark = pytest.mark.slow
 AUTH = "ops:fl0wer-pw"
@@ -56,10 +57,16 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Pipeline, 
     with running_pipeline(tmp) as pipeline:
         port = free_port()
         log = (tmp / "flower.log").open("ab")
+        # As `runwarden serve --flower` runs it: the credentials in a file, on no
+        # command line.
+        auth_file = tmp / "flower-basic-auth"
+        auth_file.write_text(AUTH + "\n")
+        auth_file.chmod(0o600)
         proc = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "workers.app", "flower",
-             f"--port={port}", "--address=127.0.0.1", f"--basic-auth={AUTH}"],
-            cwd=ROOT, env=pipeline.env, stdout=log, stderr=subprocess.STDOUT,
+             f"--conf={FLOWER_CONFIG}", f"--port={port}", "--address=127.0.0.1"],
+            cwd=ROOT, env={**pipeline.env, "RUNWARDEN_FLOWER_AUTH_FILE": str(auth_file)},
+            stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
         flower = Flower(port)
         deadline = time.monotonic() + 30
@@ -102,6 +109,8 @@ def test_the_pending_proof_countdown_is_visible_with_its_eta(
         time.sleep(0.3)
     assert found is not None, "no proof_timeout task with an ETA in Flower"
     assert found["name"] == "runwarden.proof_timeout"
+    # Readable for people, and never the signature the message carries.
+    assert found["kwargs"] == f"{run_id} · proof deadline · requested", found["kwargs"]
     eta = found["eta"]
     assert eta.startswith(stop.proof_deadline.strftime("%Y-%m-%dT%H:%M")), (eta, stop)
     pipeline.api.cancel(run_id)
@@ -112,10 +121,14 @@ def test_a_stop_enqueued_through_flowers_api(setup: tuple[Pipeline, Flower]) -> 
     spec = LaunchSpec(target="local", command=toy("--steps", "100000", "--step-time", "0.05"))
     run_id = pipeline.api.launch(spec).id
     pipeline.wait_step(run_id, 3)
-    body = {"kwargs": {"body": {"run_id": run_id, "reason": "cost", "asked_by": "flower"}}}
-    answer = flower.call("/api/task/send-task/runwarden.snapshot_request", body)
+    stop = {"run_id": run_id, "reason": "cost", "asked_by": "flower"}
+    # Signed as a service does it, with its producer's key (schemas/auth.py).
+    kwargs = signed(pipeline.api.settings, "runwarden.snapshot_request", stop, "dashboard")
+    answer = flower.call("/api/task/send-task/runwarden.snapshot_request", {"kwargs": kwargs})
     assert answer["task-id"]
     run = pipeline.wait_state(run_id)
     assert run.state is RunState.STOPPED
     assert run.snapshot is not None
     assert run.snapshot.reason is SnapshotReason.COST
+    (closed,) = pipeline.api.store.stop_history(run_id)
+    assert closed.asked_by == "dashboard/flower"

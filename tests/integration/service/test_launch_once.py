@@ -38,7 +38,7 @@ from workers.executors import quote
 from workers.settle import DIED_MESSAGE
 
 from ...conftest import wait_for
-from ...pipeline import Pipeline, running_pipeline, toy
+from ...pipeline import Pipeline, running_pipeline, signed, toy
 from ...processes import assert_one_followed_job, children, read_proc, trainers
 from ...redis_server import running_redis
 from .test_cli import ok, refused, run_cli
@@ -202,9 +202,7 @@ def test_reconcile_settles_a_launch_whose_whole_worker_was_killed(
         for i in range(3000):
             (project / "data" / f"part-{i:04d}.bin").write_bytes(b"x" * 8192)
         spec = LaunchSpec(target="local", command=toy(*TRAIN), upload=project)
-        pipeline.api.app.send_task(
-            "runwarden.launch", kwargs={"body": spec.model_dump(mode="json")}
-        )
+        pipeline.send("runwarden.launch", spec.model_dump(mode="json"))
         run_dir = run_dir_of(pipeline)
         if moment == "upload":
             wait_for((run_dir / "data").is_dir, timeout_s=30, interval_s=0.001)
@@ -305,7 +303,8 @@ def test_the_same_key_through_the_api_and_the_cli_is_one_run(tmp_path: Path) -> 
             assert one.id != two.id
             assert api.store.launch_run(first.id) is None  # a run id is no key
             raw = api.app.send_task(
-                "runwarden.launch", kwargs={"body": keyless.model_dump(mode="json")}
+                "runwarden.launch",
+                kwargs=signed(api.settings, "runwarden.launch", keyless.model_dump(mode="json")),
             )
             made = raw.get(timeout=60)
             assert api.store.launch_run(f"task-{raw.id}") == made["run_id"]

@@ -3,12 +3,14 @@ processes, the toy trainer as the job, shortened clocks (tests/pipeline.py)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from schemas import RunState, SnapshotReason
+from schemas.auth import sign
 from schemas.events import LaunchSpec
 
 from ...pipeline import Pipeline, running_pipeline, toy
@@ -93,7 +95,7 @@ def test_malformed_bodies_are_refused_and_the_worker_carries_on(pipeline: Pipeli
         ("runwarden.cancel", "not an object"),
         ("runwarden.proof_timeout", {"run_id": "r", "stop_id": "x|y"}),
     ]:
-        result = pipeline.api.app.send_task(name, kwargs={"body": body})
+        result = pipeline.send(name, body)
         with pytest.raises(Exception) as raised:  # noqa: PT011 - the worker's own error
             result.get(timeout=20)
         assert not isinstance(raised.value, CeleryError), raised.value
@@ -102,6 +104,41 @@ def test_malformed_bodies_are_refused_and_the_worker_carries_on(pipeline: Pipeli
     run_id = launch(pipeline)
     assert pipeline.api.get_run(run_id).state is RunState.RUNNING
     pipeline.api.cancel(run_id)
+    assert pipeline.api.get_run(run_id).state is RunState.CANCELLED
+
+
+def test_unsigned_and_forged_messages_are_refused(pipeline: Pipeline) -> None:
+    from celery.exceptions import CeleryError
+
+    run_id = launch(pipeline)
+    body = {"run_id": run_id, "reason": "cost", "asked_by": "billing"}
+    key, _ = pipeline.api.settings.secrets.ensure("producer.operator.key")
+    pipeline.api.settings.secrets.ensure("producer.billing.key")  # added by the operator
+    forged = {**sign("runwarden.snapshot_request", body, "operator", key, time.time())}
+    forged["sig"] = "0" * 64
+    stale = sign("runwarden.snapshot_request", body, "operator", key, time.time() - 10**7)
+    wrong_task = sign("runwarden.cancel", body, "operator", key, time.time())
+    unknown = sign("runwarden.snapshot_request", body, "nobody", key, time.time())
+    for auth, why in [
+        (None, "not signed"),
+        (forged, "does not match"),
+        (stale, "too old"),
+        (wrong_task, "does not match"),
+        (unknown, "has no key"),
+    ]:
+        kwargs = {"body": body} if auth is None else {"body": body, "auth": auth}
+        result = pipeline.api.app.send_task("runwarden.snapshot_request", kwargs=kwargs)
+        with pytest.raises(Exception) as raised:  # noqa: PT011 - the worker's own error
+            result.get(timeout=20)
+        assert not isinstance(raised.value, CeleryError), raised.value
+        assert why in str(raised.value), raised.value
+    assert pipeline.api.get_stop(run_id) is None  # nothing asked
+    # A producer's stop is recorded as asked by it, whatever its body claims.
+    pipeline.send("runwarden.snapshot_request", body, producer="billing").get(timeout=20)
+    stop = pipeline.api.get_stop(run_id)
+    assert stop is not None
+    assert stop.asked_by == "billing"
+    pipeline.send("runwarden.cancel", {"run_id": run_id}, producer="billing").get(timeout=60)
     assert pipeline.api.get_run(run_id).state is RunState.CANCELLED
 
 

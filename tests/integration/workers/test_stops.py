@@ -36,11 +36,7 @@ def test_duplicate_deadline_and_cancel_messages_signal_the_job_once(
     stop = p.api.stop(ignoring, asked_by="test")
     body = {"run_id": ignoring, "stop_id": stop.stop_id}
     duplicates = [
-        p.api.app.send_task(
-            TASK_PROOF_TIMEOUT,
-            kwargs={"body": body},
-            eta=stop.proof_deadline + timedelta(seconds=0.3 * i),
-        )
+        p.send(TASK_PROOF_TIMEOUT, body, eta=stop.proof_deadline + timedelta(seconds=0.3 * i))
         for i in range(3)
     ]
 

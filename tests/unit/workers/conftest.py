@@ -16,6 +16,7 @@ from schemas import JobId, RunRecord, Settings
 from store import RunStore
 from workers.context import Context
 
+from ...conftest import put_signed_target
 from ..conftest import record
 
 
@@ -36,11 +37,12 @@ class Sent:
 
 def policy_worker(tmp_path: Path, **settings: Any) -> tuple[Context, RunStore, Sent]:
     store = fresh_store()
-    store.put_target("local", {"name": "local", "kind": "local", "workdir": str(tmp_path)})
     sent = Sent()
     options: dict[str, Any] = {"state_dir": tmp_path / "state", "disk_probe_s": 60}
     options.update(settings)
-    return Context(store, Settings(**options), sent, "w"), store, sent
+    config = Settings(**options)
+    put_signed_target(store, config, {"name": "local", "kind": "local", "workdir": str(tmp_path)})
+    return Context(store, config, sent, "w"), store, sent
 
 
 def running_run(store: RunStore, tmp_path: Path, run_id: str, **changes: Any) -> RunRecord:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import fakeredis
 
-from schemas import JobCommand, JobId, JobStatus, Settings, UnknownTarget
+from schemas import JobCommand, JobId, JobStatus, Settings, TargetConfig, UnknownTarget
 from schemas.protocol import CANCEL_FILE, CANCELLING_FILE, CLAIM_FILE, EXIT_FILE, PID_FILE
 from store import RunStore
 from workers.context import Context
@@ -108,5 +108,12 @@ def fake_context(executor: FakeExecutor, **settings: float) -> Context:
             raise UnknownTarget(target)
         return executor
 
+    def target_for(target: str) -> TargetConfig:
+        if target != "local":
+            raise UnknownTarget(target)
+        # Its workdir is the fake executor's; every upload root is allowed here.
+        return TargetConfig(name="local", kind="local", workdir="/w", upload_roots=("/",))
+
     ctx.executor = executor_for  # type: ignore[method-assign,assignment]
+    ctx.target = target_for  # type: ignore[method-assign]
     return ctx

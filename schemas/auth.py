@@ -1,0 +1,158 @@
+"""Who sent a message: every task that changes something carries a signature by its
+producer's key, so a worker knows who asked (a stop's `asked_by` comes from it) and
+refuses anyone else. Target records are signed by the operator, so no message and no
+write to Redis can define one.
+
+The signed form, in the task's keyword arguments beside `body`:
+
+    "auth": {"producer": "<name>", "at": <unix seconds>, "sig": "<hex>"}
+
+where `sig` is HMAC-SHA256 with the producer's key (the bytes of its key file's text)
+over the UTF-8 bytes of
+
+    "runwarden/1\\n" + <task name> + "\\n" + <at, as a decimal integer> + "\\n" + <canonical body>
+
+and the canonical body is the body as JSON with sorted keys, no whitespace, and every
+non-ASCII character escaped (Python: `json.dumps(body, sort_keys=True,
+separators=(",", ":"), ensure_ascii=True)`). A target is signed the same way with
+the operator's key, over `"runwarden-target/1\\n" + <name> + "\\n" + <canonical
+config>`.
+
+A signature older than the allowed age, or more than `FUTURE_SKEW_S` in the future,
+is refused. A replay within that age changes nothing more: every task is idempotent
+and a launch carries its idempotency key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import math
+from collections.abc import Mapping
+from typing import Any, Final
+
+from pydantic import SecretStr
+
+from .errors import BadRequest
+from .secrets import PRODUCER_NAME
+
+__all__ = [
+    "FUTURE_SKEW_S",
+    "OPERATOR",
+    "WORKER",
+    "Unauthenticated",
+    "asked_by",
+    "canonical",
+    "sign",
+    "sign_target",
+    "verify",
+    "verify_target",
+]
+
+OPERATOR: Final = "operator"
+"""The producer who runs the service: the CLI on its machine. Its key also signs
+targets."""
+WORKER: Final = "worker"
+"""The workers and beat themselves: countdowns, fan-outs, the policies' requests."""
+FUTURE_SKEW_S: Final = 300.0
+"""How far in the future a signature's time may be (clocks differ), in seconds."""
+_VERSION: Final = "runwarden/1"
+_TARGET_VERSION: Final = "runwarden-target/1"
+
+
+class Unauthenticated(BadRequest):
+    """A message or a target record is not signed by a known producer (missing, a
+    producer without a key here, a signature that does not match, too old)."""
+
+
+def canonical(value: Any) -> str:
+    """`value` as canonical JSON: sorted keys, no whitespace, ASCII only.
+
+    Raises:
+        ValueError, TypeError: for a value that is not plain JSON.
+    """
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+    )
+
+
+def _mac(key: SecretStr, text: str) -> str:
+    secret = key.get_secret_value().encode("utf-8")
+    return hmac.new(secret, text.encode("utf-8"), hashlib.sha256).hexdigest()
+
+
+def sign(task: str, body: Any, producer: str, key: SecretStr, at: float) -> dict[str, Any]:
+    """The `auth` argument of task `task` with `body`, signed by `producer` with `key`
+    at unix time `at`."""
+    moment = math.floor(at)
+    text = f"{_VERSION}\n{task}\n{moment}\n{canonical(body)}"
+    return {"producer": producer, "at": moment, "sig": _mac(key, text)}
+
+
+def verify(
+    task: str,
+    body: Any,
+    auth: Any,
+    keys: Mapping[str, SecretStr],
+    *,
+    now: float,
+    max_age_s: float,
+) -> str:
+    """The producer who signed `body` for `task`, after checking `auth` against its key
+    in `keys` and the signature's age against `now` (at most `max_age_s` old, at most
+    `FUTURE_SKEW_S` ahead).
+
+    Raises:
+        Unauthenticated: saying why, never the key or the signature.
+    """
+    if not isinstance(auth, Mapping):
+        raise Unauthenticated(f"{task}: the message is not signed (no 'auth')")
+    producer, at, sig = auth.get("producer"), auth.get("at"), auth.get("sig")
+    if not isinstance(producer, str) or PRODUCER_NAME.fullmatch(producer) is None:
+        raise Unauthenticated(f"{task}: 'auth.producer' is not a producer's name")
+    if isinstance(at, bool) or not isinstance(at, int) or not isinstance(sig, str):
+        raise Unauthenticated(f"{task}: 'auth' needs an integer 'at' and a string 'sig'")
+    key = keys.get(producer)
+    if key is None:
+        raise Unauthenticated(f"{task}: producer {producer!r} has no key on this worker")
+    if at < now - max_age_s or at > now + FUTURE_SKEW_S:
+        raise Unauthenticated(f"{task}: the signature of {producer!r} is too old or in the future")
+    try:
+        text = f"{_VERSION}\n{task}\n{at}\n{canonical(body)}"
+    except (TypeError, ValueError) as error:
+        raise Unauthenticated(f"{task}: the body is not plain JSON") from error
+    if not hmac.compare_digest(_mac(key, text), sig):
+        raise Unauthenticated(f"{task}: the signature of {producer!r} does not match")
+    return producer
+
+
+def sign_target(name: str, config: Mapping[str, Any], key: SecretStr) -> str:
+    """The operator's signature of target `name` with `config`."""
+    return _mac(key, f"{_TARGET_VERSION}\n{name}\n{canonical(dict(config))}")
+
+
+def verify_target(name: str, config: Mapping[str, Any], signature: Any, key: SecretStr) -> None:
+    """Checks that the operator signed target `name` with `config`.
+
+    Raises:
+        Unauthenticated: when the signature is missing or does not match.
+    """
+    if not isinstance(signature, str):
+        raise Unauthenticated(
+            f"target {name!r} is not signed by the operator: add it again with "
+            "`runwarden targets add`"
+        )
+    if not hmac.compare_digest(sign_target(name, config, key), signature):
+        raise Unauthenticated(f"target {name!r} is not signed by the operator: refused")
+
+
+def asked_by(producer: str, claimed: str) -> str:
+    """Who asked for a stop, as recorded: the producer's own name, with what the body
+    claims after it when that says more (`billing/nightly-cap`); the workers' own
+    requests (a policy, a request found on the target) keep theirs."""
+    if producer == WORKER:
+        return claimed
+    if claimed in ("", "api", producer):
+        return producer
+    return f"{producer}/{claimed}"[:100]
