@@ -136,6 +136,7 @@ def serve_metrics(
     Raises:
         ValueError: `host` is not a loopback address, or `port` is out of range.
         OSError: the port cannot be bound.
+        SecretsError: the Redis password cannot be read from the secrets directory.
     """
     try:
         loopback = ipaddress.ip_address(host).is_loopback

@@ -14,7 +14,7 @@ the time it happened (`at`, UTC) and, when it belongs to one, the stop's id:
                       end_deadline
     cancel_decided    a deadline passed (proof_timeout, end_timeout), a person
                       cancelled (manual), or a failed cancel is tried again (retry):
-                      cause, due, attempt, note
+                      cause, due, attempt, note, asked_by (a manual one's producer)
     job_cancelled     the job was signalled and its group is gone
     run_ended         the run's end was recorded: state, message, snapshot
     retrieval_done    the artifacts came home, verified: files, bytes, attempts, path,
@@ -131,8 +131,9 @@ class StopOpened(_Event):
     kind: Literal["stop_opened"] = "stop_opened"
     reason: SnapshotReason
     asked_by: AskedBy
-    """`cli`, `api`, `web`, a service's name, `policy:<reason>`, `watch` (a request
-    found in the run directory)."""
+    """The stop's `asked_by`: the producer that signed the request, with what it
+    said (`operator/cli`, `billing/nightly-cap`), `policy:<reason>`, `watch` (a
+    request found in the run directory)."""
     proof_deadline: UtcDatetime
 
     @classmethod
@@ -201,6 +202,8 @@ class CancelDecided(_Event):
     attempt: Annotated[int, Field(ge=1)] = 1
     """Cancels tried for this stop, this one included."""
     note: _Text | None = None
+    asked_by: AskedBy | None = None
+    """Who asked a manual cancel (the producer that sent it); None for a deadline's."""
 
     @classmethod
     def of(cls, stop: StopState, note: str, now: datetime) -> CancelDecided:
@@ -224,12 +227,15 @@ class CancelDecided(_Event):
         )
 
     @classmethod
-    def manual(cls, run_id: str, now: datetime) -> CancelDecided:
-        """A person's (or a service's) `cancel`."""
-        return cls(run_id=run_id, at=now, cause="manual", note="cancel asked")
+    def manual(cls, run_id: str, now: datetime, asked_by: str | None = None) -> CancelDecided:
+        """A person's (or a service's) `cancel`, asked by producer `asked_by`."""
+        who = None if not asked_by else asked_by[:100]
+        return cls(run_id=run_id, at=now, cause="manual", note="cancel asked", asked_by=who)
 
     def describe(self) -> str:
         text = f"cancel decided: {self.cause.replace('_', ' ')}"
+        if self.asked_by:
+            text += f" (asked by {self.asked_by})"
         if self.attempt > 1:
             text += f" (attempt {self.attempt})"
         return text + (f"; {self.note}" if self.note else "")

@@ -9,14 +9,18 @@ file: `*.toml` holds `[[webhook]]` tables, anything else a JSON list. Each webho
      "url": "https://hooks.example/runwarden",   # http or https
      "events": ["stop_opened", "run_ended"],     # default: every kind
      "format": "json",                           # or "slack": {"text": ...}
-     "secret_env": "RUNWARDEN_WEBHOOK_SECRET_OPS",   # or "secret_file": "/etc/..."
      "attempts": 10, "backoff_s": 2, "backoff_max_s": 300, "timeout_s": 5}
 
-The secret is read by the worker that delivers, at delivery, from its environment or
-from a file (mode 0600 or stricter, owned by the worker's user): it never enters
-Redis, a log or an argument. A `json` webhook needs one; a `slack` one may do
-without (Slack's incoming webhooks keep the secret in the URL, which therefore is a
-secret too: the queue in Redis names the webhook, never its URL).
+The secret is read by the worker that delivers, at each delivery: from the secrets
+directory (`schemas.secrets`), file `webhook.<name>.secret` ([`secret_file_name`]);
+or, when the webhook says so, from another file (`"secret_file"`: an absolute path,
+mode 0600 or stricter) or from an environment variable of the worker
+(`"secret_env"`, for compatibility: a job running as the worker's user can read
+the worker's environment). It never enters Redis, a log or an argument. A `json`
+webhook is always signed (no secret: its deliveries fail, saying where to put it);
+a `slack` one is signed when it has one (Slack's incoming webhooks keep their
+secret in the URL, which therefore is a secret too: the queue in Redis names the
+webhook, never its URL).
 
 Signing: `X-Runwarden-Timestamp` holds the delivery's unix time in whole seconds and
 `X-Runwarden-Signature` holds `sha256=<hex>`, the HMAC-SHA256 with the secret over
@@ -90,10 +94,12 @@ class Webhook(BaseModel):
     events: tuple[EventKind, ...] = EVENT_KINDS
     format: Literal["json", "slack"] = "json"
     secret_env: str | None = None
-    """The environment variable of the delivering worker that holds the secret."""
+    """The environment variable of the delivering worker that holds the secret
+    (instead of the secrets directory)."""
     secret_file: str | None = None
     """An absolute path, on the delivering worker, of a file holding the secret (its
-    surrounding whitespace ignored; mode 0600 or stricter)."""
+    surrounding whitespace ignored; mode 0600 or stricter), instead of the secrets
+    directory."""
     attempts: Annotated[int, Field(ge=1, le=1000)] = 10
     """Attempts of one delivery before it is given up (recorded)."""
     backoff_s: Annotated[float, Field(gt=0, le=86400, allow_inf_nan=False)] = 2.0
@@ -128,8 +134,6 @@ class Webhook(BaseModel):
     def _secret(self) -> Webhook:
         if self.secret_env is not None and self.secret_file is not None:
             raise ValueError("give secret_env or secret_file, not both")
-        if self.format == "json" and self.secret_env is None and self.secret_file is None:
-            raise ValueError("a json webhook is signed: give secret_env or secret_file")
         if not self.events:
             raise ValueError("events names at least one kind")
         return self
@@ -141,6 +145,11 @@ class Webhook(BaseModel):
 
     def wants(self, kind: str) -> bool:
         return kind in self.events
+
+    @property
+    def secret_file_name(self) -> str:
+        """Its secret's file in the secrets directory: `webhook.<name>.secret`."""
+        return f"webhook.{self.name}.secret"
 
 
 _WEBHOOKS: Final = TypeAdapter(list[Webhook])

@@ -129,7 +129,6 @@ def retrieve_artifacts(
         beat.start()
         try:
             result = _attempt(ctx, run, attempts, now)
-            emit(ctx, retrieved, run, result, utcnow())
         finally:
             done.set()
             beat.join()
@@ -140,7 +139,9 @@ def retrieve_artifacts(
                 return None  # another retrieval finished meanwhile: keep it
             return current.model_copy(update={"artifacts": result})
 
-        return ctx.store.update_run(run_id, record).artifacts or result
+        stored = ctx.store.update_run(run_id, record).artifacts or result
+        emit(ctx, retrieved, run, result, utcnow())  # told once it is recorded
+        return stored
     finally:
         done.set()
         ctx.store.unlock(lock, token)

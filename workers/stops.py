@@ -310,15 +310,16 @@ def _cancel_once(ctx: Context, run: RunRecord, job: JobId) -> RunRecord:
     return finish(ctx, run, status, executor)
 
 
-def cancel(ctx: Context, run_id: str) -> RunRecord:
-    """Cancels the run's job now and records the outcome.
+def cancel(ctx: Context, run_id: str, asked_by: str | None = None) -> RunRecord:
+    """Cancels the run's job now and records the outcome; `asked_by` (the producer
+    that asked) goes into the ledger.
 
     Raises:
         NotFound, NotStarted, NotRunning, ExecError, StoreError.
     """
     run = ctx.store.get_run(run_id)
     job = check_cancel(run)
-    emit(ctx, CancelDecided.manual, run_id, utcnow())
+    emit(ctx, CancelDecided.manual, run_id, utcnow(), asked_by)
     return _cancel_once(ctx, run, job)
 
 

@@ -157,8 +157,8 @@ def snapshot_request(body: Any = None, auth: Any = None) -> dict[str, Any]:
 
 @app.task(name=TASK_CANCEL)
 def cancel(body: Any = None, auth: Any = None) -> dict[str, Any]:
-    request, _ = _parse(CancelBody, body, auth, TASK_CANCEL)
-    record = stops.cancel(context(), request.run_id)
+    request, producer = _parse(CancelBody, body, auth, TASK_CANCEL)
+    record = stops.cancel(context(), request.run_id, asked_by=producer)
     return {"run_id": record.id, "state": str(record.state)}
 
 

@@ -42,6 +42,7 @@ from celery.signals import worker_process_init
 
 from schemas import Settings
 from schemas.metrics import WEBHOOK_DELIVERIES, Sample
+from schemas.secrets import SecretsDir, SecretsError
 from schemas.webhooks import (
     DELIVERY_HEADER,
     EVENT_HEADER,
@@ -117,15 +118,18 @@ class Attempt:
         return self.status is None or self.status >= 500 or self.status in (408, 429)
 
 
-def read_secret(hook: Webhook, env: dict[str, str] | os._Environ[str] = os.environ) -> bytes:
-    """The secret of `hook`: its environment variable's value, or its file's content
-    (mode 0600 or stricter, at most 4 KiB), surrounding whitespace dropped; b"" when
-    it has neither (a Slack webhook without one).
+def read_secret(
+    hook: Webhook, secrets: SecretsDir, env: dict[str, str] | os._Environ[str] = os.environ
+) -> bytes:
+    """The secret of `hook`: its environment variable's value (`secret_env`), its
+    file's content (`secret_file`: mode 0600 or stricter, at most 4 KiB), else the
+    secrets directory's `webhook.<name>.secret`; surrounding whitespace dropped. b""
+    for a Slack webhook without one.
 
     Raises:
-        WebhookConfigError: the variable is unset or empty, the file cannot be read,
-            is open to others, or is empty (the message names the variable or file,
-            never a value).
+        WebhookConfigError: the secret is not there, cannot be read, is open to
+            others, or is empty (the message names the variable or file, never a
+            value).
     """
     if hook.secret_env is not None:
         value = env.get(hook.secret_env, "").strip()
@@ -133,7 +137,7 @@ def read_secret(hook: Webhook, env: dict[str, str] | os._Environ[str] = os.envir
             raise WebhookConfigError(f"webhook {hook.name}: {hook.secret_env} is not set")
         return value.encode("utf-8")
     if hook.secret_file is None:
-        return b""
+        return _from_secrets(hook, secrets)
     path = Path(hook.secret_file)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
@@ -154,6 +158,18 @@ def read_secret(hook: Webhook, env: dict[str, str] | os._Environ[str] = os.envir
     if not secret:
         raise WebhookConfigError(f"webhook {hook.name}: {path} is empty")
     return secret
+
+
+def _from_secrets(hook: Webhook, secrets: SecretsDir) -> bytes:
+    where = secrets.path / hook.secret_file_name
+    try:
+        found = secrets.read(hook.secret_file_name)
+    except SecretsError as error:
+        raise WebhookConfigError(f"webhook {hook.name}: {error}") from error
+    value = b"" if found is None else found.get_secret_value().strip().encode("utf-8")
+    if not value and hook.format == "json":
+        raise WebhookConfigError(f"webhook {hook.name}: no secret: put it in {where}")
+    return value
 
 
 def _abort(conn: http.client.HTTPConnection) -> None:
@@ -193,17 +209,20 @@ def post(url: str, body: bytes, headers: dict[str, str], timeout_s: float) -> At
 
 
 class Deliverer:
-    """Delivers the due deliveries of `store` to `hooks` (by name); the secrets come
-    from `env` (default: this process's environment) or files, at each attempt."""
+    """Delivers the due deliveries of `store` to `hooks` (by name); the secrets are
+    read at each attempt ([`read_secret`]) from `secrets`, or the files or variables
+    of `env` (default: this process's environment) that a webhook names."""
 
     def __init__(
         self,
         store: RunStore,
         hooks: tuple[Webhook, ...],
+        secrets: SecretsDir,
         env: dict[str, str] | os._Environ[str] = os.environ,
     ) -> None:
         self.store = store
         self.hooks = {hook.name: hook for hook in hooks}
+        self.secrets = secrets
         self.env = env
 
     def run_pending(self, now: datetime) -> int:
@@ -239,7 +258,7 @@ class Deliverer:
             self._give_up(member, name, head, delivery, attempts=attempts, result=result, now=now)
             return
         try:
-            secret = read_secret(hook, self.env)
+            secret = read_secret(hook, self.secrets, self.env)
         except WebhookConfigError as error:
             result = Attempt(None, str(error))
         else:
@@ -335,7 +354,7 @@ def start_deliverer(store: RunStore, settings: Settings) -> bool:
     with _threads_lock:
         _threads[:] = [thread for thread in _threads if thread.is_alive()]
         while len(_threads) < DELIVERY_THREADS:
-            deliverer = Deliverer(store, hooks)
+            deliverer = Deliverer(store, hooks, settings.secrets)
             thread = threading.Thread(
                 target=_loop, args=(deliverer,), name="runwarden-webhooks", daemon=True
             )

@@ -16,13 +16,14 @@ __all__ = ["ledger_table", "who"]
 
 def who(event: LedgerEvent) -> str:
     """Who asked or decided: a stop's `asked_by`, `policy:<name>`, `runwarden` for
-    a deadline, `manual` for a cancel asked; "" for what just happened."""
+    a deadline, the producer of a cancel asked (`manual` when unknown); "" for what
+    just happened."""
     if isinstance(event, StopOpened):
         return event.asked_by
     if isinstance(event, PolicyDecision):
         return f"policy:{event.policy}"
     if isinstance(event, CancelDecided):
-        return "manual" if event.cause == "manual" else "runwarden"
+        return event.asked_by or ("manual" if event.cause == "manual" else "runwarden")
     return ""
 
 

@@ -2,7 +2,8 @@
 jobs and shortened clocks (tests/pipeline.py): four runs stopped four ways at once:
 by the CLI (proof, then the end), by the API with a job that ignores the request
 (cancelled at the proof deadline), by the API with a job that proves and hangs (the
-end deadline cancels it), and by the cost policy; each run's ledger tells who asked,
+end deadline cancels it), and by the cost policy, and a fifth cancelled by a person;
+each run's ledger tells who asked,
 the timers, what came of it, and the checkpoint's digest once it is home; `runwarden
 stops --history` and `show --json` show it."""
 
@@ -98,8 +99,10 @@ def test_each_stop_s_story_is_in_the_ledger(pipeline: Pipeline) -> None:
     hanging = launch(pipeline, "--hang-after-proof")
     # 1 USD at 600 USD/h: the cost policy asks after about 5.7 s.
     costly = launch(pipeline, limits=RunLimits(max_cost_usd=1, usd_per_hour=600, disk=False))
-    for run in (proving, ignoring, hanging):
+    cancelled = launch(pipeline)
+    for run in (proving, ignoring, hanging, cancelled):
         pipeline.wait_step(run.id, 3)
+    api.cancel(cancelled.id)
     ok(run_cli(pipeline.env, "stop", proving.id))
     ignored_stop = api.stop(ignoring.id)
     hung_stop = api.stop(hanging.id, SnapshotReason.REQUESTED, asked_by="svc-trainer-ops")
@@ -109,7 +112,9 @@ def test_each_stop_s_story_is_in_the_ledger(pipeline: Pipeline) -> None:
     assert kinds(events) == ["stop_opened", "proof_seen", "run_ended", "retrieval_done"]
     opened, proof, ended, home = events
     assert isinstance(opened, StopOpened)
-    assert (opened.asked_by, opened.reason) == ("cli", "requested")
+    # Who asked: the producer the message was signed by (the CLI's: `operator`), and
+    # what it said after it.
+    assert (opened.asked_by, opened.reason) == ("operator/cli", "requested")
     assert opened.proof_deadline == opened.at + timedelta(seconds=PROOF_S)
     assert isinstance(proof, ProofSeen)
     assert (proof.due, proof.asked_at, proof.stop_id) == (None, opened.at, opened.stop_id)
@@ -130,7 +135,7 @@ def test_each_stop_s_story_is_in_the_ledger(pipeline: Pipeline) -> None:
     assert kinds(events)[4:] == ["retrieval_done"]
     opened, cancel = events[0], events[1]
     assert isinstance(opened, StopOpened)
-    assert (opened.asked_by, opened.stop_id) == ("api", ignored_stop.stop_id)
+    assert (opened.asked_by, opened.stop_id) == ("operator", ignored_stop.stop_id)
     assert isinstance(cancel, CancelDecided)
     assert (cancel.cause, cancel.due, cancel.attempt) == ("proof_timeout", opened.proof_deadline, 1)
     assert timedelta(0) <= cancel.at - opened.proof_deadline < timedelta(seconds=ON_TIME_S)
@@ -143,7 +148,7 @@ def test_each_stop_s_story_is_in_the_ledger(pipeline: Pipeline) -> None:
     assert kinds(events)[:3] == ["stop_opened", "proof_seen", "cancel_decided"]
     opened, proof, cancel = events[:3]
     assert isinstance(opened, StopOpened)
-    assert (opened.asked_by, opened.stop_id) == ("svc-trainer-ops", hung_stop.stop_id)
+    assert (opened.asked_by, opened.stop_id) == ("operator/svc-trainer-ops", hung_stop.stop_id)
     assert isinstance(proof, ProofSeen)
     assert proof.due == opened.proof_deadline
     assert timedelta(0) <= proof.at - opened.proof_deadline < timedelta(seconds=ON_TIME_S)
@@ -170,11 +175,20 @@ def test_each_stop_s_story_is_in_the_ledger(pipeline: Pipeline) -> None:
     assert (opened.asked_by, opened.reason) == ("policy:cost", "cost")
     assert kinds(events)[first:] == ["stop_opened", "proof_seen", "run_ended", "retrieval_done"]
 
+    # 5. A person's cancel: who asked, no stop, no deadline.
+    events = ledger_when(pipeline, cancelled.id, "run_ended")
+    first = events[0]
+    assert isinstance(first, CancelDecided)
+    assert (first.cause, first.asked_by, first.due, first.stop_id) == (
+        "manual", "operator", None, None,
+    )  # fmt: skip
+    assert "job_cancelled" in kinds(events)
+
     # The CLI: every run's history, newest first; one run's; and `show --json`.
+    runs = (proving, ignoring, hanging, costly, cancelled)
     everything = json.loads(ok(run_cli(pipeline.env, "stops", "--history", "--json")))
-    assert {e["run_id"] for e in everything} == {proving.id, ignoring.id, hanging.id, costly.id}
-    assert len(everything) == sum(len(api.ledger(r.id)) for r in (proving, ignoring, hanging,
-                                                                  costly))  # fmt: skip
+    assert {e["run_id"] for e in everything} == {r.id for r in runs}
+    assert len(everything) == sum(len(api.ledger(r.id)) for r in runs)
     times = [e["at"] for e in everything]
     assert times == sorted(times, reverse=True)
     one = json.loads(ok(run_cli(pipeline.env, "stops", "--history", ignoring.id, "--json")))
@@ -183,7 +197,8 @@ def test_each_stop_s_story_is_in_the_ledger(pipeline: Pipeline) -> None:
     assert shown["ledger"] == [e.model_dump(mode="json") for e in api.ledger(ignoring.id)]
     table = ok(run_cli(pipeline.env, "stops", "--history"))
     for needle in ("cancel decided: proof timeout", "cancel decided: end timeout",
-                   "asked by svc-trainer-ops", "policy:cost", "proof seen at the run's end",
+                   "asked by operator/svc-trainer-ops", "policy:cost",
+                   "proof seen at the run's end", "manual (asked by operator)",
                    "artifacts retrieved", proving.id, costly.id):  # fmt: skip
         assert needle in table, table
     text = ok(run_cli(pipeline.env, "show", hanging.id))

@@ -17,6 +17,7 @@ import pytest
 from schemas import RunLimits, RunState
 from schemas.events import LaunchSpec
 from schemas.ledger import CancelDecided, StopOpened
+from schemas.secrets import SecretsDir
 
 from ...pipeline import CLOCKS, Pipeline, running_pipeline, toy
 from ...webhook_receiver import Receiver, receiver, silent_listener
@@ -37,13 +38,15 @@ def got() -> Iterator[Receiver]:
 
 @pytest.fixture
 def pipeline(tmp_path: Path, got: Receiver) -> Iterator[Pipeline]:
+    # ops's secret in the secrets directory the pipeline's processes use.
+    SecretsDir(tmp_path / "state" / "secrets").ensure("webhook.ops.secret", SECRET)
     with silent_listener() as hang_url:
         hooks = [
-            {"name": "ops", "url": f"{got.url}/ops", "secret_env": SECRET_VAR,
-             "backoff_s": 1, "attempts": 5},
+            {"name": "ops", "url": f"{got.url}/ops", "backoff_s": 1, "attempts": 5},
             {"name": "chat", "url": f"{got.url}/chat", "format": "slack",
              "events": ["stop_opened", "run_ended"]},
-            # Never answers: each attempt takes its whole timeout.
+            # Never answers: each attempt takes its whole timeout. Its secret comes
+            # from the workers' environment.
             {"name": "hang", "url": hang_url, "secret_env": SECRET_VAR, "timeout_s": 5,
              "attempts": 2, "backoff_s": 1},
         ]  # fmt: skip

@@ -31,6 +31,7 @@ def test_an_inline_json_list() -> None:
     assert (ops.format, ops.attempts, ops.timeout_s, ops.host) == ("json", 10, 5.0, "hooks.example")
     assert chat.format == "slack"
     assert chat.secret_env is None
+    assert chat.secret_file_name == "webhook.chat.secret"
     assert chat.wants("run_ended")
     assert not chat.wants("stop_opened")
 
@@ -56,7 +57,6 @@ def test_a_json_file_and_a_toml_file(tmp_path: Path) -> None:
     ("value", "needle"),
     [
         ("[{", "not JSON"),
-        (json.dumps([{**HOOK, "secret_env": None}]), "a json webhook is signed"),
         (json.dumps([{**HOOK, "secret_file": "/s"}]), "not both"),
         (json.dumps([{**HOOK, "url": "ftp://x/y"}]), "http:// or https://"),
         (json.dumps([{**HOOK, "url": "https://x/a b"}]), "no space"),
