@@ -15,7 +15,8 @@ Guarantees:
   threads of their own (`workers.webhooks`), never in the operation.
 - **Completed from the ledger.** An event that does not know its stop (a manual
   cancel, a job cancelled, a run's end) gets the stop the ledger says is open; a
-  retrieval gets the stop its run ended with. A run that ended with a snapshot while
+  retrieval, or a job cancelled after its run's end was recorded, gets the stop the
+  run ended with. A run that ended with a snapshot while
   its stop had no `proof_seen` gets one first (the proof seen at the run's end), so
   every stop's proof is in the ledger and in the proof latency histogram.
 """
@@ -95,13 +96,13 @@ def _completed(ctx: Context, event: LedgerEvent) -> list[LedgerEvent]:
     if isinstance(event, CancelDecided) and event.stop_id is not None:
         return [event]
     tail = ctx.store.ledger(event.run_id, last=LEDGER_TAIL)
-    if isinstance(event, RetrievalDone | RetrievalFailed):
-        ended = [e for e in tail if isinstance(e, RunEnded)]
-        stop_id = ended[-1].stop_id if ended else None
-        return [event.model_copy(update={"stop_id": stop_id})]
     found = open_stop_of(tail)
-    if found is None:
-        return [event]
+    if found is None or isinstance(event, RetrievalDone | RetrievalFailed):
+        # After the run's end: a retrieval, or a cancel whose end a follow tick
+        # recorded first, belongs to the stop the run ended with.
+        ended = [e for e in tail if isinstance(e, RunEnded)]
+        stop_id = ended[-1].stop_id if ended and not isinstance(event, RunEnded) else None
+        return [event.model_copy(update={"stop_id": stop_id})]
     event = event.model_copy(update={"stop_id": found.stop_id})
     if isinstance(event, RunEnded) and event.snapshot is not None and not found.proved:
         proof = ProofSeen(

@@ -16,6 +16,7 @@ import pytest
 
 from schemas import JobStatus, RunState, SnapshotReason, StoreError
 from schemas.ledger import (
+    JobCancelled,
     LedgerEvent,
     ProofSeen,
     RetrievalDone,
@@ -145,3 +146,21 @@ def test_a_follow_tick_is_timed_per_target(tmp_path: Path) -> None:
     assert (series.spec.name, series.labels, series.count, series.sum) == (
         "runwarden_follow_tick_seconds", ("local",), 1.0, 0.2,
     )  # fmt: skip
+
+
+def test_a_job_cancelled_after_its_run_s_end_belongs_to_the_stop_it_ended(
+    tmp_path: Path,
+) -> None:
+    worker, store, _ = policy_worker(tmp_path)
+    run = running_run(store, tmp_path, "r1")
+    stop = stops.request_snapshot(worker, run.id, SnapshotReason.REQUESTED, "cli",
+                                  datetime.now(UTC))  # fmt: skip
+    ended = store.transition(run.id, RunState.CANCELLED)
+    notify.emit(worker, RunEnded.of, ended, datetime.now(UTC))  # a follow tick saw it first
+    notify.emit(worker, JobCancelled.of, run.id, datetime.now(UTC))  # then the cancel returns
+    assert kinds(store.ledger(run.id)) == ["stop_opened", "run_ended", "job_cancelled"]
+    assert [e.stop_id for e in store.ledger(run.id)] == [stop.stop_id] * 3
+    # A run without a stop: nothing to belong to.
+    other = running_run(store, tmp_path, "r2")
+    notify.emit(worker, JobCancelled.of, other.id, datetime.now(UTC))
+    assert [e.stop_id for e in store.ledger(other.id)] == [None]
