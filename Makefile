@@ -4,7 +4,7 @@
 
 VENV ?= .venv
 PY := $(VENV)/bin/python
-APT_PACKAGES := redis-server openssh-server openssh-client busybox procps tar coreutils findutils iproute2 docker-compose chromium
+APT_PACKAGES := redis-server openssh-server openssh-client busybox procps tar coreutils findutils iproute2 docker-compose chromium curl wget sudo util-linux passwd
 PYTEST_ARGS ?=
 
 .PHONY: demo test lint system-deps venv clean
@@ -22,7 +22,8 @@ venv: $(VENV)/.installed
 system-deps:
 	@if command -v redis-server >/dev/null && [ -x /usr/sbin/sshd ] && command -v busybox >/dev/null \
 	    && command -v ps >/dev/null && command -v ssh-keygen >/dev/null && command -v ip >/dev/null && command -v docker-compose >/dev/null \
-	    && [ -x /usr/bin/chromium ]; then :; \
+	    && [ -x /usr/bin/chromium ] && command -v curl >/dev/null && command -v wget >/dev/null \
+	    && command -v sudo >/dev/null && command -v setpriv >/dev/null && command -v useradd >/dev/null; then :; \
 	elif [ "$$(id -u)" = 0 ]; then \
 	  echo "installing $(APT_PACKAGES)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES) >/dev/null; \

@@ -78,7 +78,7 @@ from .stops import (
     UtcDatetime,
     new_stop_id,
 )
-from .targets import SshOptions, TargetConfig, TargetName
+from .targets import SshOptions, TargetConfig, TargetName, check_user_name
 
 __all__ = [
     "END_TIMEOUT_S",
@@ -135,6 +135,7 @@ __all__ = [
     "check_env_name",
     "check_pid",
     "check_secret_value",
+    "check_user_name",
     "decide_outcome",
     "expected_checkpoint",
     "join_run_path",

@@ -1,18 +1,41 @@
 """Targets: where runs go. A target is this machine (`local`) or an SSH destination,
-with the directory holding its run directories. Never holds a secret: SSH keys are
-referenced by path, and the agent is used when it holds them."""
+with the directory holding its run directories, and, for a local target, the user its
+jobs run as. Never holds a secret: SSH keys are referenced by path, and the agent is
+used when it holds them."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import re
+from typing import Annotated, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .job import check_absolute_path, check_env_name
 
-__all__ = ["SshOptions", "TargetConfig", "TargetName"]
+__all__ = ["SshOptions", "TargetConfig", "TargetName", "check_user_name"]
 
 TargetName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
+
+_USER_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
+
+
+def check_user_name(name: str) -> str:
+    """Returns `name` when it can name the user a local target's jobs run as, else
+    raises `ValueError` saying why.
+
+    A name is 1 to 32 characters: a letter or `_`, then letters, digits, `_`, `.` and
+    `-` (what `useradd` accepts, less the forms other tools read differently: a
+    leading `-` is an option, a leading digit or `#` a uid, a trailing `$` a machine
+    account). `root` is refused: a job run as root can read everything the worker
+    has, which is what running it as another user is for."""
+    if _USER_NAME.fullmatch(name) is None:
+        raise ValueError(
+            f"{name[:40]!r} is not a user name (a letter or _, then letters, digits, _ . -;"
+            " at most 32)"
+        )
+    if name == "root":
+        raise ValueError("run_as root protects nothing: name an unprivileged user")
+    return name
 
 
 class SshOptions(BaseModel):
@@ -30,7 +53,12 @@ class SshOptions(BaseModel):
 
 class TargetConfig(BaseModel):
     """A target as stored and shown: configuration the operator writes (signed, see
-    `schemas.auth`), never something a message can create or change."""
+    `schemas.auth`), never something a message can create or change.
+
+    `run_as` (local targets only) names the user this machine runs the target's jobs
+    as, so a job cannot read the worker's environment, files or Redis socket
+    (`workers/executors/runas.py`). An SSH target's jobs already run as its login
+    user."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -44,6 +72,8 @@ class TargetConfig(BaseModel):
     upload_roots: tuple[str, ...] = ()
     """Directories of the worker a launch may upload from (the upload path, resolved,
     must be one of them or below one); none: no upload is allowed."""
+    run_as: str | None = None
+    """Local targets only: the user this machine runs the target's jobs as."""
 
     @field_validator("workdir")
     @classmethod
@@ -66,8 +96,17 @@ class TargetConfig(BaseModel):
         """The names of `names` this target does not allow, sorted."""
         return sorted(set(names) - set(self.allow_secrets))
 
+    @field_validator("run_as")
+    @classmethod
+    def _run_as(cls, value: str | None) -> str | None:
+        return None if value is None else check_user_name(value)
+
     @model_validator(mode="after")
     def _ssh(self) -> TargetConfig:
         if (self.kind == "ssh") != (self.ssh is not None):
             raise ValueError("an ssh target needs its ssh options, and only it")
+        if self.kind == "ssh" and self.run_as is not None:
+            raise ValueError(
+                "run_as is for local targets: an ssh target's jobs run as its login user"
+            )
         return self

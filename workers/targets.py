@@ -11,7 +11,7 @@ from pathlib import Path
 from schemas import TargetConfig
 from store import RunStore
 
-from .executors import Executor, LocalExecutor, SshExecutor
+from .executors import Executor, LocalExecutor, RunAsExecutor, SshExecutor
 from .identity import Identities
 
 __all__ = ["build_executor", "executor_for", "target_config"]
@@ -23,12 +23,16 @@ os.register_at_fork(after_in_child=_cache.clear)
 
 
 def build_executor(config: TargetConfig) -> Executor:
-    """A new executor for `config` (nothing is opened yet).
+    """A new executor for `config` (nothing is opened yet): a local target with
+    `run_as` runs its jobs as that user (`RunAsExecutor`).
 
     Raises:
-        InvalidArgument: for an SSH destination or config that cannot be used.
+        InvalidArgument: for an SSH destination or config that cannot be used, or a
+            `run_as` user this machine does not have or cannot change to.
     """
     if config.kind == "local" or config.ssh is None:
+        if config.run_as is not None:
+            return RunAsExecutor(config.workdir, config.run_as)
         return LocalExecutor(config.workdir)
     ssh = config.ssh
     return SshExecutor.connect(

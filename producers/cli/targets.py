@@ -40,6 +40,10 @@ def targets_add(
             metavar="DIR",
         ),
     ] = None,
+    run_as: Annotated[
+        str | None,
+        typer.Option(help="Local targets: the user the jobs run as (README: run as)."),
+    ] = None,
 ) -> None:
     """Add (or replace) a target, signed with the operator's key: only the operator
     defines targets, and says which secrets their runs may receive and which
@@ -63,12 +67,16 @@ def targets_add(
             ssh=options,
             allow_secrets=tuple(allow_secret or ()),
             upload_roots=tuple(str(p.expanduser().absolute()) for p in upload_root or ()),
+            run_as=run_as,
         )
 
     config = run_op(build)
     api = client()
     run_op(lambda: api.add_target(config))
-    out.print(f"target {name}: {config.kind}, {config.workdir}", markup=False, soft_wrap=True)
+    as_user = f", jobs run as {config.run_as}" if config.run_as else ""
+    out.print(
+        f"target {name}: {config.kind}, {config.workdir}{as_user}", markup=False, soft_wrap=True
+    )
 
 
 @targets_app.command("ls")
@@ -79,9 +87,10 @@ def targets_ls(as_json: Annotated[bool, typer.Option("--json")] = False) -> None
     if as_json:
         print_json([t.model_dump(mode="json") for t in targets])
         return
-    table = Table("name", "kind", "workdir", "ssh")
+    table = Table("name", "kind", "workdir", "ssh", "run as")
     for t in targets:
-        table.add_row(t.name, t.kind, escape(t.workdir), escape(t.ssh.destination) if t.ssh else "")
+        ssh = escape(t.ssh.destination) if t.ssh else ""
+        table.add_row(t.name, t.kind, escape(t.workdir), ssh, t.run_as or "")
     out.print(table)
 
 

@@ -25,6 +25,7 @@ from .errors import (
 from .lines import LineStream, complete_lines
 from .local import LocalExecutor, job_environment
 from .localtree import local_manifest
+from .runas import RunAsExecutor, run_as_environment
 from .safetree import Downloaded, Link
 from .scripts import FOLLOW_TIMEOUT_S, FollowEntry, FollowUpdate, parse_status, quote
 from .shell import ScriptExecutor
@@ -50,6 +51,7 @@ __all__ = [
     "LocalExecutor",
     "LocalTransport",
     "ProtocolError",
+    "RunAsExecutor",
     "ScriptExecutor",
     "SpawnError",
     "SshError",
@@ -63,5 +65,6 @@ __all__ = [
     "parse_manifest",
     "parse_status",
     "quote",
+    "run_as_environment",
     "sha256_file",
 ]

@@ -109,13 +109,18 @@ class LocalTransport:
     the terminal never reaches a script half way (cancel must run to its end)."""
 
     def __init__(
-        self, env: Mapping[str, str] | None = None, shell: Sequence[str] = ("sh",)
+        self,
+        env: Mapping[str, str] | None = None,
+        shell: Sequence[str] = ("sh",),
+        cwd: str | None = None,
     ) -> None:
         """`env` is the scripts' environment (default: this process's); `shell` the
         command that runs a script given after `-c` (default `sh`; the tests also use
-        `busybox sh`)."""
+        `busybox sh`; a run-as target puts the change of user in front of it); `cwd`
+        the directory scripts start in (default: this process's)."""
         self._env = dict(env) if env is not None else None
         self._shell = list(shell)
+        self._cwd = cwd
         self._groups: set[int] = set()
         self._running: set[int] = set()
         """Scripts not waited for yet: their groups are left to the thread running them
@@ -135,6 +140,7 @@ class LocalTransport:
                 stderr=subprocess.PIPE,
                 start_new_session=True,
                 env=dict(env) if env is not None else self._env,
+                cwd=self._cwd,
                 close_fds=True,
             )
         except OSError as error:

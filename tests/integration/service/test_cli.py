@@ -178,6 +178,8 @@ def test_targets_add_ls_rm(pipeline: Pipeline, tmp_path: Path) -> None:
         )
     )  # fmt: skip
     assert out.strip() == "target gpu: ssh, /srv/runs"
+    out = ok(rw(pipeline, "targets", "add", "mine", "--workdir", "/srv/mine", "--run-as", "nobody"))
+    assert out.strip() == "target mine: local, /srv/mine, jobs run as nobody"
 
     table = ok(rw(pipeline, "targets", "ls"))
     rows = {line.split()[1]: line for line in table.splitlines() if line.startswith("│")}
@@ -186,6 +188,7 @@ def test_targets_add_ls_rm(pipeline: Pipeline, tmp_path: Path) -> None:
     assert "/srv/runs" in rows["gpu"]
     assert str(scratch) in rows["scratch"]
     assert " local " in rows["scratch"]
+    assert " nobody " in rows["mine"]
 
     listed = as_json(rw(pipeline, "targets", "ls", "--json"))
     assert isinstance(listed, list)
@@ -195,8 +198,9 @@ def test_targets_add_ls_rm(pipeline: Pipeline, tmp_path: Path) -> None:
     by_name = {item["name"]: item for item in listed}
     assert by_name["scratch"] == {
         "name": "scratch", "kind": "local", "workdir": str(scratch), "ssh": None,
-        "allow_secrets": [], "upload_roots": [],
+        "allow_secrets": [], "upload_roots": [], "run_as": None,
     }  # fmt: skip
+    assert by_name["mine"]["run_as"] == "nobody"
     gpu = by_name["gpu"]
     assert (gpu["kind"], gpu["workdir"]) == ("ssh", "/srv/runs")
     assert set(gpu["ssh"]) == set(SshOptions.model_fields)
@@ -210,12 +214,12 @@ def test_targets_add_ls_rm(pipeline: Pipeline, tmp_path: Path) -> None:
     ssh2 = pipeline.api.store.get_target("gpu2")["ssh"]
     assert (ssh2["destination"], ssh2["port"]) == ("u@h", 22)
 
-    for name in ("gpu", "gpu2", "scratch"):
+    for name in ("gpu", "gpu2", "scratch", "mine"):
         assert ok(rw(pipeline, "targets", "rm", name)).strip() == f"removed target {name}"
     refused(rw(pipeline, "targets", "rm", "gpu"), 2, "no target 'gpu'")
     names = {t["name"] for t in as_json(rw(pipeline, "targets", "ls", "--json"))}  # type: ignore[attr-defined]
     assert "local" in names
-    assert not names & {"gpu", "gpu2", "scratch"}
+    assert not names & {"gpu", "gpu2", "scratch", "mine"}
 
 
 @pytest.mark.parametrize(
@@ -225,8 +229,19 @@ def test_targets_add_ls_rm(pipeline: Pipeline, tmp_path: Path) -> None:
         (["--workdir", "/srv", "--identity", "id"], "need --ssh"),
         (["--workdir", "relative/dir"], "not an absolute path"),
         (["--workdir", "/srv", "--ssh", "u@h", "--port", "0"], ""),  # typer's range check
+        (["--workdir", "/srv", "--ssh", "u@h", "--run-as", "rwjob"], "run_as is for local"),
+        (["--workdir", "/srv", "--run-as", "$(touch PWNED)"], "is not a user name"),
+        (["--workdir", "/srv", "--run-as", "root"], "run_as root protects nothing"),
     ],
-    ids=["port-without-ssh", "identity-without-ssh", "relative-workdir", "port-0"],
+    ids=[
+        "port-without-ssh",
+        "identity-without-ssh",
+        "relative-workdir",
+        "port-0",
+        "run-as-with-ssh",
+        "run-as-hostile",
+        "run-as-root",
+    ],
 )
 def test_targets_add_refuses_bad_input(pipeline: Pipeline, args: list[str], needle: str) -> None:
     result = rw(pipeline, "targets", "add", "bad", *args)
@@ -583,7 +598,7 @@ def test_stops_in_flight(pipeline: Pipeline) -> None:
     # --wait gives up at its timeout: the stop is still in flight.
     result = rw(pipeline, "stop", run_id, "--reason", "cost", "--wait", "--timeout", "0.5")
     assert result.returncode == 1, show(result)
-    assert result.stdout == f"{run_id}: snapshot asked (cost)\n"
+    assert result.stdout == f"{run_id}: snapshot asked (cost)\n", show(result)
     assert result.stderr.splitlines() == [
         f"error: {run_id} has not ended after 0.5 s (still running)"
     ]

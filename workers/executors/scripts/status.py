@@ -227,7 +227,8 @@ rw_gone() {{
 }}
 rw_mark() {{
   if [ -d "$rw_dir" ] && [ ! -e "$rw_dir/$1" ] && [ ! -h "$rw_dir/$1" ]; then
-    : > "$rw_dir/$1" 2>/dev/null || :
+    # `true`, not `:`: a failed redirection of a special builtin ends the script.
+    {{ true > "$rw_dir/$1"; }} 2>/dev/null || :
   fi
 }}
 rw_signalled=

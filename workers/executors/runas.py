@@ -1,0 +1,342 @@
+"""A local target whose jobs run as another user (`TargetConfig.run_as`), so a job
+cannot read what the worker holds: its environment (`/proc/<pid>/environ`: secrets,
+the Redis URL), its files, the embedded Redis's socket (mode 0700, the worker's).
+
+What runs as whom (docs/protocol.md, "Jobs run as another user"):
+
+- As the job's user, every script that touches a run directory, each started by
+  [`RunAsTransport`] behind a change of user: claim, upload (the unpacking `tar`),
+  spawn (the launcher, and so the job's wrapper and everything under it, and the
+  on-target watchdog), status, follow, reads, `put_file` (`snapshot.request`),
+  manifest and download (the archiving `tar`), the disk probe, and cancel (which
+  then signals the job's group and sweeps the processes carrying the run's mark as
+  their owner). The command in front of `sh`:
+
+      worker is root:      setpriv --reuid=UID --regid=GID --init-groups --
+                           (runuser -u USER -- where setpriv is missing)
+      worker is not root:  sudo -n -u USER --
+      worker is the user:  nothing
+
+  followed by `env -i <the job user's environment> sh -c SCRIPT`.
+- As the worker, nothing inside a run directory: when it is root, it creates the
+  run directory in the workdir and gives it to the user (`fchown`) before the claim
+  script runs. Root never writes into a directory the job owns (a link the job put
+  there could lead the write anywhere: `cancelling`, a temporary file), and reads
+  nothing there natively: the worker gets what the job's user can read, through the
+  user's scripts, a file the job made 0600 included.
+
+The worker's own Python code reads only the scripts' output; the native fast paths of
+[`LocalExecutor`](local.LocalExecutor) are not used (a `read_from` is a script too),
+and a script costs two more `exec`s (setpriv, env: a few ms) or a `sudo` (some 15 ms).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import shutil
+import subprocess
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final, Literal
+
+from schemas import check_user_name
+
+from . import scripts
+from .errors import CommandError, InvalidArgument, IoError
+from .shell import ScriptExecutor, check_remote
+from .transport import LocalTransport, error_line
+
+__all__ = [
+    "RUN_AS_KEPT",
+    "RUN_AS_PATH",
+    "JobUser",
+    "RunAsExecutor",
+    "RunAsTransport",
+    "job_user",
+    "run_as_environment",
+]
+
+RUN_AS_PATH: Final = "/usr/local/bin:/usr/bin:/bin"
+"""`PATH` of a job run as another user (the job may set its own)."""
+RUN_AS_KEPT: Final = ("LANG", "LANGUAGE", "TZ")
+"""The worker's variables a job run as another user keeps, when set, with every
+`LC_*`: the locale and time zone, never a credential."""
+_SYSTEM_PATH: Final = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+"""Where the programs that change user are looked for: never the worker's `PATH`."""
+_READY_TIMEOUT_S: Final = 30.0
+
+How = Literal["setpriv", "runuser", "sudo", "self"]
+
+
+@dataclass(frozen=True)
+class JobUser:
+    """The user a target's jobs run as, from this machine's user database."""
+
+    name: str
+    uid: int
+    gid: int
+    home: str
+
+
+def job_user(name: str) -> JobUser:
+    """The user `name` of this machine.
+
+    Raises:
+        InvalidArgument: when `name` is not a user name (`schemas.check_user_name`),
+            or no such user exists here.
+    """
+    try:
+        check_user_name(name)
+    except ValueError as error:
+        raise InvalidArgument(str(error)) from error
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError as error:
+        raise InvalidArgument(f"no user {name!r} on this machine (run_as)") from error
+    if entry.pw_uid == 0:
+        raise InvalidArgument(f"user {name!r} is root: run_as protects nothing")
+    return JobUser(name=name, uid=entry.pw_uid, gid=entry.pw_gid, home=entry.pw_dir)
+
+
+def run_as_environment(user: JobUser, worker_env: Mapping[str, str]) -> dict[str, str]:
+    """The whole environment the launcher (and so the job, before its own variables and
+    secrets) gets when run as `user`: `PATH` ([`RUN_AS_PATH`]), `HOME` (the user's
+    home), `USER` and `LOGNAME` (the name), `SHELL` (`/bin/sh`), and from `worker_env`
+    only [`RUN_AS_KEPT`] and `LC_*`. Nothing else of the worker's, whatever its name."""
+    env = {
+        "PATH": RUN_AS_PATH,
+        "HOME": user.home,
+        "USER": user.name,
+        "LOGNAME": user.name,
+        "SHELL": "/bin/sh",
+    }
+    for name, value in worker_env.items():
+        if name in RUN_AS_KEPT or name.startswith("LC_"):
+            env[name] = value
+    return env
+
+
+def _program(name: str) -> str | None:
+    return shutil.which(name, path=_SYSTEM_PATH)
+
+
+def _change_of_user(
+    user: JobUser, worker_is_root: bool, sudo: Sequence[str]
+) -> tuple[list[str], How]:
+    if os.geteuid() == user.uid:
+        return [], "self"
+    if worker_is_root:
+        setpriv = _program("setpriv")
+        if setpriv is not None:
+            return [
+                setpriv,
+                f"--reuid={user.uid}",
+                f"--regid={user.gid}",
+                "--init-groups",
+                "--",
+            ], "setpriv"
+        runuser = _program("runuser")
+        if runuser is not None:
+            return [runuser, "-u", user.name, "--"], "runuser"
+        raise InvalidArgument(
+            f"cannot run jobs as {user.name}: neither setpriv nor runuser (util-linux) is installed"
+        )
+    return [*sudo, "-n", "-u", user.name, "--"], "sudo"
+
+
+def _worker_name() -> str:
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return str(os.geteuid())
+
+
+class RunAsTransport(LocalTransport):
+    """A [`LocalTransport`] whose every script runs as `user` (the command in the
+    module docstring), with [`run_as_environment`] as its whole environment (the
+    program that changes user gets only that too), starting in `/`.
+
+    Before its first script, and again after a failure, it checks that a script
+    really runs as the user (`id -u`), so a missing sudo rule is one clear error, not
+    the failure of whatever script came first. A script killed at its deadline is
+    killed as the user too when it runs under sudo (this process may not signal it).
+    """
+
+    def __init__(
+        self,
+        user: JobUser,
+        *,
+        worker_is_root: bool,
+        sudo: Sequence[str] = ("sudo",),
+        worker_env: Mapping[str, str] | None = None,
+    ) -> None:
+        """`sudo` is the command that runs sudo (a test puts a change to the worker's
+        user in front of it); `worker_env` the worker's environment (default: this
+        process's), of which only the locale and time zone are kept.
+
+        Raises:
+            InvalidArgument: when no program can change to the user, or `env` or
+                `sh` is missing.
+        """
+        env = run_as_environment(user, os.environ if worker_env is None else worker_env)
+        change, how = _change_of_user(user, worker_is_root, sudo)
+        env_program, sh = _program("env"), _program("sh")
+        if env_program is None or sh is None:
+            raise InvalidArgument("env and sh must be installed in /usr/bin or /bin")
+        assignments = [f"{name}={value}" for name, value in env.items()]
+        command = [*change, env_program, "-i", *assignments, sh]
+        super().__init__(env=env, shell=command, cwd="/")
+        self.user = user
+        self.how: How = how
+        self._ready = False
+        self._ready_lock = threading.Lock()
+
+    @property
+    def command(self) -> list[str]:
+        """The command a script is given to after `-c`."""
+        return list(self._shell)
+
+    def _refusal(self, detail: str) -> CommandError:
+        name = self.user.name
+        if self.how == "sudo":
+            worker = _worker_name()
+            detail += (
+                f"; a worker that is not root runs jobs as {name} through `sudo -n`: it"
+                f" needs sudo and the sudoers line `{worker} ALL=({name}) NOPASSWD: ALL`"
+                " (README, Running jobs as another user)"
+            )
+        return CommandError(f"run as {name}", detail)
+
+    def _ensure_ready(self) -> None:
+        if self._ready:
+            return
+        with self._ready_lock:
+            if self._ready:
+                return
+            try:
+                proc = subprocess.run(
+                    [*self._shell, "-c", "id -u"],
+                    stdin=subprocess.DEVNULL,
+                    capture_output=True,
+                    env=self._env,
+                    cwd="/",
+                    timeout=_READY_TIMEOUT_S,
+                    start_new_session=True,
+                    check=False,
+                )
+            except subprocess.TimeoutExpired as error:
+                raise self._refusal(f"no answer within {_READY_TIMEOUT_S:.0f} s") from error
+            except OSError as error:
+                program = self._shell[0]
+                raise self._refusal(f"cannot run {program}: {error.strerror}") from error
+            answer = proc.stdout.decode("ascii", "replace").strip()
+            if proc.returncode != 0:
+                raise self._refusal(error_line(proc.stderr, proc.returncode))
+            if answer != str(self.user.uid):
+                raise self._refusal(f"a script ran as uid {answer[:20]!r}, not {self.user.uid}")
+            self._ready = True
+
+    def _popen(
+        self, script: str, *, stdin: int, env: Mapping[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        self._ensure_ready()
+        return super()._popen(script, stdin=stdin, env=env)
+
+    def _kill(self, proc: subprocess.Popen[bytes]) -> None:
+        if proc.returncode is None and self.how == "sudo":
+            # sudo keeps the script in sudo's own process group (pgid: sudo's pid, held
+            # while sudo is not reaped), where only the user may signal the script.
+            group = f"-{proc.pid}"
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                subprocess.run(
+                    [*self._shell, "-c", f"kill -s KILL -- {group} || kill -s KILL {group}"],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    env=self._env,
+                    cwd="/",
+                    timeout=10,
+                    start_new_session=True,
+                    check=False,
+                )
+        super()._kill(proc)
+
+
+class RunAsExecutor(ScriptExecutor):
+    """A local target whose jobs run as the user `user` (see the module docstring):
+    every operation is a shared script run as that user by a [`RunAsTransport`].
+
+    The worker as root creates `workdir` when missing (its own, mode from the
+    umask) and hands each run directory to the user at its claim. A worker that is
+    not root needs a sudo rule for the user, and `workdir` must be the user's to
+    write (the claim creates run directories as the user).
+
+    `worker_is_root` (default: this process's effective uid is 0) and `sudo` are for
+    tests, which act as a worker that is not root.
+    """
+
+    def __init__(
+        self,
+        workdir: Path | str,
+        user: str,
+        *,
+        worker_is_root: bool | None = None,
+        sudo: Sequence[str] = ("sudo",),
+    ) -> None:
+        """
+        Raises:
+            InvalidArgument: for a bad or unknown user, no way to change to it, or a
+                workdir that is not absolute.
+            IoError: when the worker, as root, cannot create `workdir`.
+        """
+        job = job_user(user)
+        root = os.geteuid() == 0 if worker_is_root is None else worker_is_root
+        base = check_remote(str(workdir))
+        if root:
+            try:
+                Path(base).mkdir(parents=True, exist_ok=True)
+            except OSError as error:
+                raise IoError(base, error) from error
+        self._user = job
+        self._hand_over = root and os.geteuid() != job.uid
+        super().__init__(RunAsTransport(job, worker_is_root=root, sudo=sudo), base)
+
+    @property
+    def user(self) -> JobUser:
+        """The user the jobs run as."""
+        return self._user
+
+    def claim(self, dir: str, owner: str) -> bool:
+        scripts.check_owner(owner)
+        if self._hand_over:
+            self._give(check_remote(dir))
+        return super().claim(dir, owner)
+
+    def _give(self, dir: str) -> None:
+        """Creates `dir` (and missing parents, the worker's) and makes it the user's,
+        through a descriptor opened without following a link: a directory already
+        the user's is left as it is; one of a third user is refused."""
+        path = Path(dir)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileExistsError):
+                path.mkdir()
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as error:
+            raise IoError(path, error) from error
+        try:
+            owner = os.fstat(fd).st_uid
+            if owner == self._user.uid:
+                return
+            if owner != os.geteuid():
+                whose = f"not {self._user.name}'s, nor the worker's"
+                raise CommandError("claim", f"{dir} belongs to uid {owner}: {whose}")
+            os.fchown(fd, self._user.uid, self._user.gid)
+        except OSError as error:
+            raise IoError(path, error) from error
+        finally:
+            os.close(fd)
