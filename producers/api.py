@@ -17,6 +17,7 @@ from pydantic import BaseModel, SecretStr
 
 from schemas import (
     Artifacts,
+    NotFound,
     NotResumable,
     RunError,
     RunRecord,
@@ -26,6 +27,7 @@ from schemas import (
     TargetConfig,
 )
 from schemas.auth import OPERATOR, sign, sign_target
+from schemas.chain import MAX_CHAIN
 from schemas.events import (
     TASK_CANCEL,
     TASK_FOLLOW,
@@ -149,8 +151,8 @@ class Runwarden:
         self, run_id: str, *, target: str | None = None, command: str | None = None
     ) -> LaunchSpec:
         """The launch that continues the stopped run `run_id`: its target, command,
-        upload, skip list, secret names, limits and name, unless overridden, with
-        `resume_from` set.
+        upload, skip list, secret names, limits, name and on-preempt plan, unless
+        overridden, with `resume_from` set.
 
         Raises:
             NotFound, NotResumable.
@@ -169,6 +171,7 @@ class Runwarden:
             limits=run.limits,
             resume_from=run.id,
             snapshots=run.snapshots,
+            on_preempt=run.on_preempt,
         )
 
     def retrieve(self, run_id: str, *, force: bool = True, wait_s: float | None = None) -> Any:
@@ -231,6 +234,45 @@ class Runwarden:
 
     def list_runs(self, target: str | None = None) -> list[RunRecord]:
         return self.store.list_runs(target=target)
+
+    def chain(self, run_id: str) -> list[RunRecord]:
+        """The chain of runs `run_id` belongs to, oldest first: the runs it resumes
+        (`resumed_from`, back to the first), itself, and the runs that continued it
+        after a preemption (`continuation`, as far as they are launched). At most
+        `schemas.chain.MAX_CHAIN` runs; a run whose record is gone ends the walk.
+
+        Raises:
+            NotFound: no run `run_id`.
+        """
+        run = self.store.get_run(run_id)
+        back: list[RunRecord] = []
+        seen = {run.id}
+        current = run
+        while current.resumed_from is not None and len(seen) < MAX_CHAIN:
+            if current.resumed_from in seen:
+                break
+            try:
+                current = self.store.get_run(current.resumed_from)
+            except NotFound:
+                break
+            seen.add(current.id)
+            back.append(current)
+        chain = [*reversed(back), run]
+        current = run
+        while len(seen) < MAX_CHAIN:
+            done = current.continuation
+            if done is None or done.key is None:
+                break
+            next_id = self.store.launch_run(done.key)
+            if next_id is None or next_id in seen:
+                break
+            try:
+                current = self.store.get_run(next_id)
+            except NotFound:
+                break
+            seen.add(current.id)
+            chain.append(current)
+        return chain
 
     def get_stop(self, run_id: str) -> StopState | None:
         return self.store.get_stop(run_id)

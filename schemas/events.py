@@ -11,6 +11,7 @@ from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .chain import OnPreempt
 from .idempotency import LaunchKey
 from .ids import RunId
 from .job import ENV_NAME, check_absolute_path
@@ -26,6 +27,7 @@ __all__ = [
     "QUEUE_RETRIEVE",
     "SERIALIZER",
     "TASK_CANCEL",
+    "TASK_CONTINUE",
     "TASK_END_TIMEOUT",
     "TASK_FOLLOW",
     "TASK_FOLLOW_TICK",
@@ -40,6 +42,7 @@ __all__ = [
     "TASK_SNAPSHOT_REQUEST",
     "TASK_WATCH_TARGET",
     "CancelBody",
+    "ContinueBody",
     "FollowBody",
     "LaunchSpec",
     "RetrieveBody",
@@ -66,6 +69,9 @@ TASK_WATCH_TARGET: Final = "runwarden.watch_target"
 `poll_requests`, one task per target so workers share the load)."""
 TASK_POLICY_TARGET: Final = "runwarden.policy_target"
 """Internal: one target's share of a policy tick (fanned out by `policy_tick`)."""
+TASK_CONTINUE: Final = "runwarden.continue"
+"""Internal: continue a preempted run on its next target (`schemas.chain`); sent when
+its checkpoint is retrieved, and by `reconcile` for a continuation still waiting."""
 
 QUEUE: Final = "runwarden"
 """The queue of every task but retrievals."""
@@ -131,6 +137,9 @@ class LaunchSpec(_Body):
     resume_from: RunId | None = None
     snapshots: bool = True
     """Whether the job reads snapshot requests (the job-side plugin)."""
+    on_preempt: OnPreempt | None = None
+    """Resume the run elsewhere when it is preempted (`schemas.chain`); None: a
+    preempted run stays stopped."""
     key: LaunchKey | None = None
     """The launch's idempotency key (`schemas.idempotency`: 1-128 of `[A-Za-z0-9_.-]`,
     starting with a letter or digit), chosen by the producer: every launch with the
@@ -153,6 +162,15 @@ class LaunchSpec(_Body):
         if "\0" in command:
             raise ValueError("a command cannot hold a NUL byte")
         return command
+
+    @model_validator(mode="after")
+    def _preempt(self) -> LaunchSpec:
+        if self.on_preempt is not None and not self.snapshots:
+            raise ValueError(
+                "on_preempt needs a job that reads snapshot requests: a job that "
+                "cannot save a snapshot cannot be resumed"
+            )
+        return self
 
 
 class FollowBody(_Body):
@@ -201,6 +219,12 @@ class CancelBody(_Body):
     run_id: RunId
 
 
+class ContinueBody(_Body):
+    """`runwarden.continue`: launch the next run of a preempted run's chain."""
+
+    run_id: RunId
+
+
 class TimeoutBody(_Body):
     """`runwarden.proof_timeout` / `runwarden.end_timeout`: a stop's countdown."""
 
@@ -218,6 +242,7 @@ _WHAT: Final = {
     TASK_PROOF_TIMEOUT: "proof deadline",
     TASK_END_TIMEOUT: "end deadline",
     TASK_RETRIEVE: "retrieve",
+    TASK_CONTINUE: "continue after a preemption",
 }
 
 

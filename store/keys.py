@@ -26,11 +26,12 @@ key, only `[A-Za-z0-9_.-]` as `schemas.idempotency` checks it; `<target>` a targ
 | `P progress:<id>` | hash | `Progress` fields, each a JSON value |
 | `P once:<key>` | string | marker of an effect done once (expires) |
 | `P retrievals` | sorted set | ids of runs with `artifacts` pending, score = next attempt |
+| `P continuations` | sorted set | preempted runs whose continuation waits, score = next try (4) |
 | `P lock:<key>` | string | a lock holder's token (expires; its holder extends, releases) (3) |
-| `P ledger:<id>` | list | the run's ledger events (`schemas.ledger` JSON), oldest first (4) |
+| `P ledger:<id>` | list | the run's ledger events (`schemas.ledger` JSON), oldest first (5) |
 | `P ledger` | sorted set | ids of the runs with a ledger, score = their newest event (unix s) |
 | `P prom` | hash | the stored counters and histograms of the metrics (`store.counters`) |
-| `P hook:<name>|<id>` | list | webhook `<name>`'s deliveries for run `<id>`, oldest first (5) |
+| `P hook:<name>|<id>` | list | webhook `<name>`'s deliveries for run `<id>`, oldest first (6) |
 | `P hooks` | sorted set | `<name>|<id>` with deliveries waiting, score = next attempt (unix s) |
 | `P hooks:tries` | hash | `<name>|<id>` -> attempts made on the head delivery |
 | `P hooks:failed` | list | deliveries given up (JSON), newest first, capped |
@@ -43,10 +44,12 @@ the run on (`update_run`, `apply_transition`, `start_run`, `end_run`); `reconcil
 settles the runs that stay in it too long (`workers.settle`).
 (3) `retrieve:<id>`, `policy-tick:<target>`, `launch:<lkey>` (a launch at work, or
 `reconcile` settling its run), `launch-run:<id>` (`reconcile` settling a run created
-without a key).
-(4) Never trimmed: kept as long as the run's record (neither is ever deleted by
+without a key), `continue:<id>` (a preempted run being continued).
+(4) Kept in step with the record's `continuation` in the transaction that writes it
+(`update_run`, `apply_transition`, `end_run`), like `P retrievals` with `artifacts`.
+(5) Never trimmed: kept as long as the run's record (neither is ever deleted by
 runwarden).
-(5) `<name>` is a webhook's name (`[a-z0-9_-]`), so never `|`; the list holds each
+(6) `<name>` is a webhook's name (`[a-z0-9_-]`), so never `|`; the list holds each
 delivery's rendered body, never the webhook's URL or secret.
 """
 
@@ -149,6 +152,10 @@ class Keys:
     @property
     def retrievals(self) -> str:
         return self._key("retrievals")
+
+    @property
+    def continuations(self) -> str:
+        return self._key("continuations")
 
     def once(self, key: str) -> str:
         return self._key("once", key)

@@ -10,6 +10,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from .base import translated
+from .continuations import ContinuationsMixin
 from .coordination import CoordinationMixin
 from .ending import EndingMixin
 from .launches import LaunchesMixin
@@ -26,6 +27,7 @@ class RunStore(
     EndingMixin,
     LaunchesMixin,
     RetrievalsMixin,
+    ContinuationsMixin,
     CoordinationMixin,
     LedgerMixin,
     WebhooksMixin,

@@ -26,6 +26,7 @@ from schemas import BadRequest, validation_message
 from schemas.auth import Unauthenticated, asked_by
 from schemas.events import (
     TASK_CANCEL,
+    TASK_CONTINUE,
     TASK_END_TIMEOUT,
     TASK_FOLLOW,
     TASK_FOLLOW_TICK,
@@ -39,6 +40,7 @@ from schemas.events import (
     TASK_SNAPSHOT_REQUEST,
     TASK_WATCH_TARGET,
     CancelBody,
+    ContinueBody,
     FollowBody,
     LaunchSpec,
     RetrieveBody,
@@ -49,8 +51,8 @@ from schemas.events import (
 from schemas.idempotency import task_launch_key
 from store import RunStore
 
+from . import chain, policies, stops, watch
 from . import launch as launching
-from . import policies, stops, watch
 from .app import app, settings
 from .artifacts import retrieve_artifacts
 from .context import Context, utcnow
@@ -176,7 +178,17 @@ def end_timeout(body: Any = None, auth: Any = None) -> str:
 
 @app.task(name=TASK_RECONCILE)
 def reconcile() -> int:
-    return stops.reconcile(context(), utcnow())
+    ctx, now = context(), utcnow()
+    sent = stops.reconcile(ctx, now)
+    chain.continue_due(ctx, now)  # after the deadlines, which never wait on it
+    return sent
+
+
+@app.task(name=TASK_CONTINUE)
+def continue_run(body: Any = None, auth: Any = None) -> dict[str, Any] | None:
+    request, _ = _parse(ContinueBody, body, auth, TASK_CONTINUE)
+    done = chain.continue_run(context(), request.run_id, utcnow())
+    return None if done is None else done.model_dump(mode="json")
 
 
 def _fan_out(task: str) -> int:
