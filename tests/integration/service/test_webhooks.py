@@ -28,6 +28,12 @@ pytestmark = pytest.mark.slow
 SECRET = "whsec 'quoted' $(not run) \\ end"
 SECRET_VAR = "RUNWARDEN_TEST_WEBHOOK_SECRET"
 PROOF_S = float(CLOCKS["RUNWARDEN_PROOF_TIMEOUT_S"])
+HANG_S = 10.0
+"""How long each attempt to the receiver that never answers takes: a stop that waited
+for one delivery would be this late."""
+ON_TIME_S = float(CLOCKS["RUNWARDEN_RECONCILE_S"]) + 3.0
+"""How late a deadline may be acted on here: a reconcile period and this shared
+machine's noise, well under one hang."""
 
 
 @pytest.fixture
@@ -47,8 +53,8 @@ def pipeline(tmp_path: Path, got: Receiver) -> Iterator[Pipeline]:
              "events": ["stop_opened", "run_ended"]},
             # Never answers: each attempt takes its whole timeout. Its secret comes
             # from the workers' environment.
-            {"name": "hang", "url": hang_url, "secret_env": SECRET_VAR, "timeout_s": 5,
-             "attempts": 2, "backoff_s": 1},
+            {"name": "hang", "url": hang_url, "secret_env": SECRET_VAR,
+             "timeout_s": HANG_S, "attempts": 2, "backoff_s": 1},
         ]  # fmt: skip
         env = {"RUNWARDEN_WEBHOOKS": json.dumps(hooks), SECRET_VAR: SECRET}
         with running_pipeline(tmp_path, extra_env=env) as started:
@@ -82,18 +88,22 @@ def test_deliveries_are_signed_in_order_retried_and_never_slow_a_stop(
     pipeline.api.stop(proving)
     asked = time.time()
     stop = pipeline.api.stop(ignoring)
+    answered = time.time() - asked
     wait_ledger(pipeline, proving, "retrieval_done")
     wait_ledger(pipeline, ignoring, "retrieval_done")
 
-    # A receiver that never answers (every attempt held 5 s, on every worker process)
-    # did not delay the stop: cancelled at its proof deadline, its end right after.
+    # A receiver that never answers (every attempt held HANG_S, on every worker
+    # process) did not delay the stop: the request answered at once, cancelled at
+    # its proof deadline, its end right after.
+    assert answered < ON_TIME_S
     (cancel,) = [e for e in pipeline.api.ledger(ignoring) if isinstance(e, CancelDecided)]
     assert cancel.cause == "proof_timeout"
-    assert timedelta(0) <= cancel.at - stop.proof_deadline < timedelta(seconds=2), cancel
+    late = cancel.at - stop.proof_deadline
+    assert timedelta(0) <= late < timedelta(seconds=ON_TIME_S), cancel
     run = pipeline.api.get_run(ignoring)
     assert run.state is RunState.CANCELLED
     assert run.ended is not None
-    assert run.ended.timestamp() - asked < PROOF_S + 4.0
+    assert run.ended.timestamp() - stop.proof_deadline.timestamp() < ON_TIME_S + 2.0
 
     # ops: every event of each run, in the ledger's order, each signed and fresh.
     for run_id in (proving, ignoring):
