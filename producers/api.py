@@ -43,6 +43,7 @@ from schemas.events import (
     wire_config,
 )
 from schemas.idempotency import new_launch_key
+from schemas.ledger import LedgerEvent
 from schemas.run import ADOPTED_COMMAND, check_cancel, check_resumable, check_snapshot_request
 from schemas.secrets import SecretsError, producer_key_file
 from store import RunStore
@@ -267,6 +268,32 @@ class Runwarden:
 
     def list_stops(self) -> list[StopState]:
         return self.store.list_stops()
+
+    def ledger(self, run_id: str) -> list[LedgerEvent]:
+        """The stop ledger of run `run_id`, oldest first (the order recorded): its
+        stops, cancels, policy decisions, end and retrievals (`schemas.ledger`).
+
+        Raises:
+            NotFound, StoreError.
+        """
+        self.store.get_run(run_id)
+        return self.store.ledger(run_id)
+
+    def ledger_history(self, run_id: str | None = None, limit: int = 500) -> list[LedgerEvent]:
+        """The newest `limit` ledger events of run `run_id`, or of every run, newest
+        first.
+
+        Raises:
+            NotFound (for a run that does not exist), StoreError.
+        """
+        if run_id is not None:
+            self.store.get_run(run_id)
+        return self.store.ledger_history(run_id, limit)
+
+    def webhook_failures(self, limit: int = 100) -> list[dict[str, Any]]:
+        """The webhook deliveries given up, newest first (webhook, run, event id and
+        kind, attempts, last error, when)."""
+        return self.store.webhook_failures(limit)
 
     # --- targets --------------------------------------------------------------------
 

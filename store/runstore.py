@@ -1,6 +1,7 @@
 """[`RunStore`]: the run store, one object over one Redis client, composed of the
 parts in this package (targets, runs, the follow, stops and deadlines, the end of a
-run, launches, retrievals, coordination)."""
+run, launches, retrievals, coordination, the ledger and its metrics, the webhooks'
+delivery queue)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from .continuations import ContinuationsMixin
 from .coordination import CoordinationMixin
 from .ending import EndingMixin
 from .launches import LaunchesMixin
+from .ledger import LedgerMixin
 from .retrievals import RetrievalsMixin
 from .targets import TargetsMixin
+from .webhooks import WebhooksMixin
 
 __all__ = ["RunStore"]
 
@@ -26,6 +29,8 @@ class RunStore(
     RetrievalsMixin,
     ContinuationsMixin,
     CoordinationMixin,
+    LedgerMixin,
+    WebhooksMixin,
 ):
     """The run store over one Redis client (keys: `store.keys`).
 

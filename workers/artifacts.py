@@ -18,6 +18,7 @@ from schemas.events import TASK_CONTINUE, TASK_RETRIEVE
 from .context import Context, utcnow
 from .errors import RetrievalError
 from .executors import ExecError
+from .notify import emit, retrieved
 from .retrieval import retrieval_plan, retrieve, reuse_stored
 
 log = logging.getLogger("runwarden")
@@ -140,6 +141,7 @@ def retrieve_artifacts(
             return current.model_copy(update={"artifacts": result})
 
         ended = ctx.store.update_run(run_id, record)
+        emit(ctx, retrieved, run, result, utcnow())  # told once it is recorded
         if ended.continuation is not None and ended.continuation.phase is ContinuationPhase.WAITING:
             # A preempted run to continue (`workers.chain`): its checkpoint is here now.
             _send(ctx, run_id, TASK_CONTINUE)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -55,6 +56,7 @@ from . import launch as launching
 from .app import app, settings
 from .artifacts import retrieve_artifacts
 from .context import Context, utcnow
+from .notify import observe_tick
 
 __all__ = ["context"]
 
@@ -157,8 +159,8 @@ def snapshot_request(body: Any = None, auth: Any = None) -> dict[str, Any]:
 
 @app.task(name=TASK_CANCEL)
 def cancel(body: Any = None, auth: Any = None) -> dict[str, Any]:
-    request, _ = _parse(CancelBody, body, auth, TASK_CANCEL)
-    record = stops.cancel(context(), request.run_id)
+    request, producer = _parse(CancelBody, body, auth, TASK_CANCEL)
+    record = stops.cancel(context(), request.run_id, asked_by=producer)
     return {"run_id": record.id, "state": str(record.state)}
 
 
@@ -217,9 +219,11 @@ def watch_target(target: str) -> dict[str, int]:
     # (its deadlines do not wait: reconcile fires them).
     if not ctx.store.lock(lock, token, ttl_s=settings.follow_timeout_s + 1.0):
         return {"skipped": 1}
+    started = time.monotonic()
     try:
         return watch.watch_target(ctx, target, utcnow())
     finally:
+        observe_tick(ctx, target, time.monotonic() - started)
         ctx.store.unlock(lock, token)
 
 

@@ -20,12 +20,14 @@ from .common import (
     checked_run_id,
     client,
     continuation_line,
+    fail,
     out,
     phase_line,
     print_json,
     progress_bar,
     run_op,
 )
+from .ledger import ledger_table
 
 __all__ = ["logs", "runs", "show", "stops"]
 
@@ -92,8 +94,10 @@ def show(run_id: str, as_json: Annotated[bool, typer.Option("--json")] = False) 
     """Show one run."""
     api = client()
     run = run_op(lambda: api.get_run(checked_run_id(run_id)))
+    ledger = run_op(lambda: api.ledger(run.id))
     if as_json:
-        print_json(run.model_dump(mode="json"))
+        entries = [e.model_dump(mode="json") for e in ledger]
+        print_json({**run.model_dump(mode="json"), "ledger": entries})
         return
     for key, value in run.model_dump(mode="json").items():
         if key == "artifacts":
@@ -119,6 +123,9 @@ def show(run_id: str, as_json: Annotated[bool, typer.Option("--json")] = False) 
             highlight=False,
             soft_wrap=True,
         )
+    if ledger:
+        out.print("[bold]ledger[/]")
+        out.print(ledger_table(ledger, with_run=False))
 
 
 @app.command()
@@ -148,8 +155,22 @@ def logs(
 
 
 @app.command()
-def stops(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """List the stops in flight: phase, reason, deadlines, time left."""
+def stops(
+    run_id: Annotated[str | None, typer.Argument(help="With --history: this run's only.")] = None,
+    history: Annotated[
+        bool, typer.Option("--history", help="The stop ledger, newest first.")
+    ] = False,
+    limit: Annotated[int, typer.Option(min=1, max=100_000, help="With --history.")] = 500,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """List the stops in flight: phase, reason, deadlines, time left; with --history,
+    the stop ledger of every run (or of RUN): who asked what, when, and what came of
+    it, newest first."""
+    if history:
+        _history(run_id, limit, as_json)
+        return
+    if run_id is not None:
+        fail("a run id goes with --history", 2)
     api = client()
     current = run_op(api.list_stops)
     fields = ("run_id", "phase", "reason", "asked_at", "proof_deadline", "end_deadline")
@@ -163,3 +184,13 @@ def stops(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
         table.add_row(s.run_id, str(s.phase), str(s.reason), escape(s.asked_by),
                       s.asked_at.strftime("%T"), phase_line(s, now).split("; ", 1)[1])  # fmt: skip
     out.print(table)
+
+
+def _history(run_id: str | None, limit: int, as_json: bool) -> None:
+    api = client()
+    checked = None if run_id is None else checked_run_id(run_id)
+    events = run_op(lambda: api.ledger_history(checked, limit))
+    if as_json:
+        print_json([e.model_dump(mode="json") for e in events])
+        return
+    out.print(ledger_table(events, with_run=checked is None))
