@@ -26,6 +26,7 @@ __all__ = [
     "QUEUE_RETRIEVE",
     "SERIALIZER",
     "TASK_CANCEL",
+    "TASK_DOCTOR",
     "TASK_END_TIMEOUT",
     "TASK_FOLLOW",
     "TASK_FOLLOW_TICK",
@@ -40,6 +41,7 @@ __all__ = [
     "TASK_SNAPSHOT_REQUEST",
     "TASK_WATCH_TARGET",
     "CancelBody",
+    "DoctorBody",
     "FollowBody",
     "LaunchSpec",
     "RetrieveBody",
@@ -60,6 +62,8 @@ TASK_FOLLOW_TICK: Final = "runwarden.follow_tick"
 TASK_RECONCILE: Final = "runwarden.reconcile"
 TASK_POLICY_TICK: Final = "runwarden.policy_tick"
 TASK_RETRIEVE: Final = "runwarden.retrieve"
+TASK_DOCTOR: Final = "runwarden.doctor"
+"""Check a target as the worker sees it; answers a `schemas.doctor.DoctorReport`."""
 
 TASK_WATCH_TARGET: Final = "runwarden.watch_target"
 """Internal: one target's share of a follow tick (fanned out by `follow_tick` and
@@ -78,7 +82,10 @@ QUEUE_RETRIEVE: Final = "runwarden.retrieve"
 must never hold a worker process that a stop's deadline or a follow tick needs.
 `runwarden serve` (and compose) run one worker for it; a worker started without
 `-Q` consumes both queues."""
-TASK_ROUTES: Final = {TASK_RETRIEVE: {"queue": QUEUE_RETRIEVE}}
+TASK_ROUTES: Final = {
+    TASK_RETRIEVE: {"queue": QUEUE_RETRIEVE},
+    TASK_DOCTOR: {"queue": QUEUE},
+}
 SERIALIZER: Final = "json"
 """The only serializer on the wire, for tasks, results and events: never pickle."""
 
@@ -199,6 +206,13 @@ class CancelBody(_Body):
     """`runwarden.cancel`: cancel the run's job now."""
 
     run_id: RunId
+
+
+class DoctorBody(_Body):
+    """`runwarden.doctor`: check that the target has what runwarden needs, through the
+    worker's own executor of it (its SSH keys, its change of user, its clock)."""
+
+    target: TargetName
 
 
 class TimeoutBody(_Body):

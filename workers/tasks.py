@@ -2,8 +2,8 @@
 run operations. Each task that changes something checks its body's signature
 (`auth`, `schemas.auth`: who sent it), parses the body (a `schemas` model, passed as
 JSON in the `body` keyword), calls one operation of `workers.launch`, `.stops`,
-`.watch`, `.policies` or `.artifacts` with this process's `Context`, and returns
-small JSON. An unsigned or malformed message is refused with a clear error
+`.watch`, `.policies`, `.artifacts` or `.doctor` with this process's `Context`, and
+returns small JSON. An unsigned or malformed message is refused with a clear error
 (`Unauthenticated`, `BadRequest`) and logged; the worker carries on. The periodic
 ticks carry no body and change nothing by themselves: beat sends them unsigned.
 
@@ -25,6 +25,7 @@ from schemas import BadRequest, validation_message
 from schemas.auth import Unauthenticated, asked_by
 from schemas.events import (
     TASK_CANCEL,
+    TASK_DOCTOR,
     TASK_END_TIMEOUT,
     TASK_FOLLOW,
     TASK_FOLLOW_TICK,
@@ -38,6 +39,7 @@ from schemas.events import (
     TASK_SNAPSHOT_REQUEST,
     TASK_WATCH_TARGET,
     CancelBody,
+    DoctorBody,
     FollowBody,
     LaunchSpec,
     RetrieveBody,
@@ -48,6 +50,7 @@ from schemas.events import (
 from schemas.idempotency import task_launch_key
 from store import RunStore
 
+from . import doctor as doctoring
 from . import launch as launching
 from . import policies, stops, watch
 from .app import app, settings
@@ -244,3 +247,11 @@ def retrieve(body: Any = None, auth: Any = None) -> dict[str, Any]:
     request, _ = _parse(RetrieveBody, body, auth, TASK_RETRIEVE)
     result = retrieve_artifacts(context(), request.run_id, utcnow(), force=request.force)
     return result.model_dump(mode="json")
+
+
+@app.task(name=TASK_DOCTOR)
+def doctor(body: Any = None, auth: Any = None) -> dict[str, Any]:
+    """Checks a target as this worker sees it (read-only; signed: it makes the
+    worker connect, and answers what the target has)."""
+    request, _ = _parse(DoctorBody, body, auth, TASK_DOCTOR)
+    return doctoring.doctor(context(), request.target, utcnow()).model_dump(mode="json")
