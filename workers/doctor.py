@@ -29,7 +29,7 @@ def doctor(ctx: Context, target: str, now: datetime) -> DoctorReport:
     """The report on `target` (checked at `now`): every check of `Executor.doctor`,
     or, when the target cannot be reached (its executor cannot be built: a `run_as`
     user this machine lacks; the SSH connection or login fails; the change of user is
-    refused), one `connection` check, missing, saying why.
+    refused), one `access` check, missing, saying why.
 
     Raises:
         UnknownTarget: when there is no such target.
@@ -46,7 +46,7 @@ def doctor(ctx: Context, target: str, now: datetime) -> DoctorReport:
         found = " ".join(str(error).split())[:500] or type(error).__name__
         checks = (
             DoctorCheck(
-                name="connection",
+                name="access",
                 status="missing",
                 found=found,
                 breaks="every operation on this target: the worker cannot run anything there",

@@ -441,15 +441,17 @@ def _python(f: Mapping[str, str]) -> DoctorCheck:
 
 def _workdir(f: Mapping[str, str], options: DoctorOptions) -> DoctorCheck:
     claims = "claims: each run directory is made in the workdir"
+    if not options.job_writes_workdir:
+        where = "exists" if _yes(f, "workdir") else "not there yet"
+        return _check(
+            "workdir",
+            "ok",
+            f"{where}; the worker (root) makes each run directory and gives it to the job's user",
+            claims,
+        )
+    writable = _yes(f, "writable")
     if _yes(f, "workdir"):
-        if not options.job_writes_workdir:
-            return _check(
-                "workdir",
-                "ok",
-                "exists; the worker (root) makes each run directory and gives it to the job's user",
-                claims,
-            )
-        if _yes(f, "workdir_writable"):
+        if writable:
             return _check("workdir", "ok", "exists, writable by the job's user", claims)
         return _check(
             "workdir",
@@ -458,14 +460,14 @@ def _workdir(f: Mapping[str, str], options: DoctorOptions) -> DoctorCheck:
             f"every launch: {claims}",
         )
     parent = f.get("workdir_parent", "") or "?"
-    if _yes(f, "parent_writable") or not options.job_writes_workdir:
+    if writable:
         return _check(
             "workdir", "ok", f"not there yet: the first claim makes it in {parent}", claims
         )
     return _check(
         "workdir",
         "missing",
-        f"does not exist, and {parent} is not writable by the job's user",
+        f"does not exist, and the job's user cannot make it in {parent}",
         f"every launch: {claims}",
     )
 

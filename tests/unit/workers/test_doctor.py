@@ -62,19 +62,19 @@ def test_a_target_not_signed_by_the_operator_is_never_used(tmp_path: Path) -> No
         doctor(ctx, "forged", NOW)
 
 
-def test_a_run_as_user_this_machine_lacks_is_a_missing_connection(tmp_path: Path) -> None:
+def test_a_run_as_user_this_machine_lacks_is_a_missing_access(tmp_path: Path) -> None:
     ctx, store, _ = policy_worker(tmp_path)
     config = {"name": "as", "kind": "local", "workdir": str(tmp_path), "run_as": "rwnosuchuser"}
     put_signed_target(store, ctx.settings, config)
     report = doctor(ctx, "as", NOW)
-    assert [(c.name, c.status) for c in report.checks] == [("connection", "missing")]
+    assert [(c.name, c.status) for c in report.checks] == [("access", "missing")]
     assert "rwnosuchuser" in report.checks[0].found
     assert report.run_as == "rwnosuchuser"
     assert report.clock is None
     assert report.exit_code == 1
 
 
-def test_an_ssh_target_that_refuses_connections_is_a_missing_connection(tmp_path: Path) -> None:
+def test_an_ssh_target_that_refuses_connections_is_a_missing_access(tmp_path: Path) -> None:
     ctx, store, _ = policy_worker(tmp_path)
     known_hosts = tmp_path / "known_hosts"
     known_hosts.write_text("")
@@ -82,6 +82,6 @@ def test_an_ssh_target_that_refuses_connections_is_a_missing_connection(tmp_path
     config = {"name": "gone", "kind": "ssh", "workdir": "/w", "ssh": ssh}
     put_signed_target(store, ctx.settings, config)
     report = doctor(ctx, "gone", NOW)
-    assert [(c.name, c.status) for c in report.checks] == [("connection", "missing")]
+    assert [(c.name, c.status) for c in report.checks] == [("access", "missing")]
     assert "every operation" in report.checks[0].breaks
     assert report.exit_code == 1

@@ -5,9 +5,11 @@ clock, and the parsers of their answers. What each finding means, and what it br
 is decided by `workers.executors.doctor`.
 
 The probe changes nothing on the target but one scratch directory of its own, made
-and removed by itself: `<workdir>/.runwarden-doctor.<pid>.<random>` (where the job's
-user must write run directories), else one `mktemp -d` makes (where the workdir is
-not the job's to write: a worker that is root makes run directories there itself),
+and removed by itself: `<workdir>/.runwarden-doctor.<pid>.<random>` where the job's
+user must write run directories (in the nearest existing parent of a workdir that
+does not exist yet, which the first claim would create there), else one `mktemp -d`
+makes (a workdir that is not the job's to write: a worker that is root makes run
+directories there itself),
 used to try `mv -T` and an extraction, and removed before the script ends (a trap
 removes it on `HUP`, `INT` or `TERM`). Only a `SIGKILL` (a script past its deadline)
 can leave it behind, under that name. Every other test reads, or writes to
@@ -115,7 +117,7 @@ rw_broken=
 [ "$(printf abcdef | head -c 2 2>/dev/null)" = ab ] || rw_broken="$rw_broken head-c"
 [ "$(find /dev/null -prune -print0 2>/dev/null | tr '\000' '|' 2>/dev/null)" = '/dev/null|' ] ||
   rw_broken="$rw_broken find-print0"
-[ "$(printf 'a b\000' | xargs -0 -r printf '<%s>' 2>/dev/null)" = '<a b>' ] ||
+[ "$(printf 'a b\000' | xargs -0 -r sh -c 'printf "<%s>" "$@"' rw 2>/dev/null)" = '<a b>' ] ||
   rw_broken="$rw_broken xargs-0"
 [ "$(printf 'a=1\000b=2\000' | grep -cxzF b=2 2>/dev/null)" = 1 ] || rw_broken="$rw_broken grep-z"
 rw_say utilities_broken "${rw_broken# }"
@@ -147,17 +149,15 @@ fi
 rw_d=$rw_w
 if [ -d "$rw_w" ]; then
   rw_say workdir yes
-  if [ "$rw_job_writes" = 1 ]; then
-    rw_n="$rw_w/@SCRATCH@$$.@RANDOM@"
-    if mkdir -- "$rw_n" 2>/dev/null; then rw_s=$rw_n; rw_say workdir_writable yes
-    else rw_say workdir_writable no; fi
-  fi
 else
   rw_say workdir no
   while [ ! -d "$rw_d" ]; do rw_d=${rw_d%/*}; [ -n "$rw_d" ] || rw_d=/; done
   rw_say workdir_parent "$rw_d"
-  if [ -w "$rw_d" ] && [ -x "$rw_d" ]; then rw_say parent_writable yes
-  else rw_say parent_writable no; fi
+fi
+if [ "$rw_job_writes" = 1 ]; then
+  rw_n="$rw_d/@SCRATCH@$$.@RANDOM@"
+  if mkdir -- "$rw_n" 2>/dev/null; then rw_s=$rw_n; rw_say writable yes
+  else rw_say writable no; fi
 fi
 if [ -z "$rw_s" ]; then
   rw_s=$(mktemp -d "${TMPDIR:-/tmp}/@SCRATCH@XXXXXX" 2>/dev/null) || rw_s=
@@ -206,11 +206,12 @@ def doctor_script(workdir: str, token: str, *, job_writes_workdir: bool, random:
     `xargs-0`, `grep-z` that do not work); `proc_stat`, `proc_environ` (a child
     finds its own mark in `/proc/<pid>/environ` with `grep -z`, as cancel's sweep
     does); `curl`, `wget` (paths), `wget_version`; `python` (path of `python3`),
-    `python_version` (`X.Y.Z`); `workdir` (exists), `workdir_writable` (a directory
-    made in it), else `workdir_parent` (the nearest directory that exists) and
-    `parent_writable`; `df` (the data line of `df -Pk` of the workdir, else of that
-    parent); `scratch` (a scratch directory was made), `mv_t` (`mv -fT` over a
-    file).
+    `python_version` (`X.Y.Z`); `workdir` (exists), else `workdir_parent` (the
+    nearest directory that exists); `writable` (only when the job writes the
+    workdir: a directory was made in the workdir, else in that parent, as the
+    claim's `mkdir -p` would); `df` (the data line of `df -Pk` of the workdir, else
+    of that parent); `scratch` (a scratch directory was made), `mv_t` (`mv -fT`
+    over a file).
 
     Raises:
         InvalidArgument: for a token that is not alphanumeric, a workdir that is not

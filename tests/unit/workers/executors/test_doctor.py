@@ -45,7 +45,7 @@ GOOD: Mapping[str, str] = {
     "python": "/usr/bin/python3",
     "python_version": "3.11.2",
     "workdir": "yes",
-    "workdir_writable": "yes",
+    "writable": "yes",
     "df": "/dev/vda 1000000 400000 600000 40% /",
     "scratch": "yes",
     "mv_t": "yes",
@@ -251,18 +251,16 @@ def test_no_python_or_no_version_is_a_warning(changes: dict[str, str]) -> None:
 @pytest.mark.parametrize(
     ("changes", "status", "needle"),
     [
-        ({"workdir_writable": "no"}, "missing", "not writable"),
+        ({"writable": "no"}, "missing", "not writable"),
         (
-            {"workdir": "no", "workdir_writable": None, "workdir_parent": "/data",
-             "parent_writable": "yes"},
+            {"workdir": "no", "workdir_parent": "/data"},
             "ok",
             "first claim makes it in /data",
         ),
         (
-            {"workdir": "no", "workdir_writable": None, "workdir_parent": "/",
-             "parent_writable": "no"},
+            {"workdir": "no", "workdir_parent": "/proc", "writable": "no"},
             "missing",
-            "/ is not writable",
+            "cannot make it in /proc",
         ),
     ],
 )  # fmt: skip
@@ -273,7 +271,7 @@ def test_the_workdir(changes: dict[str, str | None], status: str, needle: str) -
 
 
 def test_a_workdir_the_worker_makes_runs_in_need_not_be_the_jobs() -> None:
-    check = checks({"workdir_writable": None}, job_writes_workdir=False)["workdir"]
+    check = checks({"writable": None}, job_writes_workdir=False)["workdir"]
     assert check.status == "ok"
     assert "root" in check.found
 
