@@ -203,7 +203,7 @@ def assess(findings: Mapping[str, str], options: DoctorOptions) -> list[DoctorCh
 
 def _shell(f: Mapping[str, str]) -> DoctorCheck:
     exe = f.get("sh_exe", "")
-    name = exe.rsplit("/", 1)[-1] or "unknown (no /proc)"
+    name = exe.rsplit("/", 1)[-1] or "unknown (no /proc, or no readlink)"
     if name == "busybox":
         name = "busybox ash"
     version = f.get("sh_version", "")

@@ -105,7 +105,7 @@ fi
 rw_k=dd_nonblock
 rw_yes dd if=/dev/null bs=1 count=0 iflag=nonblock,nofollow,skip_bytes,count_bytes status=none
 rw_say timeout "$(command -v timeout 2>/dev/null)"
-rw_k=timeout_works; rw_yes timeout 5 true
+rw_k=timeout_works; rw_yes timeout 5 sh -c :
 rw_k=sleep_fraction; rw_yes sleep 0.01
 
 rw_missing=

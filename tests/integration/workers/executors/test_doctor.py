@@ -138,7 +138,12 @@ def test_gnu_tools_with_every_piece(tmp_path: Path) -> None:
     tools = gnu([*GNU_TOOLS, "setsid", "curl", "python3"])
     found = restricted(tmp_path, tools).doctor()
     assert not_ok(found) == {}
-    assert by_name(found)["http-client"].found.startswith("curl")
+    checks = by_name(found)
+    assert checks["http-client"].found.startswith("curl")
+    # Each works with these tools alone (no `true`, `printf` or `echo` programs here).
+    assert checks["timeout"].found == str(tmp_path / "bin" / "timeout")
+    assert checks["utilities"].found == "all there"
+    assert checks["python"].found.startswith("Python 3.")
 
 
 def test_a_busybox_only_target(tmp_path: Path) -> None:

@@ -97,7 +97,7 @@ def test_a_shell_that_is_not_posix_is_missing() -> None:
     [
         ("/usr/bin/busybox", "", "busybox ash (/usr/bin/busybox)"),
         ("/usr/bin/bash", "5.2.15(1)-release", "bash 5.2.15(1)-release (/usr/bin/bash)"),
-        ("", "", "unknown (no /proc)"),
+        ("", "", "unknown (no /proc, or no readlink)"),
     ],
 )
 def test_the_shell_is_named(exe: str, version: str, shown: str) -> None:
