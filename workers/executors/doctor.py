@@ -224,7 +224,7 @@ def _setsid(f: Mapping[str, str]) -> DoctorCheck:
     return _check("setsid", "missing", "absent", breaks)
 
 
-_NATIVE: Final = " (not used: this target's executor copies files itself)"
+_NATIVE: Final = " (not used here: files are copied natively)"
 
 
 def _tar_kind(version: str) -> str:
@@ -282,7 +282,7 @@ def _sha256sum(f: Mapping[str, str], options: DoctorOptions) -> DoctorCheck:
 def _mv_t(f: Mapping[str, str], options: DoctorOptions) -> DoctorCheck:
     breaks = "stops: snapshot.request is written through mv -T (never into a linked directory)"
     if options.native_files:
-        return _check("mv-t", "ok", "not used: this target's executor writes files itself", breaks)
+        return _check("mv-t", "ok", "not used here: files are written natively", breaks)
     if f.get("mv_t") == "yes":
         return _check("mv-t", "ok", "mv -fT works", breaks)
     if f.get("mv_t") == "no":
@@ -422,8 +422,8 @@ def _http(f: Mapping[str, str]) -> DoctorCheck:
 def _python(f: Mapping[str, str]) -> DoctorCheck:
     path = f.get("python", "")
     breaks = (
-        "the job-side helpers (runwarden_job, runwarden_hf): a job without them writes "
-        "snapshot.json and metrics.jsonl itself; runwarden runs no Python here"
+        "the job-side helpers (runwarden_job, runwarden_hf); without them a job writes "
+        "snapshot.json and metrics.jsonl itself (runwarden needs no Python here)"
     )
     if not path:
         return _check("python", "warn", "no python3 on the job's PATH", breaks)
