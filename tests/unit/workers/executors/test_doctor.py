@@ -1,7 +1,7 @@
-"""`workers.executors.doctor`: what each finding of the probe means (`assess`), and the
-doctor's run through a transport that answers as a target would (`run_doctor`: the
-probe failing, the clock skewed or unreadable). The probe on real shells and targets:
-tests/integration/workers/executors/test_doctor.py."""
+"""`workers.executors.doctor_checks` and `.doctor`: what each finding of the probe
+means (`assess`), and the doctor's run through a transport that answers as a target
+would (`run_doctor`: the probe failing, the clock skewed or unreadable). The probe on
+real shells and targets: tests/integration/workers/executors/test_doctor.py."""
 
 from __future__ import annotations
 
@@ -12,12 +12,8 @@ import pytest
 
 from schemas.doctor import DoctorCheck
 from workers.executors import Completed
-from workers.executors.doctor import (
-    CLOCK_SAMPLES,
-    DoctorOptions,
-    assess,
-    run_doctor,
-)
+from workers.executors.doctor import CLOCK_SAMPLES, DoctorOptions, run_doctor
+from workers.executors.doctor_checks import assess
 from workers.executors.scripts.doctor import CLOCK_SCRIPT
 
 GOOD: Mapping[str, str] = {

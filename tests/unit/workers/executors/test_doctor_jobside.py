@@ -1,6 +1,6 @@
-"""The doctor's oldest Python for each job-side file (`doctor.JOBSIDE_PYTHON`) is what
-the files need: computed here from their syntax trees, the newest of the run-time
-constructs they use (names imported from `typing`, builtin and `collections.abc`
+"""The doctor's oldest Python for each job-side file (`doctor_checks.JOBSIDE_PYTHON`)
+is what the files need: computed here from their syntax trees, the newest of the
+run-time constructs they use (names imported from `typing`, builtin and `collections.abc`
 types subscripted outside annotations, `X | None` outside annotations,
 `str.removeprefix`, walrus, positional-only parameters, `match`). A file that starts
 using something newer fails this test until the doctor says so too. Annotations are
@@ -15,7 +15,7 @@ from typing import Final
 
 import pytest
 
-from workers.executors.doctor import JOBSIDE_PYTHON
+from workers.executors.doctor_checks import JOBSIDE_PYTHON
 from workers.jobside import jobside_dir
 
 Version = tuple[int, int]
