@@ -9,6 +9,8 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import IO
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from schemas.doctor import DoctorCheck
 from workers.executors import Completed
@@ -80,6 +82,27 @@ def test_nothing_found_is_missing_or_warned_never_a_crash() -> None:
     assert found["mv-t"].found.startswith("untried")
     assert found["utilities"].found == "not reported by the probe"
     assert {n for n, c in found.items() if c.status == "ok"} == set()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from([*GOOD, "workdir_parent", "wget_version", "x"]),
+        st.one_of(st.sampled_from(["yes", "no", ""]), st.text(max_size=300)),
+    ),
+    st.booleans(),
+    st.booleans(),
+    st.floats(0.001, 1.0),
+)
+def test_any_findings_give_every_check(
+    findings: dict[str, str], native: bool, writes: bool, fraction: float
+) -> None:
+    options = DoctorOptions(
+        native_files=native, job_writes_workdir=writes, disk_used_fraction=fraction
+    )
+    result = assess(findings, options)
+    assert [c.name for c in result] == NAMES
+    assert all(len(c.found) <= 500 and len(c.breaks) <= 500 for c in result)
 
 
 def test_a_shell_that_is_not_posix_is_missing() -> None:
