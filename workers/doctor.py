@@ -11,6 +11,10 @@ where every launch then fails, or fail where launches work. So the producer send
 target exactly as it will launch, follow, stop and retrieve there; the report names
 that worker. With several worker machines, another one may see the target otherwise:
 run the doctor where the runs go (every worker consumes the `runwarden` queue).
+
+The check is read-only but for the probe's own scratch directory, which it removes
+(`workers/executors/scripts/doctor.py`); building a local target's executor makes
+its workdir, as the first operation on that target would anyway.
 """
 
 from __future__ import annotations
