@@ -237,10 +237,10 @@ def doctor_script(workdir: str, token: str, *, job_writes_workdir: bool, random:
 
 def parse_doctor(output: bytes, token: str) -> dict[str, str]:
     """The findings of a [`doctor_script`] run: key -> value. Reads at most
-    [`DOCTOR_OUTPUT_LIMIT`] bytes; a line that does not start with the token, or
-    whose key is not a lower-case name, is ignored; a value is decoded (bad UTF-8
-    replaced), stripped of control characters and cut to [`DOCTOR_VALUE_LIMIT`]
-    characters; of a key given twice, the first value counts.
+    [`DOCTOR_OUTPUT_LIMIT`] bytes, lines ending in `\n` or `\r\n`; a line that does
+    not start with the token, or whose key is not a lower-case name, is ignored; a
+    value is decoded (bad UTF-8 replaced), stripped of control characters and cut to
+    [`DOCTOR_VALUE_LIMIT`] characters; of a key given twice, the first value counts.
 
     Raises:
         ProtocolError: when the end record is not within the bytes read (the probe
@@ -249,6 +249,7 @@ def parse_doctor(output: bytes, token: str) -> dict[str, str]:
     head = token.encode() + b" "
     found: dict[str, str] = {}
     for line in output[:DOCTOR_OUTPUT_LIMIT].split(b"\n"):
+        line = line.removesuffix(b"\r")  # noqa: PLW2901 - a line end of `\r\n` is one end
         if not line.startswith(head):
             continue
         key_bytes, _, raw = line[len(head) :].partition(b" ")

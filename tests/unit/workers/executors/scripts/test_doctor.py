@@ -113,6 +113,12 @@ def test_an_end_record_with_anything_after_it_ends() -> None:
     assert parse_doctor(T + b" end whatever\r\n", TOKEN) == {}
 
 
+def test_crlf_line_ends() -> None:
+    output = (line("setsid", "/usr/bin/setsid") + END).replace(b"\n", b"\r\n")
+    assert parse_doctor(output, TOKEN) == {"setsid": "/usr/bin/setsid"}
+    assert parse_doctor(T + b" end\r\n", TOKEN) == {}
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=4096), st.booleans())
 def test_any_output_parses_or_is_a_protocol_error(noise: bytes, ended: bool) -> None:
