@@ -13,7 +13,7 @@ from typing import Final
 from schemas.doctor import ClockSkew, DoctorCheck, clock_skew, tightest
 
 from .doctor_checks import DoctorOptions, assess, make_check
-from .errors import ProtocolError
+from .errors import CommandError, ProtocolError
 from .scripts.doctor import (
     CLOCK_SCRIPT,
     DOCTOR_TIMEOUT_S,
@@ -53,8 +53,9 @@ def run_doctor(
 ) -> DoctorFindings:
     """Runs the probe and the clock readings through `transport` (as the job's user:
     the transport's) and judges them with `options`. A probe that the target's shell
-    cannot run to its end gives one `probe` check (missing) in place of the probe's
-    checks; a clock that cannot be read gives a `clock` warning.
+    cannot run to its end (or that passes its deadline, [`DOCTOR_TIMEOUT_S`]) gives
+    one `probe` check (missing) in place of the probe's checks; a clock that cannot
+    be read gives a `clock` warning.
 
     Raises:
         ExecError: when the target cannot be reached (or, run as another user, the
@@ -67,13 +68,16 @@ def run_doctor(
         job_writes_workdir=options.job_writes_workdir,
         random=_secrets.token_hex(6),
     )
-    result = transport.run(script, action="doctor", timeout_s=DOCTOR_TIMEOUT_S)
     checks: list[DoctorCheck]
     try:
+        result = transport.run(script, action="doctor", timeout_s=DOCTOR_TIMEOUT_S)
         if result.exit_code != 0:
             raise ProtocolError(error_line(result.stderr, result.exit_code))
         checks = assess(parse_doctor(result.stdout, token), options)
-    except ProtocolError as error:
+    except (CommandError, ProtocolError) as error:
+        # The probe failed where the target answered (a shell that cannot run it, a
+        # probe past its deadline): the clock is still read. A refused change of user
+        # fails the clock readings the same way, and is raised from there.
         checks = [
             make_check(
                 "probe",

@@ -167,7 +167,8 @@ rw_say df "$(df -Pk -- "$rw_d" 2>/dev/null | tail -n +2 2>/dev/null | rw_first)"
 
 if [ -n "$rw_s" ]; then
   rw_say scratch yes
-  if : > "$rw_s/a" && mv -fT -- "$rw_s/a" "$rw_s/b" 2>/dev/null &&
+  # `true`, not `:`: a failed redirection of a special builtin ends the script.
+  if { true > "$rw_s/a"; } 2>/dev/null && mv -fT -- "$rw_s/a" "$rw_s/b" 2>/dev/null &&
     [ -f "$rw_s/b" ] && [ ! -e "$rw_s/a" ]
   then rw_say mv_t yes; else rw_say mv_t no; fi
   if [ -n "$rw_tar" ]; then

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from schemas.doctor import DoctorCheck
-from workers.executors import LocalTransport, RunAsExecutor, ScriptExecutor
+from workers.executors import CommandError, LocalTransport, RunAsExecutor, ScriptExecutor
 from workers.executors.doctor import DoctorFindings
 from workers.executors.scripts.doctor import SCRATCH_PREFIX, UTILITIES
 
@@ -270,3 +270,16 @@ def test_under_sudo_the_workdir_must_be_the_users(
     assert list(theirs.iterdir()) == list(roots.iterdir()) == []
     temp = Path(os.environ.get("TMPDIR", "/tmp"))
     assert list(temp.glob(f"{SCRATCH_PREFIX}*")) == []
+
+
+def test_without_a_sudo_rule_the_doctor_names_the_line(
+    base: Path, job_entry: pwd.struct_passwd
+) -> None:
+    # WORKER_USER may run commands as JOB_USER only: not as `nobody`.
+    executor = RunAsExecutor(
+        base / "work", "nobody", worker_is_root=False, sudo=[*as_user(WORKER_USER), "sudo"]
+    )
+    with pytest.raises(CommandError) as refused:
+        executor.doctor()
+    assert "ALL=(nobody) NOPASSWD: ALL" in str(refused.value)
+    assert not (base / "work").exists()

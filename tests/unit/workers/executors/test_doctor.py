@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas.doctor import DoctorCheck
-from workers.executors import Completed
+from workers.executors import CommandError, Completed
 from workers.executors.doctor import CLOCK_SAMPLES, DoctorOptions, run_doctor
 from workers.executors.doctor_checks import assess
 from workers.executors.scripts.doctor import CLOCK_SCRIPT
@@ -416,3 +416,28 @@ def test_a_probe_the_shell_cannot_run_is_one_missing_check(answer: Completed) ->
     assert [(c.name, c.status) for c in found.checks] == [("probe", "missing"), ("clock", "ok")]
     if answer.exit_code:
         assert "Syntax error" in found.checks[0].found
+
+
+def test_a_probe_past_its_deadline_is_one_missing_check() -> None:
+    def hangs(_: str) -> Completed:
+        raise CommandError("doctor", "timed out after 60.0 s")
+
+    answers = [Completed(0, b"1000000000\n", b"")] * CLOCK_SAMPLES
+    clock = ticking(*[1e9, 1e9 + 0.01] * CLOCK_SAMPLES)
+    found = run_doctor(Answering(hangs, answers), "/w", DoctorOptions(), clock)
+    assert [(c.name, c.status) for c in found.checks] == [("probe", "missing"), ("clock", "ok")]
+    assert "timed out" in found.checks[0].found
+
+
+def test_a_target_that_refuses_every_script_raises() -> None:
+    def refused(_: str) -> Completed:
+        raise CommandError("run as rwjob", "sudo: a password is required")
+
+    class Refusing(Answering):
+        def run(
+            self, script: str, *, action: str, stdin: bytes = b"", timeout_s: float | None = 0
+        ) -> Completed:
+            return refused(script)
+
+    with pytest.raises(CommandError, match="password"):
+        run_doctor(Refusing(refused, []), "/w", DoctorOptions(), ticking(1e9, 1e9))
