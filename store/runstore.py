@@ -1,6 +1,7 @@
 """[`RunStore`]: the run store, one object over one Redis client, composed of the
 parts in this package (targets, runs, the follow, stops and deadlines, the end of a
-run, launches, retrievals, coordination)."""
+run, launches, retrievals, coordination, the ledger and its metrics, the webhooks'
+delivery queue)."""
 
 from __future__ import annotations
 
@@ -9,16 +10,28 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from .base import translated
+from .continuations import ContinuationsMixin
 from .coordination import CoordinationMixin
 from .ending import EndingMixin
 from .launches import LaunchesMixin
+from .ledger import LedgerMixin
 from .retrievals import RetrievalsMixin
 from .targets import TargetsMixin
+from .webhooks import WebhooksMixin
 
 __all__ = ["RunStore"]
 
 
-class RunStore(TargetsMixin, EndingMixin, LaunchesMixin, RetrievalsMixin, CoordinationMixin):
+class RunStore(
+    TargetsMixin,
+    EndingMixin,
+    LaunchesMixin,
+    RetrievalsMixin,
+    ContinuationsMixin,
+    CoordinationMixin,
+    LedgerMixin,
+    WebhooksMixin,
+):
     """The run store over one Redis client (keys: `store.keys`).
 
     Thread-safe as far as the client is (a `redis.Redis` with its connection pool is);

@@ -14,12 +14,14 @@ from schemas import (
     decide_outcome,
     parse_proof,
 )
+from schemas.ledger import RunEnded
 from schemas.protocol import PROOF_LIMIT, SNAPSHOT_FILE
 from schemas.snapshot import Proof
 
 from .artifacts import queue_retrieval
-from .context import Context
+from .context import Context, utcnow
 from .executors import ExecError, Executor, ProtocolError
+from .notify import emit
 
 log = logging.getLogger("runwarden")
 
@@ -60,5 +62,6 @@ def finish(ctx: Context, run: RunRecord, status: JobStatus, executor: Executor) 
         ctx.store.unfollow(run.id)
     if changed:
         log.info("run %s: %s (%s)", run.id, record.state, record.message or "")
+        emit(ctx, RunEnded.of, record, utcnow())
         queue_retrieval(ctx, record)
     return record

@@ -26,15 +26,17 @@ from schemas import (
     StopState,
 )
 from schemas.events import TASK_END_TIMEOUT, TASK_PROOF_TIMEOUT
+from schemas.ledger import CancelDecided, JobCancelled, ProofSeen, StopOpened
 from schemas.protocol import SNAPSHOT_REQUEST
 from schemas.run import check_cancel, check_snapshot_request
 from schemas.snapshot import Proof
 
 from .artifacts import resend_due_retrievals
-from .context import Context
+from .context import Context, utcnow
 from .executors import ExecError, ProtocolError, SshError
 from .finish import finish, read_proof
 from .launch import settle_launches
+from .notify import emit
 
 log = logging.getLogger("runwarden")
 
@@ -90,6 +92,7 @@ def _send_deadline(
 def _armed(ctx: Context, stop: StopState, how: str) -> StopState:
     """A newly opened `stop`: its proof countdown sent, and said in the log."""
     schedule_deadline(ctx, stop, "proof", ctx.settings.proof_timeout_s)
+    emit(ctx, StopOpened.of, stop)
     log.info("run %s: %s (%s, by %s)", stop.run_id, how, stop.reason, stop.asked_by)
     return stop
 
@@ -235,6 +238,7 @@ def _proof_deadline(
         )
         if moved is not None:
             schedule_deadline(ctx, moved, "end", ctx.settings.end_timeout_s)
+            emit(ctx, ProofSeen.at_deadline, stop, proof.snapshot, now, end)
         return "proved"
     what = "no snapshot"
     if isinstance(proof, ProofInvalid):
@@ -263,6 +267,7 @@ def _escalate(ctx: Context, stop: StopState, note: str, now: datetime) -> str:
     )
     if moved is None:
         return "stale"
+    emit(ctx, CancelDecided.of, stop, note, now)
     log.warning("run %s: %s", moved.run_id, note)
     run = ctx.store.get_run(moved.run_id)
     if run.job is None or run.state.is_terminal:
@@ -297,6 +302,7 @@ def _cancel_once(ctx: Context, run: RunRecord, job: JobId) -> RunRecord:
     executor = ctx.executor(run.target)
     try:
         executor.cancel(job)
+        emit(ctx, JobCancelled.of, run.id, utcnow())
         status = executor.status(job)
     except ExecError:
         ctx.store.forget(key)
@@ -304,14 +310,17 @@ def _cancel_once(ctx: Context, run: RunRecord, job: JobId) -> RunRecord:
     return finish(ctx, run, status, executor)
 
 
-def cancel(ctx: Context, run_id: str) -> RunRecord:
-    """Cancels the run's job now and records the outcome.
+def cancel(ctx: Context, run_id: str, asked_by: str | None = None) -> RunRecord:
+    """Cancels the run's job now and records the outcome; `asked_by` (the producer
+    that asked) goes into the ledger.
 
     Raises:
         NotFound, NotStarted, NotRunning, ExecError, StoreError.
     """
     run = ctx.store.get_run(run_id)
-    return _cancel_once(ctx, run, check_cancel(run))
+    job = check_cancel(run)
+    emit(ctx, CancelDecided.manual, run_id, utcnow(), asked_by)
+    return _cancel_once(ctx, run, job)
 
 
 def reconcile(ctx: Context, now: datetime, limit: int = 200) -> int:
