@@ -21,6 +21,7 @@ from schemas import JobCommand, JobId
 from schemas.protocol import FILTERED_ENV_PREFIXES
 
 from .digest import FileDigest
+from .doctor import DoctorOptions
 from .errors import CommandError, InvalidArgument, IoError, ProtocolError
 from .localtree import Node, local_manifest, open_regular, open_root, walk_entries
 from .safetree import Downloaded, SafeTree
@@ -80,6 +81,10 @@ class LocalExecutor(ScriptExecutor):
             raise IoError(root, error) from error
         self._local = LocalTransport()
         super().__init__(self._local, str(root))
+
+    def _doctor_options(self) -> DoctorOptions:
+        # Uploads, downloads, manifests, reads and small writes are native here.
+        return DoctorOptions(native_files=True)
 
     def spawn(self, job: JobCommand) -> JobId:
         secrets = checked_secrets(job)

@@ -11,6 +11,7 @@ utilities plus `setsid`, `head -c`, `find -print0`, `xargs -0` (and GNU `tar` an
     files    claim, byte ranges, small files, archives, manifests
     launch   launcher, job wrapper, on-target watchdog
     follow   the batched follow tick
+    doctor   the doctor's probe of what a target has, and its clock reading
 """
 
 from __future__ import annotations
