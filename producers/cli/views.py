@@ -13,10 +13,12 @@ from rich.table import Column, Table
 from schemas.text import clean_text
 
 from .common import (
+    RunIdArgument,
     app,
     artifacts_line,
     checked_run_id,
     client,
+    json_option,
     out,
     phase_line,
     print_json,
@@ -27,8 +29,14 @@ from .common import (
 __all__ = ["logs", "runs", "show", "stops"]
 
 @app.command()
-def runs(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """List runs, newest first."""
+def runs(as_json: Annotated[bool, json_option("the runs' records")] = False) -> None:
+    """List runs, newest first, with their progress and artifacts.
+
+    \b
+    Examples:
+      runwarden runs
+      runwarden runs --json
+    """
     api = client()
     records = run_op(api.list_runs)
     if as_json:
@@ -47,8 +55,16 @@ def runs(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
 
 
 @app.command()
-def show(run_id: str, as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """Show one run."""
+def show(
+    run_id: RunIdArgument, as_json: Annotated[bool, json_option("the run's record")] = False
+) -> None:
+    """Show one run: its record, artifacts, progress and the stop in flight.
+
+    \b
+    Examples:
+      runwarden show 20260601-020000-gpt
+      runwarden show 20260601-020000-gpt --json
+    """
     api = client()
     run = run_op(lambda: api.get_run(checked_run_id(run_id)))
     if as_json:
@@ -73,10 +89,18 @@ def show(run_id: str, as_json: Annotated[bool, typer.Option("--json")] = False) 
 
 @app.command()
 def logs(
-    run_id: str,
-    follow_: Annotated[bool, typer.Option("-f", "--follow", help="Keep following.")] = False,
+    run_id: RunIdArgument,
+    follow_: Annotated[
+        bool, typer.Option("-f", "--follow", help="Keep following until the run ends.")
+    ] = False,
 ) -> None:
-    """Print the run's log lines (as followed by the workers)."""
+    """Print the run's log lines (as followed by the workers).
+
+    \b
+    Examples:
+      runwarden logs 20260601-020000-gpt
+      runwarden logs 20260601-020000-gpt -f
+    """
     api = client()
     run_id = checked_run_id(run_id)
     run_op(lambda: api.get_run(run_id))
@@ -98,8 +122,14 @@ def logs(
 
 
 @app.command()
-def stops(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """List the stops in flight: phase, reason, deadlines, time left."""
+def stops(as_json: Annotated[bool, json_option("the stops' records")] = False) -> None:
+    """List the stops in flight: phase, reason, deadlines, time left.
+
+    \b
+    Examples:
+      runwarden stops
+      runwarden stops --json
+    """
     api = client()
     current = run_op(api.list_stops)
     fields = ("run_id", "phase", "reason", "asked_at", "proof_deadline", "end_deadline")
