@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 from rich.measure import Measurement
+from rich.segment import Segments
 from rich.table import Table
 
 from schemas import (
@@ -149,9 +150,10 @@ def say(text: str) -> None:
 def print_table(table: Table) -> None:
     """Prints `table` no narrower than its widest row needs, so that no cell (a path)
     is wrapped mid-line: past the terminal's width its lines fold on screen only."""
-    wide = out.options.update_width(1 << 16)
-    needed = Measurement.get(out, wide, table).maximum
-    out.print(table, width=max(out.width, needed))
+    needed = Measurement.get(out, out.options.update_width(1 << 16), table).maximum
+    # Rendered at that width, then printed as it is: `print` would narrow it back.
+    lines = out.render(table, out.options.update_width(max(out.width, needed)))
+    out.print(Segments(lines), soft_wrap=True, crop=False)
 
 
 def checked_run_id(run_id: str) -> str:

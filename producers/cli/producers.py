@@ -9,9 +9,9 @@ import typer
 
 from schemas import Settings
 from schemas.auth import OPERATOR, WORKER
-from schemas.secrets import producer_key_file
+from schemas.secrets import SecretsError, producer_key_file
 
-from .common import app, fail, json_option, print_json, run_op, say
+from .common import app, fail, json_option, one_line, print_json, run_op, say
 from .helpfmt import PlainTyper
 
 __all__ = ["producers_add", "producers_ls", "producers_rm"]
@@ -33,6 +33,14 @@ ProducerName = Annotated[
 ]
 
 
+def _key_file(name: str) -> str:
+    """The key file's name of producer `name`; an invalid name is bad input (exit 2)."""
+    try:
+        return producer_key_file(name)
+    except SecretsError as error:
+        fail(one_line(error), 2)
+
+
 @producers_app.command("add")
 def producers_add(
     name: ProducerName,
@@ -49,7 +57,7 @@ def producers_add(
       runwarden producers add billing --json
     """
     settings = Settings()
-    file_name = run_op(lambda: producer_key_file(name))
+    file_name = _key_file(name)
     _, created = run_op(lambda: settings.secrets.ensure(file_name))
     where = settings.secrets.path / file_name
     if as_json:
@@ -94,7 +102,7 @@ def producers_rm(name: ProducerName) -> None:
     if name in (OPERATOR, WORKER):
         fail(f"{name} is the service's own producer: it cannot be removed", 2)
     settings = Settings()
-    file_name = run_op(lambda: producer_key_file(name))
+    file_name = _key_file(name)
     if not settings.secrets.remove(file_name):
         fail(f"no producer {name!r}", 2)
     say(f"removed producer {name}")
