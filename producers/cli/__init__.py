@@ -4,6 +4,7 @@ Exit codes: 0 success, 1 the operation failed, 2 bad usage or bad input. Errors 
 one line on stderr, never a traceback for a user error.
 
     common   apps, consoles, errors, client, formatting
+    helpfmt  plain help pages that never cut a word (PlainTyper)
     serve    serve, demo
     targets  targets add|ls|rm
     producers  producers add|ls|rm

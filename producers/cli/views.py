@@ -14,6 +14,7 @@ from schemas import RunRecord
 from schemas.text import clean_text
 
 from .common import (
+    RunIdArgument,
     app,
     artifacts_line,
     chain_line,
@@ -21,6 +22,7 @@ from .common import (
     client,
     continuation_line,
     fail,
+    json_option,
     out,
     phase_line,
     print_json,
@@ -52,18 +54,26 @@ def _chains(records: list[RunRecord]) -> list[list[RunRecord]]:
 
 @app.command()
 def runs(
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    as_json: Annotated[
+        bool, json_option("the runs' records (with --chains: a list of groups)")
+    ] = False,
     chains: Annotated[
         bool,
         typer.Option(
             "--chains",
             help="Group the runs that resume one another (a preempted run and the runs "
-            "that continued it), oldest first in each group; with --json, a list of "
-            "groups.",
+            "that continued it), oldest first in each group.",
         ),
     ] = False,
 ) -> None:
-    """List runs, newest first."""
+    """List runs, newest first, with their progress and artifacts.
+
+    \b
+    Examples:
+      runwarden runs
+      runwarden runs --chains
+      runwarden runs --json
+    """
     api = client()
     records = run_op(api.list_runs)
     groups = _chains(records) if chains else [[r] for r in records]
@@ -90,8 +100,16 @@ def runs(
 
 
 @app.command()
-def show(run_id: str, as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """Show one run."""
+def show(
+    run_id: RunIdArgument, as_json: Annotated[bool, json_option("the run's record")] = False
+) -> None:
+    """Show one run: its record, artifacts, progress and the stop in flight.
+
+    \b
+    Examples:
+      runwarden show 20260601-020000-gpt
+      runwarden show 20260601-020000-gpt --json
+    """
     api = client()
     run = run_op(lambda: api.get_run(checked_run_id(run_id)))
     ledger = run_op(lambda: api.ledger(run.id))
@@ -130,10 +148,18 @@ def show(run_id: str, as_json: Annotated[bool, typer.Option("--json")] = False) 
 
 @app.command()
 def logs(
-    run_id: str,
-    follow_: Annotated[bool, typer.Option("-f", "--follow", help="Keep following.")] = False,
+    run_id: RunIdArgument,
+    follow_: Annotated[
+        bool, typer.Option("-f", "--follow", help="Keep following until the run ends.")
+    ] = False,
 ) -> None:
-    """Print the run's log lines (as followed by the workers)."""
+    """Print the run's log lines (as followed by the workers).
+
+    \b
+    Examples:
+      runwarden logs 20260601-020000-gpt
+      runwarden logs 20260601-020000-gpt -f
+    """
     api = client()
     run_id = checked_run_id(run_id)
     run_op(lambda: api.get_run(run_id))
@@ -156,16 +182,36 @@ def logs(
 
 @app.command()
 def stops(
-    run_id: Annotated[str | None, typer.Argument(help="With --history: this run's only.")] = None,
+    run_id: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="[RUN_ID]", help="With --history: this run's stops only.", show_default=False
+        ),
+    ] = None,
     history: Annotated[
-        bool, typer.Option("--history", help="The stop ledger, newest first.")
+        bool,
+        typer.Option(
+            "--history", help="The stop ledger instead: who asked what, when, and what came "
+            "of it, newest first."
+        ),
     ] = False,
-    limit: Annotated[int, typer.Option(min=1, max=100_000, help="With --history.")] = 500,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    limit: Annotated[
+        int,
+        typer.Option(
+            metavar="N", min=1, max=100_000, help="With --history: at most N entries (default 500)."
+        ),
+    ] = 500,
+    as_json: Annotated[bool, json_option("the stops' records (or the ledger's entries)")] = False,
 ) -> None:
     """List the stops in flight: phase, reason, deadlines, time left; with --history,
-    the stop ledger of every run (or of RUN): who asked what, when, and what came of
-    it, newest first."""
+    the stop ledger of every run (or of RUN_ID), newest first.
+
+    \b
+    Examples:
+      runwarden stops
+      runwarden stops --json
+      runwarden stops --history 20260601-020000-gpt
+    """
     if history:
         _history(run_id, limit, as_json)
         return
