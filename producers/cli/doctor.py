@@ -12,7 +12,7 @@ from schemas.doctor import DoctorReport
 from schemas.text import clean_text
 
 from ..api import DOCTOR_WAIT_S
-from .common import app, client, out, print_json, run_op
+from .common import app, client, json_option, out, print_json, run_op
 
 __all__ = ["doctor", "render"]
 
@@ -50,16 +50,35 @@ def render(report: DoctorReport) -> None:
 
 @app.command()
 def doctor(
-    target: str,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    target: Annotated[
+        str,
+        typer.Argument(
+            metavar="TARGET",
+            help="The target to check (`runwarden targets ls`).",
+            show_default=False,
+        ),
+    ],
+    as_json: Annotated[bool, json_option("the report")] = False,
     wait: Annotated[
-        float, typer.Option(help="Seconds to wait for a worker's answer.", min=1)
+        float,
+        typer.Option(
+            metavar="SECONDS",
+            min=1,
+            help=f"How long to wait for a worker's answer, in s (default {DOCTOR_WAIT_S:g}).",
+            show_default=False,
+        ),
     ] = DOCTOR_WAIT_S,
 ) -> None:
     """Check that TARGET has what runwarden needs, as a worker sees it (its SSH keys,
     its user, its clock): each item's status (ok, warn, missing), what was found, and
     what does not work without it. Exit 1 when something needed is missing, 0 with
-    warnings only."""
+    warnings only.
+
+    \b
+    Examples:
+      runwarden doctor here
+      runwarden doctor gpu1 --json
+    """
     api = client()
     report = run_op(lambda: api.doctor(target, wait_s=wait))
     if as_json:
