@@ -1,24 +1,31 @@
 """[`RunStore`]: the run store, one object over one Redis client, composed of the
 parts in this package (targets, runs, the follow, stops and deadlines, the end of a
-run, launches, retrievals, coordination)."""
+run, launches, retrievals, coordination, Redis's memory)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from schemas import Settings
+
 from .base import translated
 from .coordination import CoordinationMixin
 from .ending import EndingMixin
 from .launches import LaunchesMixin
+from .memory import MemoryMixin
 from .retrievals import RetrievalsMixin
 from .targets import TargetsMixin
 
 __all__ = ["RunStore"]
 
 
-class RunStore(TargetsMixin, EndingMixin, LaunchesMixin, RetrievalsMixin, CoordinationMixin):
+class RunStore(
+    TargetsMixin, EndingMixin, LaunchesMixin, RetrievalsMixin, CoordinationMixin, MemoryMixin
+):
     """The run store over one Redis client (keys: `store.keys`).
 
     Thread-safe as far as the client is (a `redis.Redis` with its connection pool is);
@@ -28,11 +35,11 @@ class RunStore(TargetsMixin, EndingMixin, LaunchesMixin, RetrievalsMixin, Coordi
     """
 
     @classmethod
-    def from_url(cls, url: str, prefix: str = "rw:") -> RunStore:
+    def from_url(cls, url: str, prefix: str = "rw:", **options: Any) -> RunStore:
         """A store on the Redis at `url` (`redis://`, `rediss://` or `unix://`), with
         bounded timeouts and one retry without backoff: a down Redis is a
         `StoreError` within seconds, never a hang. `url` may hold a password: it is
-        never logged."""
+        never logged. `options` go to the constructor (caps, bounds)."""
         client = redis.Redis.from_url(
             url,
             socket_timeout=10,
@@ -40,7 +47,20 @@ class RunStore(TargetsMixin, EndingMixin, LaunchesMixin, RetrievalsMixin, Coordi
             retry=Retry(NoBackoff(), 1),
             health_check_interval=30,
         )
-        return cls(client, prefix)
+        return cls(client, prefix, **options)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, prefix: str = "rw:") -> RunStore:
+        """[`from_url`] on the settings' Redis, with their bounds: the line cap, the
+        per-run byte budgets of the log and metrics streams, and the retention."""
+        return cls.from_url(
+            settings.store_url(),
+            prefix,
+            line_bytes=settings.log_line_bytes,
+            log_bytes=settings.log_bytes_per_run,
+            metrics_bytes=settings.metrics_bytes_per_run,
+            retention_s=settings.retention_s,
+        )
 
     @translated
     def ping(self) -> None:
