@@ -81,7 +81,7 @@ class Runwarden:
     def store(self) -> RunStore:
         with self._lock:
             if self._store is None:
-                self._store = RunStore.from_url(self.settings.store_url())
+                self._store = RunStore.from_settings(self.settings)
             return self._store
 
     def _call(self, task: str, body: BaseModel, wait_s: float | None) -> Any:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any, Final, NamedTuple
 
 from schemas import StoreError
+from schemas.text import format_bytes
 
 from .base import StoreBase, text, translated
 
@@ -36,6 +37,26 @@ class MemoryUse(NamedTuple):
         """Whether use is above [`MEMORY_WARN_FRACTION`] of the limit."""
         fraction = self.fraction
         return fraction is not None and fraction > MEMORY_WARN_FRACTION
+
+    def text(self) -> str:
+        """The use for a person: `1.7 GiB of 2.0 GiB (85 %, noeviction)`, or
+        `1.7 GiB, no maxmemory`."""
+        if self.max is None:
+            return f"{format_bytes(self.used)}, no maxmemory"
+        return (
+            f"{format_bytes(self.used)} of {format_bytes(self.max)} "
+            f"({100 * (self.fraction or 0.0):.0f} %, {self.policy or 'policy unknown'})"
+        )
+
+    def warning(self) -> str | None:
+        """What a person must read when use is [`high`], None otherwise."""
+        if not self.high:
+            return None
+        return (
+            f"Redis memory is high: {self.text()}; at the limit Redis refuses writes and "
+            "no stop can be recorded: raise RUNWARDEN_REDIS_MAXMEMORY, or lower "
+            "RUNWARDEN_RETENTION_DAYS or RUNWARDEN_LOG_BYTES_PER_RUN"
+        )
 
 
 def _number(info: dict[str, Any], name: str) -> int:

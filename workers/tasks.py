@@ -49,6 +49,7 @@ from . import policies, stops, watch
 from .app import app, settings
 from .artifacts import retrieve_artifacts
 from .context import Context, utcnow
+from .memory import watch_memory
 
 __all__ = ["context"]
 
@@ -75,7 +76,7 @@ def context() -> Context:
     global _context  # noqa: PLW0603 - see _reset
     with _lock:
         if _context is None:
-            _context = Context(RunStore.from_url(settings.store_url()), settings, _schedule)
+            _context = Context(RunStore.from_settings(settings), settings, _schedule)
         return _context
 
 
@@ -156,7 +157,11 @@ def end_timeout(body: Any = None) -> str:
 
 @app.task(name=TASK_RECONCILE)
 def reconcile() -> int:
-    return stops.reconcile(context(), utcnow())
+    ctx = context()
+    try:
+        return stops.reconcile(ctx, utcnow())
+    finally:
+        watch_memory(ctx)  # after: a full Redis fails the reconcile, and says why
 
 
 def _fan_out(task: str) -> int:

@@ -10,6 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Column, Table
 
+from schemas import StoreError
 from schemas.text import clean_text
 
 from .common import (
@@ -69,6 +70,12 @@ def show(run_id: str, as_json: Annotated[bool, typer.Option("--json")] = False) 
     current = run_op(lambda: api.get_stop(run.id))
     if current is not None:
         out.print(f"[bold]{'stop':12}[/] {phase_line(current, datetime.now(UTC))}")
+    try:
+        warning = api.store.memory().warning()
+    except StoreError:
+        warning = None  # a Redis that does not answer INFO: the run is shown all the same
+    if warning is not None:
+        out.print(f"[bold]{'redis':12}[/] {escape(warning)}", highlight=False, soft_wrap=True)
 
 
 @app.command()

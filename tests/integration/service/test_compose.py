@@ -1,17 +1,24 @@
 """docker-compose.yml: accepted by `docker-compose config`, AOF and a password on
-Redis, basic auth on Flower, no secret written in the file, an init in every
-container of ours (jobs' orphans are reaped)."""
+Redis, its memory bounded (`maxmemory` from `RUNWARDEN_REDIS_MAXMEMORY`, the settings'
+default, `noeviction`; the resolved options run by a real redis-server), basic auth
+on Flower, no secret written in the file, an init in every container of ours (jobs'
+orphans are reaped)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from schemas import Settings
+from schemas.bounds import parse_size
+
 from ...conftest import ROOT
+from ...redis_server import RedisServer
 
 SECRETS = {
     "RUNWARDEN_REDIS_PASSWORD": "s3cret-pw",
@@ -96,3 +103,52 @@ def test_retrievals_have_a_worker_of_their_own(resolved: dict[str, Any]) -> None
         ]
     assert artifacts("worker")
     assert artifacts("retriever")
+
+
+def redis_options(resolved: dict[str, Any]) -> list[str]:
+    """The options of compose's redis-server command, without the password (a test
+    server is reached without one)."""
+    command: list[str] = list(resolved["services"]["redis"]["command"])
+    assert command[0] == "redis-server"
+    at = command.index("--requirepass")
+    return command[1:at] + command[at + 2 :]
+
+
+class ComposeRedis(RedisServer):
+    """A test redis-server run with compose's options on top of its own."""
+
+    def __init__(self, data_dir: Path, options: list[str]) -> None:
+        super().__init__(data_dir)
+        self.options = options
+
+    def argv(self) -> list[str]:
+        return [*super().argv(), *self.options]
+
+
+def test_redis_memory_is_bounded_without_eviction(resolved: dict[str, Any]) -> None:
+    command = resolved["services"]["redis"]["command"]
+    assert command[command.index("--maxmemory-policy") + 1] == "noeviction"
+    # The default is the settings' own (which the embedded server uses).
+    assert parse_size(command[command.index("--maxmemory") + 1]) == Settings().redis_maxmemory
+
+
+def test_redis_maxmemory_comes_from_the_environment() -> None:
+    done = config({**SECRETS, "RUNWARDEN_REDIS_MAXMEMORY": "512mb"})
+    assert done.returncode == 0, done.stderr
+    command = yaml.safe_load(done.stdout)["services"]["redis"]["command"]
+    assert command[command.index("--maxmemory") + 1] == "512mb"
+
+
+def test_a_real_redis_server_runs_compose_s_options(
+    resolved: dict[str, Any], tmp_path: Path
+) -> None:
+    server = ComposeRedis(tmp_path / "redis", redis_options(resolved))
+    server.start()
+    try:
+        client = server.client()
+        assert client.config_get("maxmemory") == {"maxmemory": str(2 * 1024**3)}
+        assert client.config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
+        assert client.config_get("appendonly") == {"appendonly": "yes"}
+        client.close()
+    finally:
+        server.stop()

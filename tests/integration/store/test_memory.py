@@ -51,7 +51,10 @@ def test_at_the_limit_redis_refuses_writes_and_the_store_says_so(
     store = RunStore(client)
     client.config_set("maxmemory", store.memory().used + 256 * 1024)
     client.config_set("maxmemory-policy", "noeviction")
-    with pytest.raises(StoreError, match="maxmemory"):
+    def fill() -> None:
         for _ in range(1000):
             store.append_log("r1", ["x" * 7000] * 50)
+
+    with pytest.raises(StoreError, match="maxmemory"):
+        fill()
     assert store.memory().high
