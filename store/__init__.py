@@ -40,7 +40,7 @@ and on fakeredis with `lupa` installed.
 from __future__ import annotations
 
 from .base import HISTORY_CAP, LOG_CAP, METRICS_CAP
-from .follow import LogEntry, MetricsEntry, Offsets
+from .follow import LogEntry, MetricsEntry, Offsets, StreamBytes
 from .keys import Keys
 from .memory import MEMORY_WARN_FRACTION, MemoryUse
 from .runstore import RunStore
@@ -56,4 +56,5 @@ __all__ = [
     "MetricsEntry",
     "Offsets",
     "RunStore",
+    "StreamBytes",
 ]

@@ -19,14 +19,15 @@ from .base import text, translated
 from .runs import RunsMixin
 from .streams import ENTRY_OVERHEAD_BYTES, cut_line
 
-__all__ = ["FollowMixin", "LogEntry", "MetricsEntry", "Offsets"]
+__all__ = ["FollowMixin", "LogEntry", "MetricsEntry", "Offsets", "StreamBytes"]
 
 
 class LogEntry(NamedTuple):
     """One line of a run's log stream."""
 
     id: str
-    """Stream entry id (`<ms>-<seq>`); pass it as `after_id` to read on."""
+    """Stream entry id (`<n>-1`, n the bytes the stream had taken in before it:
+    `store.streams`); pass it as `after_id` to read on."""
     line: str
 
 
@@ -35,6 +36,14 @@ class MetricsEntry(NamedTuple):
 
     id: str
     record: dict[str, Any]
+
+
+class StreamBytes(NamedTuple):
+    """The bytes a run's log and metrics streams hold, as the store counts them (each
+    entry's value plus `streams.ENTRY_OVERHEAD_BYTES`)."""
+
+    log: int
+    metrics: int
 
 
 class Offsets(NamedTuple):
@@ -72,6 +81,15 @@ def _entries(reply: Any) -> list[tuple[str, dict[str, str]]]:
         (text(entry_id), {text(k): text(v) for k, v in (fields or {}).items()})
         for entry_id, fields in reply or []
     ]
+
+
+def _held(total: Any, first: Any) -> int:
+    """Bytes from the stream's oldest entry (XRANGE reply, COUNT 1) to its end, from
+    the counter `total` (the start of the next entry)."""
+    if not first:
+        return 0
+    start = int(text(first[0][0]).split("-", 1)[0])
+    return max(0, int(total or 0) - start)
 
 
 class FollowMixin(RunsMixin):
@@ -271,6 +289,18 @@ class FollowMixin(RunsMixin):
         if values:
             args = [*bounds, ENTRY_OVERHEAD_BYTES, *values]
             self._script("append_stream", keys=[key, counter], args=args, client=pipe)
+
+    @translated
+    def stream_bytes(self, run_id: str) -> StreamBytes:
+        """The bytes run `run_id`'s log and metrics streams hold now (each at most its
+        byte budget), in one round trip."""
+        counter = self.keys.stream_bytes(run_id)
+        pipe = self._r.pipeline(transaction=True)
+        pipe.hmget(counter, ["log", "metrics"])
+        pipe.xrange(self.keys.log(run_id), "-", "+", count=1)
+        pipe.xrange(self.keys.metrics(run_id), "-", "+", count=1)
+        (log_total, metrics_total), log_first, metrics_first = pipe.execute()
+        return StreamBytes(_held(log_total, log_first), _held(metrics_total, metrics_first))
 
     @translated
     def read_log(

@@ -23,7 +23,7 @@ key, only `[A-Za-z0-9_.-]` as `schemas.idempotency` checks it; `<target>` a targ
 | `P lease:<run_id|stop_id|kind>` | string | worker id holding a deadline (expires) |
 | `P log:<id>` | stream | `l` = one line of `job.log`, cut to the line cap (5) (4) |
 | `P metrics:<id>` | stream | `m` = one metrics record, JSON (5) (4) |
-| `P streambytes:<id>` | hash | `log`, `metrics`: bytes the two streams hold (5) (4) |
+| `P streambytes:<id>` | hash | `log`, `metrics`: bytes each stream has taken in (5) (4) |
 | `P progress:<id>` | hash | `Progress` fields, each a JSON value (4) |
 | `P once:<key>` | string | marker of an effect done once (expires) |
 | `P retrievals` | sorted set | ids of runs with `artifacts` pending, score = next attempt |
@@ -44,7 +44,8 @@ writes after that gets the same expiry (`record_tail`). The record, its indexes 
 its stop history are kept.
 (5) Each stream is kept to a byte budget and an entry cap, trimmed oldest first,
 exactly, by the script that appends (`store/lua/append_stream.lua`), which keeps
-`streambytes` in step (`store.streams`).
+`streambytes` in step; an entry's id is `<n>-1`, n the bytes its stream had taken
+in before it (`store.streams`).
 """
 
 from __future__ import annotations

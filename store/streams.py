@@ -2,6 +2,12 @@
 stream at most a byte budget and an entry cap, trimmed oldest first, exactly, in the
 same Lua step that appends (`store/lua/append_stream.lua`).
 
+How, without reading what it drops: an entry's id is `<n>-1`, n the bytes the stream
+had taken in before it, and `streambytes:<id>` keeps the start of the next one; the
+bytes from an entry to the end are that counter minus the entry's id, so the budget
+is one `XTRIM MINID` (counter - budget), the cap one `XTRIM MAXLEN`, both exact.
+Appending costs one XADD a line, whatever is trimmed.
+
 What an entry costs: the UTF-8 bytes of its value plus [`ENTRY_OVERHEAD_BYTES`] (its
 id and field in the stream's node), so a budget of B bytes keeps about B bytes of
 Redis memory: measured on Redis 7, a stream of short lines (50-1000 bytes) takes

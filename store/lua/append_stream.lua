@@ -1,9 +1,12 @@
 -- Appends entries to a run's stream and trims it, in one step, to at most a byte
--- budget and an entry cap, the oldest entries dropped first, exactly (XTRIM MINID).
--- An entry's size is the bytes of its values plus a fixed overhead; the bytes the
--- stream holds are kept in a field of a counter hash. A stream written before its
--- bytes were counted (no field yet) is counted once, here; an empty one holds 0
--- whatever the field says (the two keys may expire a moment apart).
+-- budget and an entry cap, the oldest entries dropped first, exactly.
+-- An entry's size is the bytes of its value plus a fixed overhead. Its id is
+-- `<n>-1`, n the bytes the stream had taken in before it (its start; sequence 1,
+-- as 0-0 is no id); a field of the counter hash keeps the start of the next one.
+-- So the bytes from an entry to the end are the counter minus its start, and
+-- trimming to the budget is one XTRIM MINID, nothing read. A stream written before
+-- its bytes were counted (time ids, no field) goes on after its newest id; its old
+-- entries go once a budget's worth of new ones came.
 -- KEYS: the stream, the counter hash.
 -- ARGV: counter field, entry field, byte budget, entry cap, overhead per entry,
 --       then one value per entry to append.
@@ -12,63 +15,24 @@ local stream, counter = KEYS[1], KEYS[2]
 local name, field = ARGV[1], ARGV[2]
 local budget, cap, extra = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 
-local function size(entry)
-  local n = extra
-  local values = entry[2]
-  for i = 2, #values, 2 do
-    n = n + #values[i]
-  end
-  return n
-end
-
-local length = redis.call('XLEN', stream)
-local held = tonumber(redis.call('HGET', counter, name))
-if length == 0 then
-  held = 0
-elseif held == nil then
-  held = 0
-  local start = '-'
-  while true do
-    local batch = redis.call('XRANGE', stream, start, '+', 'COUNT', 512)
-    if #batch == 0 then break end
-    for _, entry in ipairs(batch) do
-      held = held + size(entry)
-    end
-    start = '(' .. batch[#batch][1]
-  end
+local total = tonumber(redis.call('HGET', counter, name)) or 0
+local newest = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)
+if #newest > 0 then
+  -- Never below the newest id (a counter lost or behind): ids only grow.
+  local start = tonumber(string.match(newest[1][1], '^(%d+)'))
+  if start >= total then total = start + 1 end
 end
 
 local last = false
 for i = 6, #ARGV do
-  last = redis.call('XADD', stream, '*', field, ARGV[i])
-  held = held + #ARGV[i] + extra
-  length = length + 1
+  last = redis.call('XADD', stream, string.format('%.0f-1', total), field, ARGV[i])
+  total = total + #ARGV[i] + extra
 end
-
-if held > budget or length > cap then
-  local keep = nil
-  local start = '-'
-  while keep == nil do
-    local batch = redis.call('XRANGE', stream, start, '+', 'COUNT', 256)
-    if #batch == 0 then break end
-    for _, entry in ipairs(batch) do
-      if held <= budget and length <= cap then
-        keep = entry[1]
-        break
-      end
-      held = held - size(entry)
-      length = length - 1
-    end
-    start = '(' .. batch[#batch][1]
+if last then
+  if total > budget then
+    redis.call('XTRIM', stream, 'MINID', string.format('%.0f', total - budget))
   end
-  if keep == nil then
-    -- Nothing may stay (only when the counter was wrong): start afresh.
-    redis.call('XTRIM', stream, 'MAXLEN', 0)
-    held = 0
-  else
-    redis.call('XTRIM', stream, 'MINID', keep)
-  end
+  redis.call('XTRIM', stream, 'MAXLEN', cap)
+  redis.call('HSET', counter, name, string.format('%.0f', total))
 end
-if length == 0 then held = 0 end
-redis.call('HSET', counter, name, held)
 return last
