@@ -295,11 +295,11 @@ class FollowMixin(RunsMixin):
         """The bytes run `run_id`'s log and metrics streams hold now (each at most its
         byte budget), in one round trip."""
         counter = self.keys.stream_bytes(run_id)
-        pipe = self._r.pipeline(transaction=True)
-        pipe.hmget(counter, ["log", "metrics"])
-        pipe.xrange(self.keys.log(run_id), "-", "+", count=1)
-        pipe.xrange(self.keys.metrics(run_id), "-", "+", count=1)
-        (log_total, metrics_total), log_first, metrics_first = pipe.execute()
+        with self._r.pipeline(transaction=True) as pipe:
+            pipe.hmget(counter, ["log", "metrics"])
+            pipe.xrange(self.keys.log(run_id), "-", "+", count=1)
+            pipe.xrange(self.keys.metrics(run_id), "-", "+", count=1)
+            (log_total, metrics_total), log_first, metrics_first = pipe.execute()
         return StreamBytes(_held(log_total, log_first), _held(metrics_total, metrics_first))
 
     @translated

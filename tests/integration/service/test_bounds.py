@@ -7,6 +7,7 @@ record stays."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ from store.streams import ENTRY_OVERHEAD_BYTES
 from workers.executors import quote
 from workers.retrieval.quota import free_bytes
 
+from ...conftest import ROOT
 from ...pipeline import Pipeline, running_pipeline, toy
 
 pytestmark = pytest.mark.slow
@@ -72,6 +74,32 @@ def test_a_retrieval_past_the_reserve_fails_and_a_stop_still_completes(
     assert stopped.state is RunState.STOPPED, stopped
     assert stopped.snapshot is not None
     assert (Path(stopped.remote_dir) / stopped.snapshot.checkpoint).is_dir()
+
+    # `runwarden show` says why the artifacts are not home, and warns when Redis is
+    # above 80 % of its maxmemory.
+    shown = show(pipeline, short.id)
+    assert "RUNWARDEN_ARTIFACT_RESERVE_BYTES" in shown
+    assert "Redis memory is high" not in shown
+    client = pipeline.redis.client()
+    used = pipeline.api.store.memory().used
+    client.config_set("maxmemory", int(used / 0.85))
+    try:
+        shown = show(pipeline, short.id)
+    finally:
+        client.config_set("maxmemory", 0)
+    assert "Redis memory is high" in shown
+    assert "RUNWARDEN_REDIS_MAXMEMORY" in shown
+
+
+def show(pipeline: Pipeline, run_id: str) -> str:
+    """`runwarden show RUN`'s output, wide enough that no line wraps."""
+    done = subprocess.run(
+        [sys.executable, "-m", "producers.cli", "show", run_id],
+        env={**pipeline.env, "COLUMNS": "400"}, cwd=ROOT, stdin=subprocess.DEVNULL,
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    return " ".join(done.stdout.split())
 
 
 # --- Redis: the log budget and the retention ------------------------------------
