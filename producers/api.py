@@ -94,7 +94,7 @@ class Runwarden:
     def store(self) -> RunStore:
         with self._lock:
             if self._store is None:
-                self._store = RunStore.from_url(self.settings.store_url())
+                self._store = RunStore.from_settings(self.settings)
             return self._store
 
     def _key(self, producer: str) -> SecretStr:

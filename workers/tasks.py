@@ -59,6 +59,7 @@ from . import launch as launching
 from .app import app, settings
 from .artifacts import retrieve_artifacts
 from .context import Context, utcnow
+from .memory import watch_memory
 from .notify import observe_tick
 
 __all__ = ["context"]
@@ -93,7 +94,7 @@ def context() -> Context:
     global _context  # noqa: PLW0603 - see _reset
     with _lock:
         if _context is None:
-            _context = Context(RunStore.from_url(settings.store_url()), settings, _schedule)
+            _context = Context(RunStore.from_settings(settings), settings, _schedule)
         return _context
 
 
@@ -182,9 +183,12 @@ def end_timeout(body: Any = None, auth: Any = None) -> str:
 @app.task(name=TASK_RECONCILE)
 def reconcile() -> int:
     ctx, now = context(), utcnow()
-    sent = stops.reconcile(ctx, now)
-    chain.continue_due(ctx, now)  # after the deadlines, which never wait on it
-    return sent
+    try:
+        sent = stops.reconcile(ctx, now)
+        chain.continue_due(ctx, now)  # after the deadlines, which never wait on it
+        return sent
+    finally:
+        watch_memory(ctx)  # after: a full Redis fails the reconcile, and says why
 
 
 @app.task(name=TASK_CONTINUE)

@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Column, Table
 
-from schemas import RunRecord
+from schemas import RunRecord, StoreError
 from schemas.text import clean_text
 
 from .common import (
@@ -132,6 +132,12 @@ def show(
     current = run_op(lambda: api.get_stop(run.id))
     if current is not None:
         out.print(f"[bold]{'stop':12}[/] {phase_line(current, datetime.now(UTC))}")
+    try:
+        warning = api.store.memory().warning()
+    except StoreError:
+        warning = None  # a Redis that does not answer INFO: the run is shown all the same
+    if warning is not None:
+        out.print(f"[bold]{'redis':12}[/] {escape(warning)}", highlight=False, soft_wrap=True)
     chain = run_op(lambda: api.chain(run.id))
     if len(chain) > 1 or run.continuation is not None:
         out.print(f"[bold]{'chain':12}[/] {escape(chain_line(chain, run.id))}", soft_wrap=True)

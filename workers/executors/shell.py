@@ -31,7 +31,7 @@ from schemas.policy import DISK_USED_LIMIT, DiskSample
 from schemas.protocol import RUN_ID_ENV
 
 from . import scripts
-from .digest import FileDigest, parse_manifest
+from .digest import Charge, FileDigest, parse_manifest
 from .doctor import DoctorFindings, DoctorOptions, run_doctor
 from .errors import (
     CommandError,
@@ -221,7 +221,12 @@ class ScriptExecutor:
         _checked(result, "cancel")
 
     def download(
-        self, remote: str, local: Path, entries: Sequence[str], exclude: Sequence[str] = ()
+        self,
+        remote: str,
+        local: Path,
+        entries: Sequence[str],
+        exclude: Sequence[str] = (),
+        charge: Charge | None = None,
     ) -> Downloaded:
         check_entries(entries, exclude)
         script = scripts.archive_script(check_remote(remote), entries, exclude)
@@ -237,7 +242,9 @@ class ScriptExecutor:
             broken.clear()
             written.clear()
             # Never outside `local`, whatever the target sends (safetree.py).
-            with SafeTree(local) as tree:
+            # What `charge` raises leaves the sink unchanged: the transport stops the
+            # script (a local one killed, a channel closed) and raises it on.
+            with SafeTree(local, charge) as tree:
                 try:
                     extract_stream(stream, tree)
                 except tarfile.TarError as error:

@@ -821,6 +821,7 @@ def test_nothing_serving(tmp_path: Path) -> None:
 def test_serve_runs_the_service_and_stops_on_ctrl_c(tmp_path: Path) -> None:
     state = tmp_path / "state"
     env = _embedded_env(state)
+    env["RUNWARDEN_REDIS_MAXMEMORY"] = "96mb"
     log = (tmp_path / "serve.log").open("wb")
     with socket.socket() as probe:  # a free port for the metrics endpoint
         probe.bind(("127.0.0.1", 0))
@@ -838,6 +839,9 @@ def test_serve_runs_the_service_and_stops_on_ctrl_c(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
             time.sleep(0.2)
         assert as_json(run_cli(env, "runs", "--json")) == []
+        # Its Redis is bounded: the settings' maxmemory, no eviction.
+        assert _config(state / "redis.sock", "maxmemory") == str(96 * 1024**2)
+        assert _config(state / "redis.sock", "maxmemory-policy") == "noeviction"
         # A second serve on the same state directory is refused.
         refused(run_cli(env, "serve"), 1, "already runs")
 
@@ -894,6 +898,16 @@ def test_demo(tmp_path: Path) -> None:
     assert Path(checkpoint).is_dir(), out
     assert fields["state directory"] == str(state_dir), out
     assert not (state_dir / "redis.sock").exists() or not _answers(state_dir / "redis.sock")
+
+
+def _config(socket_path: Path, name: str) -> str:
+    import redis
+
+    client = redis.Redis(unix_socket_path=str(socket_path), socket_timeout=5, decode_responses=True)
+    try:
+        return str(client.config_get(name)[name])
+    finally:
+        client.close()
 
 
 def _answers(socket_path: Path) -> bool:
