@@ -27,6 +27,9 @@ key, only `[A-Za-z0-9_.-]` as `schemas.idempotency` checks it; `<target>` a targ
 | `P once:<key>` | string | marker of an effect done once (expires) |
 | `P retrievals` | sorted set | ids of runs with `artifacts` pending, score = next attempt |
 | `P lock:<key>` | string | a lock holder's token (expires; its holder extends, releases) (3) |
+| `P hb:<role>` | sorted set | processes of `<role>` (`worker`, `beat`), score = last beat (4) |
+| `P hb:<role>:<name>` | string | last heartbeat of `<name>` (`Heartbeat` JSON; expires) (4) |
+| `P ticks` | hash | periodic task name -> when it last ran (unix seconds, Redis's clock) |
 
 (1) Set in the script that creates the run's record (`create_run`, with the record
 and its indexes); moved only to the next id when the run's claimed directory was
@@ -37,6 +40,16 @@ settles the runs that stay in it too long (`workers.settle`).
 (3) `retrieve:<id>`, `policy-tick:<target>`, `launch:<lkey>` (a launch at work, or
 `reconcile` settling its run), `launch-run:<id>` (`reconcile` settling a run created
 without a key).
+(4) Written by the heartbeat of a worker's main process and of beat (`store.health`,
+`schemas.health.Heartbeat`);
+unix seconds on Redis's clock. The key lapses `schemas.health.HEARTBEAT_TTL_S` after the
+last heartbeat; a clean shutdown removes both.
+
+Celery's Redis transport keeps its own keys in the same database, without our
+prefix (`broker_*` below, read by `runwarden status`): each queue is a list named as
+the queue, plus one list for each priority step `n` (3, 6, 9) that holds messages,
+named `<queue>`, the bytes 0x06 0x16, then `<n>`; the hash `unacked` holds the
+messages delivered and not yet acknowledged.
 """
 
 from __future__ import annotations
@@ -46,9 +59,13 @@ from dataclasses import dataclass
 from schemas import validate_run_id
 from schemas.idempotency import validate_launch_key
 
-__all__ = ["DEFAULT_PREFIX", "Keys"]
+__all__ = ["BROKER_PRIORITY_STEPS", "DEFAULT_PREFIX", "Keys"]
 
 DEFAULT_PREFIX = "rw:"
+BROKER_PRIORITY_STEPS = (0, 3, 6, 9)
+"""The priority steps of Celery's Redis transport (kombu's defaults): one list each."""
+_BROKER_SEP = "\x06\x16"
+_ROLES = ("worker", "beat")
 
 
 @dataclass(frozen=True)
@@ -143,3 +160,39 @@ class Keys:
 
     def lock(self, key: str) -> str:
         return self._key("lock", key)
+
+    # --- health -----------------------------------------------------------------------
+
+    def heartbeats(self, role: str) -> str:
+        """Raises `ValueError` for a role other than `worker` or `beat`."""
+        return self._key("hb", _role(role))
+
+    def heartbeat(self, role: str, name: str) -> str:
+        """Raises `ValueError` for an unknown role or an empty name."""
+        if not name:
+            raise ValueError("a heartbeat needs a process name")
+        return self._key("hb", _role(role), name)
+
+    @property
+    def ticks(self) -> str:
+        return self._key("ticks")
+
+    # --- the broker's keys (Celery's, without the prefix) -------------------------------
+
+    @staticmethod
+    def broker_queue(queue: str, step: int = 0) -> str:
+        """The list of the broker holding the messages of `queue` at priority `step`
+        (one of `BROKER_PRIORITY_STEPS`; `ValueError` otherwise)."""
+        if step not in BROKER_PRIORITY_STEPS:
+            raise ValueError(f"not a priority step of the broker: {step!r}")
+        return queue if step == 0 else f"{queue}{_BROKER_SEP}{step}"
+
+    @property
+    def broker_unacked(self) -> str:
+        return "unacked"
+
+
+def _role(role: str) -> str:
+    if role not in _ROLES:
+        raise ValueError(f"not a role with a heartbeat: {role[:40]!r}")
+    return role

@@ -11,6 +11,7 @@ from redis.retry import Retry
 from .base import translated
 from .coordination import CoordinationMixin
 from .ending import EndingMixin
+from .health import HealthMixin
 from .launches import LaunchesMixin
 from .retrievals import RetrievalsMixin
 from .targets import TargetsMixin
@@ -18,7 +19,9 @@ from .targets import TargetsMixin
 __all__ = ["RunStore"]
 
 
-class RunStore(TargetsMixin, EndingMixin, LaunchesMixin, RetrievalsMixin, CoordinationMixin):
+class RunStore(
+    TargetsMixin, EndingMixin, LaunchesMixin, RetrievalsMixin, CoordinationMixin, HealthMixin
+):
     """The run store over one Redis client (keys: `store.keys`).
 
     Thread-safe as far as the client is (a `redis.Redis` with its connection pool is);
@@ -28,11 +31,20 @@ class RunStore(TargetsMixin, EndingMixin, LaunchesMixin, RetrievalsMixin, Coordi
     """
 
     @classmethod
-    def from_url(cls, url: str, prefix: str = "rw:") -> RunStore:
+    def from_url(cls, url: str, prefix: str = "rw:", *, timeout_s: float | None = None) -> RunStore:
         """A store on the Redis at `url` (`redis://`, `rediss://` or `unix://`), with
         bounded timeouts and one retry without backoff: a down Redis is a
-        `StoreError` within seconds, never a hang. `url` may hold a password: it is
-        never logged."""
+        `StoreError` within seconds, never a hang. With `timeout_s`, every connect and
+        every reply waits at most that long, without a retry (a health check, a
+        heartbeat). `url` may hold a password: it is never logged."""
+        if timeout_s is not None:
+            client = redis.Redis.from_url(
+                url,
+                socket_timeout=timeout_s,
+                socket_connect_timeout=timeout_s,
+                retry=Retry(NoBackoff(), 0),
+            )
+            return cls(client, prefix)
         client = redis.Redis.from_url(
             url,
             socket_timeout=10,
