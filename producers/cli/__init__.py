@@ -9,19 +9,20 @@ one line on stderr, never a traceback for a user error.
     producers  producers add|ls|rm
     runs     launch, resume, retrieve, follow, stop, cancel
     views    runs, show, logs, stops
+    status   status (the service's health)
 """
 
 from __future__ import annotations
 
 import sys
 
-from . import producers, runs, serve, targets, views
+from . import producers, runs, serve, status, targets, views
 from .common import app, err
 
 __all__ = ["app", "main"]
 
 # The command modules register their commands on `app` when imported.
-_COMMANDS = (producers, runs, serve, targets, views)
+_COMMANDS = (producers, runs, serve, status, targets, views)
 
 
 def main() -> None:
