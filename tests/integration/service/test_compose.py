@@ -1,7 +1,7 @@
 """docker-compose.yml: accepted by `docker-compose config`, AOF and a password on
 Redis, basic auth on Flower, every credential a docker secret (on no command line, in
 no environment, never written in the file), an init in every container of ours
-(jobs' orphans are reaped)."""
+(jobs' orphans are reaped), `runwarden status` as beat's health check."""
 
 from __future__ import annotations
 
@@ -124,3 +124,10 @@ def test_retrievals_have_a_worker_of_their_own(resolved: dict[str, Any]) -> None
         ]
     assert artifacts("worker")
     assert artifacts("retriever")
+
+
+def test_beat_runs_the_service_health_check(resolved: dict[str, Any]) -> None:
+    check = resolved["services"]["beat"]["healthcheck"]
+    assert check["test"] == ["CMD", "runwarden", "status"]
+    assert check["retries"] >= 1
+    assert _secrets_of(resolved["services"]["beat"]) >= {"redis-password"}
