@@ -69,10 +69,11 @@ def status(
     --json prints one object (times in seconds, on Redis's clock; ages are seconds
     since):
 
-      ok (bool), checked_at (unix s), late_after_s, problems [str], warnings [str],
+      ok (bool), checked_at (unix s), late_after_s, problems (strings), warnings
+      (strings),
       redis {reachable, address, error, used_memory, maxmemory, memory_fraction},
-      workers [{name, hostname, pid, queues [str], alive, heartbeat_age_s}],
-      beats [the same, queues empty],
+      workers [{name, hostname, pid, queues (strings), alive, heartbeat_age_s}],
+      beats (as workers, queues empty),
       periodic [{task, period_s, last_run_age_s, late_s, late}],
       queues [{name, depth, by_priority {step: messages}}],
       unacked (int),

@@ -278,3 +278,15 @@ def test_status_refuses_a_negative_threshold_as_bad_usage(tmp_path: Path) -> Non
         app, ["status", "--late-after", "-1"], env={"RUNWARDEN_STATE_DIR": str(tmp_path)}
     )
     assert result.exit_code == 2
+
+
+def test_the_help_documents_every_field_of_the_json(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["status", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    shown = " ".join(result.output.split())
+    report = read_health(settings_for(f"unix://{tmp_path}/none.sock", tmp_path))
+    fields = set(report.model_dump()) | set(report.redis.model_dump())
+    fields |= {"heartbeat_age_s", "queues", "last_run_age_s", "late_s", "by_priority", "due_in_s"}
+    missing = {f for f in fields if f not in shown}
+    assert not missing, result.output
+    assert "problems (strings)" in shown  # not eaten as markup
