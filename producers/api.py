@@ -45,11 +45,14 @@ from schemas.events import (
     resume_spec,
     wire_config,
 )
+from schemas.health import LATE_AFTER_S, HealthReport
 from schemas.idempotency import new_launch_key
 from schemas.ledger import LedgerEvent
 from schemas.run import ADOPTED_COMMAND, check_cancel, check_resumable, check_snapshot_request
 from schemas.secrets import SecretsError, producer_key_file
 from store import RunStore
+
+from .health import read_health
 
 __all__ = ["OperationFailed", "Runwarden", "producer_app"]
 
@@ -314,6 +317,12 @@ class Runwarden:
         """The webhook deliveries given up, newest first (webhook, run, event id and
         kind, attempts, last error, when)."""
         return self.store.webhook_failures(limit)
+
+    def health(self, late_after_s: float = LATE_AFTER_S) -> HealthReport:
+        """The service's health, as `runwarden status` shows it
+        (`producers.health.read_health`): bounded in time, never raises for a Redis
+        that is down (the report says so)."""
+        return read_health(self.settings, late_after_s=late_after_s)
 
     # --- targets --------------------------------------------------------------------
 

@@ -36,6 +36,9 @@ key, only `[A-Za-z0-9_.-]` as `schemas.idempotency` checks it; `<target>` a targ
 | `P hooks` | sorted set | `<name>|<id>` with deliveries waiting, score = next attempt (unix s) |
 | `P hooks:tries` | hash | `<name>|<id>` -> attempts made on the head delivery |
 | `P hooks:failed` | list | deliveries given up (JSON), newest first, capped |
+| `P hb:<role>` | sorted set | processes of `<role>` (`worker`, `beat`), score = last beat (9) |
+| `P hb:<role>:<name>` | string | last heartbeat of `<name>` (`Heartbeat` JSON; expires) (9) |
+| `P ticks` | hash | periodic task name -> when it last ran (unix seconds, Redis's clock) |
 
 (1) Set in the script that creates the run's record (`create_run`, with the record
 and its indexes); moved only to the next id when the run's claimed directory was
@@ -60,6 +63,16 @@ its stop history are kept.
 exactly, by the script that appends (`store/lua/append_stream.lua`), which keeps
 `streambytes` in step; an entry's id is `<n>-1`, n the bytes its stream had taken
 in before it (`store.streams`).
+(9) Written by the heartbeat of a worker's main process and of beat (`store.health`,
+`schemas.health.Heartbeat`);
+unix seconds on Redis's clock. The key lapses `schemas.health.HEARTBEAT_TTL_S` after the
+last heartbeat; a clean shutdown removes both.
+
+Celery's Redis transport keeps its own keys in the same database, without our
+prefix (`broker_*` below, read by `runwarden status`): each queue is a list named as
+the queue, plus one list for each priority step `n` (3, 6, 9) that holds messages,
+named `<queue>`, the bytes 0x06 0x16, then `<n>`; the hash `unacked` holds the
+messages delivered and not yet acknowledged.
 """
 
 from __future__ import annotations
@@ -69,10 +82,14 @@ from dataclasses import dataclass
 from schemas import validate_run_id
 from schemas.idempotency import validate_launch_key
 
-__all__ = ["DEFAULT_PREFIX", "Keys"]
+__all__ = ["BROKER_PRIORITY_STEPS", "DEFAULT_PREFIX", "Keys"]
 
 DEFAULT_PREFIX = "rw:"
 _HOOK_NAME = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_-")
+BROKER_PRIORITY_STEPS = (0, 3, 6, 9)
+"""The priority steps of Celery's Redis transport (kombu's defaults): one list each."""
+_BROKER_SEP = "\x06\x16"
+_ROLES = ("worker", "beat")
 
 
 @dataclass(frozen=True)
@@ -221,3 +238,39 @@ class Keys:
     @property
     def hook_failures(self) -> str:
         return self._key("hooks", "failed")
+
+    # --- health -----------------------------------------------------------------------
+
+    def heartbeats(self, role: str) -> str:
+        """Raises `ValueError` for a role other than `worker` or `beat`."""
+        return self._key("hb", _role(role))
+
+    def heartbeat(self, role: str, name: str) -> str:
+        """Raises `ValueError` for an unknown role or an empty name."""
+        if not name:
+            raise ValueError("a heartbeat needs a process name")
+        return self._key("hb", _role(role), name)
+
+    @property
+    def ticks(self) -> str:
+        return self._key("ticks")
+
+    # --- the broker's keys (Celery's, without the prefix) -------------------------------
+
+    @staticmethod
+    def broker_queue(queue: str, step: int = 0) -> str:
+        """The list of the broker holding the messages of `queue` at priority `step`
+        (one of `BROKER_PRIORITY_STEPS`; `ValueError` otherwise)."""
+        if step not in BROKER_PRIORITY_STEPS:
+            raise ValueError(f"not a priority step of the broker: {step!r}")
+        return queue if step == 0 else f"{queue}{_BROKER_SEP}{step}"
+
+    @property
+    def broker_unacked(self) -> str:
+        return "unacked"
+
+
+def _role(role: str) -> str:
+    if role not in _ROLES:
+        raise ValueError(f"not a role with a heartbeat: {role[:40]!r}")
+    return role

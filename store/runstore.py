@@ -17,6 +17,7 @@ from .base import translated
 from .continuations import ContinuationsMixin
 from .coordination import CoordinationMixin
 from .ending import EndingMixin
+from .health import HealthMixin
 from .launches import LaunchesMixin
 from .ledger import LedgerMixin
 from .memory import MemoryMixin
@@ -37,6 +38,7 @@ class RunStore(
     LedgerMixin,
     WebhooksMixin,
     MemoryMixin,
+    HealthMixin,
 ):
     """The run store over one Redis client (keys: `store.keys`).
 
@@ -47,11 +49,23 @@ class RunStore(
     """
 
     @classmethod
-    def from_url(cls, url: str, prefix: str = "rw:", **options: Any) -> RunStore:
+    def from_url(
+        cls, url: str, prefix: str = "rw:", *, timeout_s: float | None = None, **options: Any
+    ) -> RunStore:
         """A store on the Redis at `url` (`redis://`, `rediss://` or `unix://`), with
         bounded timeouts and one retry without backoff: a down Redis is a
-        `StoreError` within seconds, never a hang. `url` may hold a password: it is
-        never logged. `options` go to the constructor (caps, bounds)."""
+        `StoreError` within seconds, never a hang. With `timeout_s`, every connect and
+        every reply waits at most that long, without a retry (a health check, a
+        heartbeat). `url` may hold a password: it is never logged. `options` go to
+        the constructor (caps, bounds)."""
+        if timeout_s is not None:
+            client = redis.Redis.from_url(
+                url,
+                socket_timeout=timeout_s,
+                socket_connect_timeout=timeout_s,
+                retry=Retry(NoBackoff(), 0),
+            )
+            return cls(client, prefix, **options)
         client = redis.Redis.from_url(
             url,
             socket_timeout=10,

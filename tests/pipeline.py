@@ -69,7 +69,11 @@ class Pipeline:
     workers: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     beat: subprocess.Popen[bytes] | None = None
 
-    def start_worker(self, name: str = "w1", concurrency: int = 2) -> subprocess.Popen[bytes]:
+    def start_worker(
+        self, name: str = "w1", concurrency: int = 2, queues: str | None = None
+    ) -> subprocess.Popen[bytes]:
+        """Starts worker `name`; with `queues` (`-Q`, comma-separated) it consumes only
+        those, else every queue of the app."""
         log = (self.tmp / f"worker-{name}.log").open("ab")
         proc = subprocess.Popen(
             [
@@ -93,6 +97,7 @@ class Pipeline:
                 "INFO",
                 "--without-gossip",
                 "--without-mingle",
+                *(["-Q", queues] if queues else []),
             ],
             cwd=ROOT,
             env=self.env,
@@ -124,6 +129,13 @@ class Pipeline:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+
+    def kill_beat(self) -> None:
+        """SIGKILLs beat (its whole session)."""
+        assert self.beat is not None, "beat is not running"
+        os.killpg(self.beat.pid, signal.SIGKILL)
+        self.beat.wait()
+        self.beat = None
 
     def send(self, task: str, body: Any, producer: str = OPERATOR, **options: Any) -> Any:
         """Publishes `task` with `body` signed by `producer` (its key created in the

@@ -1,7 +1,8 @@
 """The Celery app of the workers: the wire contract of `schemas.events` (JSON only, the
 queues and routes, one visibility timeout), plus what only a worker and beat need:
 acks late, prefetch 1, a bounded number of held countdowns, the beat entries of the
-periodic watches (docs/architecture.md, "Tasks").
+periodic watches (docs/architecture.md, "Tasks"), and the heartbeats of the workers'
+main processes and of beat (`workers.heartbeat`, `workers.beat`).
 
     celery -A workers.app worker      celery -A workers.app beat
 
@@ -27,6 +28,9 @@ from schemas.events import (
     TASK_RECONCILE,
     wire_config,
 )
+from schemas.health import HEARTBEAT_INTERVAL_S
+
+from . import heartbeat
 
 __all__ = ["ETA_TASK_LIMIT", "app", "celery_config", "settings"]
 
@@ -59,10 +63,14 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             "reconcile": {"task": TASK_RECONCILE, "schedule": settings.reconcile_s},
             "policies": {"task": TASK_POLICY_TICK, "schedule": settings.policy_s},
         },
-        "beat_max_loop_interval": max(1.0, min(settings.follow_poll_s, settings.reconcile_s)),
+        # Beat's scheduler writes beat's heartbeat on its ticks (`workers.beat`): it
+        # ticks at least once per heartbeat interval.
+        "beat_scheduler": "workers.beat:HeartbeatScheduler",
+        "beat_max_loop_interval": HEARTBEAT_INTERVAL_S,
     }
 
 
 settings = Settings()
 app = Celery("runwarden", include=["workers.tasks"])
 app.conf.update(celery_config(settings))
+heartbeat.install(settings)

@@ -180,8 +180,15 @@ def end_timeout(body: Any = None, auth: Any = None) -> str:
     return stops.on_deadline(context(), request.run_id, request.stop_id, utcnow())
 
 
+def _ran(task: str) -> None:
+    """Records that the periodic `task` runs now: `runwarden status` tells from it how
+    late the task is (`schemas.health`)."""
+    context().store.record_tick(task)
+
+
 @app.task(name=TASK_RECONCILE)
 def reconcile() -> int:
+    _ran(TASK_RECONCILE)
     ctx, now = context(), utcnow()
     try:
         sent = stops.reconcile(ctx, now)
@@ -208,11 +215,13 @@ def _fan_out(task: str) -> int:
 
 @app.task(name=TASK_FOLLOW_TICK)
 def follow_tick() -> int:
+    _ran(TASK_FOLLOW_TICK)
     return _fan_out(TASK_WATCH_TARGET)
 
 
 @app.task(name=TASK_POLL_REQUESTS)
 def poll_requests() -> int:
+    _ran(TASK_POLL_REQUESTS)
     return _fan_out(TASK_WATCH_TARGET)
 
 
@@ -237,6 +246,7 @@ def watch_target(target: str) -> dict[str, int]:
 @app.task(name=TASK_POLICY_TICK)
 def policy_tick() -> int:
     """Beat: fans the policies out, one task per target with followed runs."""
+    _ran(TASK_POLICY_TICK)
     return _fan_out(TASK_POLICY_TARGET)
 
 

@@ -11,19 +11,20 @@ one line on stderr, never a traceback for a user error.
     runs     launch, resume, retrieve, follow, stop, cancel
     views    runs, show, logs, stops
     doctor   doctor
+    status   status (the service's health)
 """
 
 from __future__ import annotations
 
 import sys
 
-from . import doctor, producers, runs, serve, targets, views
+from . import doctor, producers, runs, serve, status, targets, views
 from .common import app, err
 
 __all__ = ["app", "main"]
 
 # The command modules register their commands on `app` when imported.
-_COMMANDS = (doctor, producers, runs, serve, targets, views)
+_COMMANDS = (doctor, producers, runs, serve, status, targets, views)
 
 
 def main() -> None:

@@ -8,6 +8,9 @@ flight with live countdowns). JSON for scripts: `/api/runs`, `/api/runs/{run_id}
 Errors: an invalid run id is 400, an unknown run or path 404, a POST that is not
 same-origin or lacks a valid CSRF token 403, a failed store 503; pages answer with
 the error page, `/api/` with `{"error": message}`. No stack trace is ever shown.
+
+The service's health: `/health`, and `/api/health` (503 when something is down), in
+`health.py`.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from starlette.responses import Response
 from schemas import InvalidRunId, NotFound, RunError, StoreError
 
 from ..api import Runwarden
+from .health import health_router
 from .json_api import json_router
 from .pages import page_router
 from .render import Web
@@ -73,6 +77,7 @@ def create_app(
     )
     app.include_router(page_router(web))
     app.include_router(json_router(web))
+    app.include_router(health_router(web))
     app.mount("/static", StaticFiles(directory=_STATIC), name="static")
     _add_error_handlers(app, web)
     # The last one added runs first: headers on every answer, the 401s included.

@@ -3,7 +3,7 @@ Redis, its memory bounded (`maxmemory` from `RUNWARDEN_REDIS_MAXMEMORY`, the set
 default, `noeviction`; the resolved options run by a real redis-server), basic auth
 on Flower, every credential a docker secret (on no command line, in no environment,
 never written in the file), an init in every container of ours (jobs' orphans are
-reaped)."""
+reaped), `runwarden status` as beat's health check."""
 
 from __future__ import annotations
 
@@ -181,3 +181,10 @@ def test_a_real_redis_server_runs_compose_s_options(
         client.close()
     finally:
         server.stop()
+
+
+def test_beat_runs_the_service_health_check(resolved: dict[str, Any]) -> None:
+    check = resolved["services"]["beat"]["healthcheck"]
+    assert check["test"] == ["CMD", "runwarden", "status"]
+    assert check["retries"] >= 1
+    assert _secrets_of(resolved["services"]["beat"]) >= {"redis-password"}
