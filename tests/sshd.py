@@ -665,6 +665,12 @@ def _write_sshd_config(
         "LoginGraceTime 30",
         "MaxSessions 100",
         "MaxStartups 100:30:200",
+        # Bash sources ~/.bashrc when sshd starts it for a command at shell level 1;
+        # level 2 skips it. The tests log in as whoever runs them, and that account's
+        # dotfiles are the machine's, not the project's: this machine's root .bashrc
+        # runs `pyenv rehash`, which waits 60 s on a lock a killed shell left behind,
+        # and every command then outlives its test's timeout.
+        "SetEnv SHLVL=1",
     ]
     if _sshd_version() >= (9, 8):
         # Else failed authentications (the wrong-key tests) get 127.0.0.1 refused.

@@ -22,13 +22,17 @@ def test_the_embedded_server_has_the_maxmemory_of_the_settings(
     server = EmbeddedRedis(settings)
     server.start()
     try:
-        client = redis.Redis(unix_socket_path=str(settings.embedded_socket), socket_timeout=5)
+        client = redis.Redis.from_url(settings.store_url(), socket_timeout=5)
         assert client.config_get("maxmemory") == {"maxmemory": str(expected)}
         assert client.config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
         assert client.config_get("appendonly") == {"appendonly": "yes"}
         use = RunStore.from_settings(settings).memory()
         assert (use.max, use.policy, use.high) == (expected, "noeviction", False)
         client.close()
+        anonymous = redis.Redis(unix_socket_path=str(settings.embedded_socket), socket_timeout=5)
+        with pytest.raises(redis.AuthenticationError):
+            anonymous.ping()
+        anonymous.close()
     finally:
         server.stop()
 
@@ -38,7 +42,7 @@ def test_the_default_is_two_gib(tmp_path: Path) -> None:
     server = EmbeddedRedis(settings)
     server.start()
     try:
-        client = redis.Redis(unix_socket_path=str(settings.embedded_socket), socket_timeout=5)
+        client = redis.Redis.from_url(settings.store_url(), socket_timeout=5)
         assert client.config_get("maxmemory") == {"maxmemory": str(2 * 1024**3)}
         client.close()
     finally:
