@@ -11,6 +11,7 @@ from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .budget import StopTimeouts
 from .idempotency import LaunchKey
 from .ids import RunId
 from .job import ENV_NAME, check_absolute_path
@@ -128,6 +129,9 @@ class LaunchSpec(_Body):
     """Names of secret env variables, resolved on the worker from
     `RUNWARDEN_SECRET_<NAME>`; values never enter Redis."""
     limits: RunLimits = Field(default_factory=RunLimits)
+    timeouts: StopTimeouts = Field(default_factory=StopTimeouts)
+    """The run's own stop timeouts (`--proof-timeout`, `--end-timeout`), kept on its
+    record and used by each of its stops instead of the learned or configured ones."""
     resume_from: RunId | None = None
     snapshots: bool = True
     """Whether the job reads snapshot requests (the job-side plugin)."""
