@@ -1,20 +1,24 @@
 """The follow in the run store: which runs each target follows, how far the follower
 read each run's files (byte offsets), the log and metrics streams it appended, and
-the run's progress folded from its metrics (`schemas.progress`)."""
+the run's progress folded from its metrics (`schemas.progress`), and the periodic
+saves its metrics report (`store.budgets`)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 from redis.exceptions import WatchError
 
 from schemas import Conflict, Progress, StoreError, validate_run_id
+from schemas.budget import save_samples
 from schemas.progress import finite, progress_fields
 
 from .base import text, translated
+from .budgets import queue_saves
 from .runs import RunsMixin
 
 __all__ = ["FollowMixin", "LogEntry", "MetricsEntry", "Offsets"]
@@ -234,6 +238,8 @@ class FollowMixin(RunsMixin):
                 self.keys.progress(run_id),
                 mapping={name: json.dumps(value) for name, value in fields.items()},
             )
+        # The job's periodic saves teach its stops' budgets, counted once with the lines.
+        queue_saves(pipe, self.keys.saves(run_id), save_samples(records, datetime.now(UTC)))
 
     @translated
     def read_log(

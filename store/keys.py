@@ -24,6 +24,7 @@ key, only `[A-Za-z0-9_.-]` as `schemas.idempotency` checks it; `<target>` a targ
 | `P log:<id>` | stream | `l` = one line of `job.log` (capped, approximate) |
 | `P metrics:<id>` | stream | `m` = one metrics record, JSON (capped, approximate) |
 | `P progress:<id>` | hash | `Progress` fields, each a JSON value |
+| `P saves:<id>` | list | the run's save times (`SaveSample` JSON), newest first, capped (4) |
 | `P once:<key>` | string | marker of an effect done once (expires) |
 | `P retrievals` | sorted set | ids of runs with `artifacts` pending, score = next attempt |
 | `P lock:<key>` | string | a lock holder's token (expires; its holder extends, releases) (3) |
@@ -37,6 +38,9 @@ settles the runs that stay in it too long (`workers.settle`).
 (3) `retrieve:<id>`, `policy-tick:<target>`, `launch:<lkey>` (a launch at work, or
 `reconcile` settling its run), `launch-run:<id>` (`reconcile` settling a run created
 without a key).
+(4) Pushed by the follow (`save` metrics lines, in the transaction that records
+them) and by the end of a stop that proved (`store.budgets`); a resumed run reads
+its resume sources' too.
 """
 
 from __future__ import annotations
@@ -112,6 +116,9 @@ class Keys:
 
     def progress(self, run_id: str) -> str:
         return self._key("progress", validate_run_id(run_id))
+
+    def saves(self, run_id: str) -> str:
+        return self._key("saves", validate_run_id(run_id))
 
     # --- stops and deadlines ----------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """[`RunStore`]: the run store, one object over one Redis client, composed of the
 parts in this package (targets, runs, the follow, stops and deadlines, the end of a
-run, launches, retrievals, coordination)."""
+run, launches, retrievals, coordination, save samples)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from .base import translated
+from .budgets import BudgetsMixin
 from .coordination import CoordinationMixin
 from .ending import EndingMixin
 from .launches import LaunchesMixin
@@ -18,7 +19,14 @@ from .targets import TargetsMixin
 __all__ = ["RunStore"]
 
 
-class RunStore(TargetsMixin, EndingMixin, LaunchesMixin, RetrievalsMixin, CoordinationMixin):
+class RunStore(
+    TargetsMixin,
+    EndingMixin,
+    LaunchesMixin,
+    RetrievalsMixin,
+    CoordinationMixin,
+    BudgetsMixin,
+):
     """The run store over one Redis client (keys: `store.keys`).
 
     Thread-safe as far as the client is (a `redis.Redis` with its connection pool is);
