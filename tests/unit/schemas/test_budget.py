@@ -109,7 +109,7 @@ def test_a_bad_rule_is_refused(knobs: dict[str, float]) -> None:
         "default_proof_s": 1800, "default_end_s": 600, "factor": 3, "margin_s": 30,
         "floor_s": 60, "ceiling_s": 7200,
     }  # fmt: skip
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"positive|factor|margin|floor"):
         BudgetRule(**(base | knobs))
 
 
