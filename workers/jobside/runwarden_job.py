@@ -28,8 +28,15 @@ The contract with runwarden (and with overbrainer, whose file names are kept):
   not end in time, runwarden cancels it.
 - **Metrics.** :class:`Metrics` appends one JSON object a line to the file named by
   ``RUNWARDEN_METRICS``: ``begin`` (``max_steps``), ``log`` (``step`` and values such
-  as ``loss``), ``end`` (``step``). Every line is one ``write`` on an ``O_APPEND``
-  descriptor, so lines of concurrent writers never interleave.
+  as ``loss``), ``save`` (``step``, ``seconds``: how long a checkpoint save took,
+  and ``step_seconds``: how long a step takes), ``end`` (``step``). Every line is
+  one ``write`` on an ``O_APPEND`` descriptor, so lines of concurrent writers never
+  interleave.
+- **Save times.** runwarden learns how long this job's stops may wait for a proof
+  from how long its saves take: the stops it measures itself, and the ``save`` lines
+  (:meth:`Metrics.save`, :meth:`Metrics.saving`). A job that reports its periodic
+  saves is never cancelled for a save slower than the configured proof timeout
+  once one such save was seen.
 
 Everything here is safe to call from a job that was not launched by runwarden: the
 request is then looked for in the current directory and metrics are not written.
@@ -49,7 +56,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from types import TracebackType
 from typing import Final, cast
 
@@ -377,6 +384,17 @@ def write_proof(step: int, reason: str, *, directory: str | None = None) -> str:
     return final
 
 
+def _duration(value: object, name: str = "seconds") -> float:
+    """``value`` as a float when it is a finite real number >= 0 (not a ``bool``), else
+    ``ValueError`` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a number of seconds, not {type(value).__name__}")
+    number = float(value)
+    if not (math.isfinite(number) and number >= 0):
+        raise ValueError(f"{name} must be a finite number >= 0, not {number!r}")
+    return number
+
+
 def _json_value(key: str, value: object) -> object:
     """``value`` as written to a metrics line: ``None``, ``bool``, ``str``, ``int`` or a
     finite ``float`` (NaN and infinities become ``None``). Numbers of other types
@@ -399,8 +417,8 @@ class Metrics:
     ``$RUNWARDEN_METRICS``). When neither is given, every method does nothing, so a
     trainer can always use one.
 
-    Every record has ``"event"`` (``"begin"``, ``"log"`` or ``"end"``) and ``"time"``
-    (unix seconds, float), then the event's own keys and the caller's values. A line
+    Every record has ``"event"`` (``"begin"``, ``"log"``, ``"save"`` or ``"end"``) and
+    ``"time"`` (unix seconds, float), then the event's own keys and the caller's values. A line
     is ASCII JSON with no raw newline, ends with ``"\\n"``, and is written with a
     single ``os.write`` on a descriptor opened ``O_APPEND | O_CREAT``: lines of
     concurrent writers (threads or processes) never interleave.
@@ -447,6 +465,38 @@ class Metrics:
         "log", "time": T, "step": step, **values}``. NaN and infinities are written as
         ``null``. Raises like :meth:`begin`."""
         self._emit("log", {"step": _check_step(step)}, values)
+
+    def save(
+        self,
+        step: int,
+        seconds: float,
+        *,
+        step_seconds: float | None = None,
+        **extra: object,
+    ) -> None:
+        """Records that a checkpoint was saved at ``step`` and took ``seconds``:
+        ``{"event": "save", "time": T, "step": step, "seconds": seconds,
+        "step_seconds": step_seconds, **extra}`` (``step_seconds`` only when given:
+        how long one training step takes, since a request is read at a step's end).
+        runwarden budgets this run's stops from these (``schemas/budget.py``).
+        Raises ``ValueError`` for a ``seconds`` or ``step_seconds`` that is not a
+        finite number >= 0, or as :meth:`begin`."""
+        fixed: dict[str, object] = {"step": _check_step(step), "seconds": _duration(seconds)}
+        if step_seconds is not None:
+            fixed["step_seconds"] = _duration(step_seconds, "step_seconds")
+        self._emit("save", fixed, extra)
+
+    @contextlib.contextmanager
+    def saving(self, step: int, *, step_seconds: float | None = None) -> Iterator[None]:
+        """Times the ``with`` block (a checkpoint save at ``step``) on a monotonic
+        clock and, when it ends without an exception, writes its :meth:`save` line::
+
+            with metrics.saving(step, step_seconds=last_step_s):
+                save_checkpoint(...)
+        """
+        started = time.monotonic()
+        yield
+        self.save(step, time.monotonic() - started, step_seconds=step_seconds)
 
     def end(self, step: int, **extra: object) -> None:
         """Records the end of training at ``step`` (e.g. ``reason=...`` after a
