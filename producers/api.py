@@ -148,8 +148,8 @@ class Runwarden:
         self, run_id: str, *, target: str | None = None, command: str | None = None
     ) -> LaunchSpec:
         """The launch that continues the stopped run `run_id`: its target, command,
-        upload, skip list, secret names, limits and name, unless overridden, with
-        `resume_from` set.
+        upload, skip list, secret names, limits, stop timeouts and name, unless
+        overridden, with `resume_from` set.
 
         Raises:
             NotFound, NotResumable.
@@ -166,6 +166,7 @@ class Runwarden:
             skip=run.skip,
             secrets=run.secrets,
             limits=run.limits,
+            timeouts=run.timeouts,
             resume_from=run.id,
             snapshots=run.snapshots,
         )

@@ -13,6 +13,7 @@ import typer
 
 from producers.api import OperationFailed, Runwarden
 from schemas import RunLimits, RunRecord, SnapshotReason
+from schemas.budget import StopTimeouts
 from schemas.events import LaunchSpec
 from schemas.idempotency import new_launch_key
 
@@ -45,6 +46,14 @@ def launch(
     no_disk_policy: Annotated[
         bool, typer.Option(help="Do not ask a snapshot when the disk fills up.")
     ] = False,
+    proof_timeout: Annotated[
+        float | None,
+        typer.Option(help="Seconds each stop waits for the proof (default: learned)."),
+    ] = None,
+    end_timeout: Annotated[
+        float | None,
+        typer.Option(help="Seconds each stop waits for the job's end after the proof."),
+    ] = None,
     resume_from: Annotated[str | None, typer.Option(help="A stopped run to continue.")] = None,
     no_snapshots: Annotated[bool, typer.Option(help="The job cannot save snapshots.")] = False,
     key: Annotated[
@@ -69,6 +78,7 @@ def launch(
                              usd_per_hour=usd_per_hour, disk=not no_disk_policy),
             resume_from=resume_from, snapshots=not no_snapshots,
             key=key or new_launch_key(),
+            timeouts=StopTimeouts(proof_timeout_s=proof_timeout, end_timeout_s=end_timeout),
         )  # fmt: skip
 
     spec = run_op(build)

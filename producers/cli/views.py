@@ -10,6 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Column, Table
 
+from schemas.budget import stop_budget
 from schemas.text import clean_text
 
 from .common import (
@@ -69,6 +70,14 @@ def show(run_id: str, as_json: Annotated[bool, typer.Option("--json")] = False) 
     current = run_op(lambda: api.get_stop(run.id))
     if current is not None:
         out.print(f"[bold]{'stop':12}[/] {phase_line(current, datetime.now(UTC))}")
+        if current.budget is not None:
+            line = f"{current.budget.describe()}: {current.budget.why}"
+            out.print(f"[bold]{'timeout':12}[/] {escape(line)}", highlight=False)
+    elif run.state == "running" and run.snapshots:
+        saves = run_op(lambda: api.store.learned_saves(run))
+        budget = stop_budget(run.timeouts, saves, api.settings.budget_rule)
+        line = f"{budget.describe()}: {budget.why}"
+        out.print(f"[bold]{'next stop':12}[/] {escape(line)}", highlight=False)
 
 
 @app.command()
@@ -99,17 +108,22 @@ def logs(
 
 @app.command()
 def stops(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """List the stops in flight: phase, reason, deadlines, time left."""
+    """List the stops in flight: phase, reason, deadlines, time left, the proof
+    timeout each got and where it came from (explicit, learned, default)."""
     api = client()
     current = run_op(api.list_stops)
-    fields = ("run_id", "phase", "reason", "asked_at", "proof_deadline", "end_deadline")
+    fields = ("run_id", "phase", "reason", "asked_at", "proof_deadline", "end_deadline", "budget")
     if as_json:
         print_json([{f: s.model_dump(mode="json")[f] for f in fields} for s in current])
         return
     now = datetime.now(UTC)
     table = Table(Column("run", no_wrap=True), "phase", "reason", "asked by", "asked at",
-                  "time left")  # fmt: skip
+                  "time left", "proof timeout")  # fmt: skip
     for s in current:
+        budget = ""
+        if s.budget is not None:
+            budget = f"{round(s.budget.proof_timeout_s, 1):g} s {s.budget.source}"
         table.add_row(s.run_id, str(s.phase), str(s.reason), escape(s.asked_by),
-                      s.asked_at.strftime("%T"), phase_line(s, now).split("; ", 1)[1])  # fmt: skip
+                      s.asked_at.strftime("%T"), phase_line(s, now).split("; ", 1)[1],
+                      budget)  # fmt: skip
     out.print(table)

@@ -22,13 +22,20 @@ from schemas import (
     StopPhase,
 )
 from schemas.budget import SaveSample, StopTimeouts, TimeoutSource
-from schemas.events import TASK_END_TIMEOUT, TASK_PROOF_TIMEOUT, TASK_SNAPSHOT_REQUEST
+from schemas.events import (
+    TASK_END_TIMEOUT,
+    TASK_PROOF_TIMEOUT,
+    TASK_SNAPSHOT_REQUEST,
+    LaunchSpec,
+)
 from store import RunStore
 from workers import budgets, policies, stops
+from workers import launch as launching
 from workers.context import Context
 from workers.finish import finish
 
 from .conftest import Sent, policy_worker, running_run
+from .launch_fakes import T0, FakeExecutor, fake_context
 
 CLOCKS: dict[str, Any] = {
     "proof_timeout_s": 1800,
@@ -236,3 +243,18 @@ def test_a_run_without_limits_reads_no_samples(tmp_path: Path) -> None:
     limited = running_run(store, tmp_path, "r2", limits=RunLimits(max_hours=3))
     learn(store, "r2", 400)
     assert budgets.policy_save_lead_s(ctx, limited) == 1200
+
+
+# --- the run's own timeouts, from its launch ----------------------------------------
+
+
+def test_a_launch_keeps_the_runs_own_timeouts() -> None:
+    ex = FakeExecutor()
+    ctx = fake_context(ex)
+    own = StopTimeouts(proof_timeout_s=30, end_timeout_s=5)
+    spec = LaunchSpec(target="local", command="train", key="k9", timeouts=own)
+    record = launching.launch(ctx, spec, T0)
+    assert record.timeouts == own
+    assert ctx.store.get_run(record.id).timeouts == own
+    plain = launching.launch(ctx, LaunchSpec(target="local", command="train", key="k8"), T0)
+    assert plain.timeouts == StopTimeouts()
