@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 from typing import Any, Final
 
 from celery import Celery
@@ -17,6 +16,7 @@ from pydantic import BaseModel, SecretStr
 
 from schemas import (
     Artifacts,
+    NotFound,
     NotResumable,
     RunError,
     RunRecord,
@@ -26,6 +26,7 @@ from schemas import (
     TargetConfig,
 )
 from schemas.auth import OPERATOR, sign, sign_target
+from schemas.chain import MAX_CHAIN
 from schemas.events import (
     TASK_CANCEL,
     TASK_FOLLOW,
@@ -38,9 +39,11 @@ from schemas.events import (
     RetrieveBody,
     SnapshotRequestBody,
     describe,
+    resume_spec,
     wire_config,
 )
 from schemas.idempotency import new_launch_key
+from schemas.ledger import LedgerEvent
 from schemas.run import ADOPTED_COMMAND, check_cancel, check_resumable, check_snapshot_request
 from schemas.secrets import SecretsError, producer_key_file
 from store import RunStore
@@ -148,8 +151,8 @@ class Runwarden:
         self, run_id: str, *, target: str | None = None, command: str | None = None
     ) -> LaunchSpec:
         """The launch that continues the stopped run `run_id`: its target, command,
-        upload, skip list, secret names, limits, stop timeouts and name, unless
-        overridden, with `resume_from` set.
+        upload, skip list, secret names, limits, stop timeouts, name and on-preempt
+        plan, unless overridden, with `resume_from` set.
 
         Raises:
             NotFound, NotResumable.
@@ -158,18 +161,7 @@ class Runwarden:
         check_resumable(run)
         if command is None and run.command == ADOPTED_COMMAND:
             raise NotResumable(run_id, "it was adopted: its command is unknown; give one")
-        return LaunchSpec(
-            target=target or run.target,
-            command=command or run.command,
-            name=run.name,
-            upload=None if run.upload is None else Path(run.upload),
-            skip=run.skip,
-            secrets=run.secrets,
-            limits=run.limits,
-            timeouts=run.timeouts,
-            resume_from=run.id,
-            snapshots=run.snapshots,
-        )
+        return resume_spec(run, target=target, command=command)
 
     def retrieve(self, run_id: str, *, force: bool = True, wait_s: float | None = None) -> Any:
         """Asks for the retrieval of the ended run's artifacts now (again after a
@@ -232,11 +224,76 @@ class Runwarden:
     def list_runs(self, target: str | None = None) -> list[RunRecord]:
         return self.store.list_runs(target=target)
 
+    def chain(self, run_id: str) -> list[RunRecord]:
+        """The chain of runs `run_id` belongs to, oldest first: the runs it resumes
+        (`resumed_from`, back to the first), itself, and the runs that continued it
+        after a preemption (`continuation`, as far as they are launched). At most
+        `schemas.chain.MAX_CHAIN` runs; a run whose record is gone ends the walk.
+
+        Raises:
+            NotFound: no run `run_id`.
+        """
+        run = self.store.get_run(run_id)
+        back: list[RunRecord] = []
+        seen = {run.id}
+        current = run
+        while current.resumed_from is not None and len(seen) < MAX_CHAIN:
+            if current.resumed_from in seen:
+                break
+            try:
+                current = self.store.get_run(current.resumed_from)
+            except NotFound:
+                break
+            seen.add(current.id)
+            back.append(current)
+        chain = [*reversed(back), run]
+        current = run
+        while len(seen) < MAX_CHAIN:
+            done = current.continuation
+            if done is None or done.key is None:
+                break
+            next_id = self.store.launch_run(done.key)
+            if next_id is None or next_id in seen:
+                break
+            try:
+                current = self.store.get_run(next_id)
+            except NotFound:
+                break
+            seen.add(current.id)
+            chain.append(current)
+        return chain
+
     def get_stop(self, run_id: str) -> StopState | None:
         return self.store.get_stop(run_id)
 
     def list_stops(self) -> list[StopState]:
         return self.store.list_stops()
+
+    def ledger(self, run_id: str) -> list[LedgerEvent]:
+        """The stop ledger of run `run_id`, oldest first (the order recorded): its
+        stops, cancels, policy decisions, end and retrievals (`schemas.ledger`).
+
+        Raises:
+            NotFound, StoreError.
+        """
+        self.store.get_run(run_id)
+        return self.store.ledger(run_id)
+
+    def ledger_history(self, run_id: str | None = None, limit: int = 500) -> list[LedgerEvent]:
+        """The newest `limit` ledger events of run `run_id`, or of every run, newest
+        first.
+
+        Raises:
+            NotFound (for a run that does not exist), StoreError.
+        """
+        if run_id is not None:
+            self.store.get_run(run_id)
+        return self.store.ledger_history(run_id, limit)
+
+    def webhook_failures(self, limit: int = 100) -> list[dict[str, Any]]:
+        """The webhook deliveries given up, newest first (webhook, run, event id and
+        kind, attempts, last error, when)."""
+        return self.store.webhook_failures(limit)
 
     # --- targets --------------------------------------------------------------------
 

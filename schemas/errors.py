@@ -12,8 +12,11 @@ cause stays visible.
     │   │                                not signed by the operator (schemas.auth)
     │   ├── SecretsError                 a secret cannot be read or written
     │   │                                (schemas.secrets)
-    │   └── BadForm                      a web form that is not a small urlencoded
-    │                                    form (producers.web.security)
+    │   ├── BadForm                      a web form that is not a small urlencoded
+    │   │                                form (producers.web.security)
+    │   └── WebhookConfigError           RUNWARDEN_WEBHOOKS cannot be read or does
+    │                                    not fit, or a webhook's secret cannot be
+    │                                    read (schemas.webhooks)
     ├── RunError                         the run store and the operations on runs
     │   ├── StoreError                   Redis unreachable, refused, or a stored value
     │   │                                unreadable

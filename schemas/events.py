@@ -12,10 +12,11 @@ from typing import Any, Final
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .budget import StopTimeouts
+from .chain import OnPreempt
 from .idempotency import LaunchKey
 from .ids import RunId
 from .job import ENV_NAME, check_absolute_path
-from .run import RunLimits
+from .run import RunLimits, RunRecord
 from .settings import Settings
 from .snapshot import SnapshotReason
 from .stops import AskedBy, StopId
@@ -27,6 +28,7 @@ __all__ = [
     "QUEUE_RETRIEVE",
     "SERIALIZER",
     "TASK_CANCEL",
+    "TASK_CONTINUE",
     "TASK_END_TIMEOUT",
     "TASK_FOLLOW",
     "TASK_FOLLOW_TICK",
@@ -41,12 +43,14 @@ __all__ = [
     "TASK_SNAPSHOT_REQUEST",
     "TASK_WATCH_TARGET",
     "CancelBody",
+    "ContinueBody",
     "FollowBody",
     "LaunchSpec",
     "RetrieveBody",
     "SnapshotRequestBody",
     "TimeoutBody",
     "describe",
+    "resume_spec",
     "wire_config",
 ]
 
@@ -67,6 +71,9 @@ TASK_WATCH_TARGET: Final = "runwarden.watch_target"
 `poll_requests`, one task per target so workers share the load)."""
 TASK_POLICY_TARGET: Final = "runwarden.policy_target"
 """Internal: one target's share of a policy tick (fanned out by `policy_tick`)."""
+TASK_CONTINUE: Final = "runwarden.continue"
+"""Internal: continue a preempted run on its next target (`schemas.chain`); sent when
+its checkpoint is retrieved, and by `reconcile` for a continuation still waiting."""
 
 QUEUE: Final = "runwarden"
 """The queue of every task but retrievals."""
@@ -135,6 +142,9 @@ class LaunchSpec(_Body):
     resume_from: RunId | None = None
     snapshots: bool = True
     """Whether the job reads snapshot requests (the job-side plugin)."""
+    on_preempt: OnPreempt | None = None
+    """Resume the run elsewhere when it is preempted (`schemas.chain`); None: a
+    preempted run stays stopped."""
     key: LaunchKey | None = None
     """The launch's idempotency key (`schemas.idempotency`: 1-128 of `[A-Za-z0-9_.-]`,
     starting with a letter or digit), chosen by the producer: every launch with the
@@ -157,6 +167,37 @@ class LaunchSpec(_Body):
         if "\0" in command:
             raise ValueError("a command cannot hold a NUL byte")
         return command
+
+    @model_validator(mode="after")
+    def _preempt(self) -> LaunchSpec:
+        if self.on_preempt is not None and not self.snapshots:
+            raise ValueError(
+                "on_preempt needs a job that reads snapshot requests: a job that "
+                "cannot save a snapshot cannot be resumed"
+            )
+        return self
+
+
+def resume_spec(
+    run: RunRecord, *, target: str | None = None, command: str | None = None, key: str | None = None
+) -> LaunchSpec:
+    """The launch that continues `run` from its snapshot: its target, command, upload,
+    skip list, secret names, limits, stop timeouts, name and on-preempt plan, unless
+    overridden, with `resume_from` set (the worker checks that it can be resumed)."""
+    return LaunchSpec(
+        target=target or run.target,
+        command=command or run.command,
+        name=run.name,
+        upload=None if run.upload is None else Path(run.upload),
+        skip=run.skip,
+        secrets=run.secrets,
+        limits=run.limits,
+        timeouts=run.timeouts,
+        resume_from=run.id,
+        snapshots=run.snapshots,
+        on_preempt=run.on_preempt,
+        key=key,
+    )
 
 
 class FollowBody(_Body):
@@ -205,6 +246,12 @@ class CancelBody(_Body):
     run_id: RunId
 
 
+class ContinueBody(_Body):
+    """`runwarden.continue`: launch the next run of a preempted run's chain."""
+
+    run_id: RunId
+
+
 class TimeoutBody(_Body):
     """`runwarden.proof_timeout` / `runwarden.end_timeout`: a stop's countdown."""
 
@@ -222,6 +269,7 @@ _WHAT: Final = {
     TASK_PROOF_TIMEOUT: "proof deadline",
     TASK_END_TIMEOUT: "end deadline",
     TASK_RETRIEVE: "retrieve",
+    TASK_CONTINUE: "continue after a preemption",
 }
 
 

@@ -10,6 +10,7 @@ from typing import Annotated, Final
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .budget import StopTimeouts
+from .chain import Continuation, OnPreempt, is_preempted
 from .errors import Conflict, NoSnapshots, NotResumable, NotRunning, NotStarted
 from .ids import RunId
 from .job import WATCHDOG_MAX_S, JobId, JobStatus, check_absolute_path
@@ -154,6 +155,15 @@ class RunRecord(BaseModel):
     """When the run became running (the policies' clock starts here)."""
     ended: datetime | None = None
     artifacts: Artifacts | None = None
+    on_preempt: OnPreempt | None = None
+    """Resume the run elsewhere when it is preempted (`schemas.chain`); None: a
+    preempted run stays stopped."""
+    chain_preemptions: Annotated[int, Field(ge=0)] = 0
+    """Preemptions of the runs this one continues (its `resumed_from` chain), counted
+    by the launch from its source run."""
+    continuation: Continuation | None = None
+    """Where the continuation of this preempted run stands (set when it ends
+    preempted with `on_preempt`)."""
 
     @field_validator("remote_dir")
     @classmethod
@@ -195,7 +205,9 @@ def transitioned(
     5. Becoming running stamps `started` (the policies' clock); becoming terminal
        stamps `ended` and, for a run that had a job and no retrieval yet, queues its
        artifacts' retrieval (`artifacts` pending, due at once) in the same change, so
-       no crash can leave an ended run never retrieved.
+       no crash can leave an ended run never retrieved. A run with `on_preempt` that
+       ends preempted (`schemas.chain.is_preempted`) gets its continuation, waiting,
+       in the same change: no crash can leave it never continued.
 
     Raises:
         Conflict: by the rules above (naming the run, its state and the one wanted).
@@ -236,6 +248,10 @@ def transitioned(
             update["ended"] = now
             if (job or current.job) is not None and current.artifacts is None:
                 update["artifacts"] = Artifacts(next_attempt=now)
+            if current.on_preempt is not None and is_preempted(snapshot or current.snapshot):
+                update["continuation"] = Continuation(
+                    preemptions=current.chain_preemptions + 1, at=now
+                )
     if snapshot is not None:
         update["snapshot"] = snapshot
     if job is not None:

@@ -108,6 +108,11 @@ class Settings(BaseSettings):
     """Attempts before a retrieval is marked failed (shown; `runwarden retrieve`
     tries again)."""
 
+    webhooks: str | None = None
+    """The webhooks told of ledger events: a JSON list, or the path of a JSON or TOML
+    file (`schemas.webhooks.load_webhooks`). Never holds a secret: a webhook's secret
+    is read from the secrets directory (`webhook.<name>.secret`) when it is sent."""
+
     # --- stop budgets (defaults: schemas.budget) ---------------------------------------
     proof_timeout_factor: Annotated[float, Field(ge=1, allow_inf_nan=False)] = (
         PROOF_TIMEOUT_FACTOR

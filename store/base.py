@@ -61,6 +61,9 @@ _SCRIPTS: Final = (
     "unfollow",
     "extend_lock",
     "release_lock",
+    "claim_delivery",
+    "end_delivery",
+    "retry_delivery",
 )
 
 _P = ParamSpec("_P")

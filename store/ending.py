@@ -67,6 +67,7 @@ class EndingMixin(FollowMixin, StopsMixin):
                         new = RunRecord.model_validate_json(new.model_dump_json())
                         pipe.set(run_key, new.model_dump_json())
                         self._index_retrieval(pipe, new)
+                        self._index_continuation(pipe, new)
                         self._index_preparing(pipe, current, new)
                     if stop_raw is not None:
                         stop = load_model(StopState, stop_raw, f"stop of run {run_id!r}")

@@ -24,10 +24,18 @@ key, only `[A-Za-z0-9_.-]` as `schemas.idempotency` checks it; `<target>` a targ
 | `P log:<id>` | stream | `l` = one line of `job.log` (capped, approximate) |
 | `P metrics:<id>` | stream | `m` = one metrics record, JSON (capped, approximate) |
 | `P progress:<id>` | hash | `Progress` fields, each a JSON value |
-| `P saves:<id>` | list | the run's save times (`SaveSample` JSON), newest first, capped (4) |
+| `P saves:<id>` | list | the run's save times (`SaveSample` JSON), newest first, capped (7) |
 | `P once:<key>` | string | marker of an effect done once (expires) |
 | `P retrievals` | sorted set | ids of runs with `artifacts` pending, score = next attempt |
+| `P continuations` | sorted set | preempted runs whose continuation waits, score = next try (4) |
 | `P lock:<key>` | string | a lock holder's token (expires; its holder extends, releases) (3) |
+| `P ledger:<id>` | list | the run's ledger events (`schemas.ledger` JSON), oldest first (5) |
+| `P ledger` | sorted set | ids of the runs with a ledger, score = their newest event (unix s) |
+| `P prom` | hash | the stored counters and histograms of the metrics (`store.counters`) |
+| `P hook:<name>|<id>` | list | webhook `<name>`'s deliveries for run `<id>`, oldest first (6) |
+| `P hooks` | sorted set | `<name>|<id>` with deliveries waiting, score = next attempt (unix s) |
+| `P hooks:tries` | hash | `<name>|<id>` -> attempts made on the head delivery |
+| `P hooks:failed` | list | deliveries given up (JSON), newest first, capped |
 
 (1) Set in the script that creates the run's record (`create_run`, with the record
 and its indexes); moved only to the next id when the run's claimed directory was
@@ -37,8 +45,14 @@ the run on (`update_run`, `apply_transition`, `start_run`, `end_run`); `reconcil
 settles the runs that stay in it too long (`workers.settle`).
 (3) `retrieve:<id>`, `policy-tick:<target>`, `launch:<lkey>` (a launch at work, or
 `reconcile` settling its run), `launch-run:<id>` (`reconcile` settling a run created
-without a key).
-(4) Pushed by the follow (`save` metrics lines, in the transaction that records
+without a key), `continue:<id>` (a preempted run being continued).
+(4) Kept in step with the record's `continuation` in the transaction that writes it
+(`update_run`, `apply_transition`, `end_run`), like `P retrievals` with `artifacts`.
+(5) Never trimmed: kept as long as the run's record (neither is ever deleted by
+runwarden).
+(6) `<name>` is a webhook's name (`[a-z0-9_-]`), so never `|`; the list holds each
+delivery's rendered body, never the webhook's URL or secret.
+(7) Pushed by the follow (`save` metrics lines, in the transaction that records
 them) and by the end of a stop that proved (`store.budgets`); a resumed run reads
 its resume sources' too.
 """
@@ -53,6 +67,7 @@ from schemas.idempotency import validate_launch_key
 __all__ = ["DEFAULT_PREFIX", "Keys"]
 
 DEFAULT_PREFIX = "rw:"
+_HOOK_NAME = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_-")
 
 
 @dataclass(frozen=True)
@@ -145,8 +160,49 @@ class Keys:
     def retrievals(self) -> str:
         return self._key("retrievals")
 
+    @property
+    def continuations(self) -> str:
+        return self._key("continuations")
+
     def once(self, key: str) -> str:
         return self._key("once", key)
 
     def lock(self, key: str) -> str:
         return self._key("lock", key)
+
+    # --- the ledger, metrics and webhooks ---------------------------------------------
+
+    def ledger(self, run_id: str) -> str:
+        return self._key("ledger", validate_run_id(run_id))
+
+    @property
+    def ledger_runs(self) -> str:
+        return self._key("ledger")
+
+    @property
+    def prom(self) -> str:
+        return self._key("prom")
+
+    def hook(self, member: str) -> str:
+        """The delivery list of `member` (`<webhook name>|<run id>`, as
+        [`hook_member`] builds it)."""
+        return self._key("hook", member)
+
+    @staticmethod
+    def hook_member(name: str, run_id: str) -> str:
+        """`<name>|<run_id>`; `ValueError` for a name outside `[a-z0-9_-]`."""
+        if not name or not set(name) <= _HOOK_NAME:
+            raise ValueError(f"invalid webhook name {name[:40]!r}")
+        return f"{name}|{validate_run_id(run_id)}"
+
+    @property
+    def hooks(self) -> str:
+        return self._key("hooks")
+
+    @property
+    def hook_tries(self) -> str:
+        return self._key("hooks", "tries")
+
+    @property
+    def hook_failures(self) -> str:
+        return self._key("hooks", "failed")

@@ -20,6 +20,7 @@ from schemas import (
     Snapshot,
     validate_run_id,
 )
+from schemas.chain import ContinuationPhase
 from schemas.run import transitioned
 
 from .base import StoreBase, aware, load_model, score, text, translated
@@ -174,6 +175,8 @@ class RunsMixin(StoreBase):
                     pipe.set(key, new.model_dump_json())
                     if new.artifacts != current.artifacts:
                         self._index_retrieval(pipe, new)
+                    if new.continuation != current.continuation:
+                        self._index_continuation(pipe, new)
                     self._index_preparing(pipe, current, new)
                     created = new.created.timestamp()
                     if new.target != current.target:
@@ -195,6 +198,16 @@ class RunsMixin(StoreBase):
         if current.state is RunState.PREPARING and new.state is not RunState.PREPARING:
             pipe.zrem(self.keys.preparing, new.id)
             pipe.hdel(self.keys.preparing_keys, new.id)
+
+    def _index_continuation(self, pipe: Any, record: RunRecord) -> None:
+        """Keeps the queue of waiting continuations in step with the record's
+        `continuation`, in the same transaction: waiting -> queued; else not."""
+        waiting = record.continuation
+        if waiting is not None and waiting.phase is ContinuationPhase.WAITING:
+            since = waiting.at or datetime.now(UTC)
+            pipe.zadd(self.keys.continuations, {record.id: score(aware(since))})
+        else:
+            pipe.zrem(self.keys.continuations, record.id)
 
     def _index_retrieval(self, pipe: Any, record: RunRecord) -> None:
         """Keeps the retrieval queue in step with the record's `artifacts`, in the

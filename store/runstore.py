@@ -1,6 +1,7 @@
 """[`RunStore`]: the run store, one object over one Redis client, composed of the
 parts in this package (targets, runs, the follow, stops and deadlines, the end of a
-run, launches, retrievals, coordination, save samples)."""
+run, launches, retrievals, coordination, the ledger and its metrics, the webhooks'
+delivery queue, save samples)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,14 @@ from redis.retry import Retry
 
 from .base import translated
 from .budgets import BudgetsMixin
+from .continuations import ContinuationsMixin
 from .coordination import CoordinationMixin
 from .ending import EndingMixin
 from .launches import LaunchesMixin
+from .ledger import LedgerMixin
 from .retrievals import RetrievalsMixin
 from .targets import TargetsMixin
+from .webhooks import WebhooksMixin
 
 __all__ = ["RunStore"]
 
@@ -24,7 +28,10 @@ class RunStore(
     EndingMixin,
     LaunchesMixin,
     RetrievalsMixin,
+    ContinuationsMixin,
     CoordinationMixin,
+    LedgerMixin,
+    WebhooksMixin,
     BudgetsMixin,
 ):
     """The run store over one Redis client (keys: `store.keys`).

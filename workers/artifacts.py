@@ -12,11 +12,13 @@ from datetime import datetime, timedelta
 from typing import Final
 
 from schemas import Artifacts, ArtifactsPhase, Conflict, RunError, RunRecord
-from schemas.events import TASK_RETRIEVE
+from schemas.chain import ContinuationPhase
+from schemas.events import TASK_CONTINUE, TASK_RETRIEVE
 
 from .context import Context, utcnow
 from .errors import RetrievalError
 from .executors import ExecError
+from .notify import emit, retrieved
 from .retrieval import retrieval_plan, retrieve, reuse_stored
 
 log = logging.getLogger("runwarden")
@@ -45,11 +47,11 @@ def queue_retrieval(ctx: Context, run: RunRecord) -> None:
         _send(ctx, run.id)
 
 
-def _send(ctx: Context, run_id: str) -> None:
+def _send(ctx: Context, run_id: str, task: str = TASK_RETRIEVE) -> None:
     try:
-        ctx.schedule(TASK_RETRIEVE, {"body": {"run_id": run_id}}, 0.0)
-    except Exception:  # noqa: BLE001 - reconcile sends it from the retrieval queue
-        log.warning("run %s: cannot send the retrieval task", run_id)
+        ctx.schedule(task, {"body": {"run_id": run_id}}, 0.0)
+    except Exception:  # noqa: BLE001 - reconcile sends it from the store's queue
+        log.warning("run %s: cannot send the task %s", run_id, task)
 
 
 def resend_due_retrievals(ctx: Context, now: datetime, limit: int) -> None:
@@ -138,7 +140,12 @@ def retrieve_artifacts(
                 return None  # another retrieval finished meanwhile: keep it
             return current.model_copy(update={"artifacts": result})
 
-        return ctx.store.update_run(run_id, record).artifacts or result
+        ended = ctx.store.update_run(run_id, record)
+        emit(ctx, retrieved, run, result, utcnow())  # told once it is recorded
+        if ended.continuation is not None and ended.continuation.phase is ContinuationPhase.WAITING:
+            # A preempted run to continue (`workers.chain`): its checkpoint is here now.
+            _send(ctx, run_id, TASK_CONTINUE)
+        return ended.artifacts or result
     finally:
         done.set()
         ctx.store.unlock(lock, token)

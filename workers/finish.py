@@ -14,6 +14,7 @@ from schemas import (
     decide_outcome,
     parse_proof,
 )
+from schemas.ledger import RunEnded
 from schemas.protocol import PROOF_LIMIT, SNAPSHOT_FILE
 from schemas.snapshot import Proof
 
@@ -21,6 +22,7 @@ from .artifacts import queue_retrieval
 from .budgets import record_stop_save
 from .context import Context, utcnow
 from .executors import ExecError, Executor, ProtocolError
+from .notify import emit
 
 log = logging.getLogger("runwarden")
 
@@ -64,5 +66,6 @@ def finish(ctx: Context, run: RunRecord, status: JobStatus, executor: Executor) 
     if changed:
         log.info("run %s: %s (%s)", run.id, record.state, record.message or "")
         record_stop_save(ctx, stop, outcome.snapshot is not None, utcnow())
+        emit(ctx, RunEnded.of, record, utcnow())
         queue_retrieval(ctx, record)
     return record

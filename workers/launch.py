@@ -35,6 +35,7 @@ from schemas import (
     next_run_id,
     validate_run_id,
 )
+from schemas.chain import is_preempted
 from schemas.events import LaunchSpec
 from schemas.idempotency import new_launch_key
 from schemas.policy import deadline_request_after_s
@@ -109,12 +110,13 @@ def _claim(
     spec: LaunchSpec,
     *,
     now: datetime,
-    resumed: str | None,
+    source: RunRecord | None,
     key: str,
 ) -> RunRecord:
     """Records a new run `preparing`, its key mapped to it, and claims its run
     directory; a directory already taken fails that run and tries the next id (the
-    key moves to it). Returns the record.
+    key moves to it). Returns the record. A resume of `source` links to it and counts
+    the preemptions of its chain (`schemas.chain`).
 
     Raises:
         LaunchError: when no free directory was found. ExecError: the claim failed
@@ -136,7 +138,11 @@ def _claim(
             upload=None if spec.upload is None else str(spec.upload),
             skip=spec.skip,
             secrets=spec.secrets,
-            resumed_from=resumed,
+            resumed_from=None if source is None else source.id,
+            on_preempt=spec.on_preempt,
+            chain_preemptions=0
+            if source is None
+            else source.chain_preemptions + is_preempted(source.snapshot),
         )
         if ctx.store.create_run(record, key=key, replaces=replaces):
             try:
@@ -201,8 +207,8 @@ def _launch(ctx: Context, spec: LaunchSpec, now: datetime, key: str, lease: Leas
         resume = None if spec.resume_from is None else resumable(ctx, spec.resume_from)
         secrets = check_launch(ctx, spec)
         executor = ctx.executor(spec.target)
-        resumed = None if resume is None else resume[0].id
-        run = _claim(ctx, executor, spec, now=now, resumed=resumed, key=key)
+        source = None if resume is None else resume[0]
+        run = _claim(ctx, executor, spec, now=now, source=source, key=key)
     else:
         run = ctx.store.get_run(run_id)
         if run.state is not RunState.PREPARING:

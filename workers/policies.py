@@ -10,11 +10,13 @@ from datetime import datetime
 
 from schemas import RunRecord, RunState, SnapshotReason
 from schemas.events import TASK_SNAPSHOT_REQUEST
+from schemas.ledger import PolicyDecision
 from schemas.policy import PolicyVerdict, disk_verdict, time_verdict
 
 from .budgets import policy_save_lead_s
 from .context import Context
 from .executors import ExecError
+from .notify import emit
 from .watch import records
 
 log = logging.getLogger("runwarden")
@@ -60,6 +62,7 @@ def policy_target(ctx: Context, target: str, now: datetime) -> dict[str, int]:
         if not ctx.store.once(f"policy:{run_id}", ttl_s=settings.policy_s):
             continue
         log.warning("run %s: policy asks a snapshot (%s): %s", run_id, verdict.reason, verdict.why)
+        emit(ctx, PolicyDecision.of, run_id, verdict.reason, verdict.why, now)
         body = {
             "run_id": run_id,
             "reason": str(verdict.reason),

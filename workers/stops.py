@@ -26,16 +26,18 @@ from schemas import (
     StopState,
 )
 from schemas.events import TASK_END_TIMEOUT, TASK_PROOF_TIMEOUT
+from schemas.ledger import CancelDecided, JobCancelled, ProofSeen, StopOpened
 from schemas.protocol import SNAPSHOT_REQUEST
 from schemas.run import check_cancel, check_snapshot_request
 from schemas.snapshot import Proof
 
 from .artifacts import resend_due_retrievals
 from .budgets import FOUND_BY, countdown_limit_s, next_budget
-from .context import Context
+from .context import Context, utcnow
 from .executors import ExecError, ProtocolError, SshError
 from .finish import finish, read_proof
 from .launch import settle_launches
+from .notify import emit
 
 log = logging.getLogger("runwarden")
 
@@ -95,6 +97,7 @@ def _armed(ctx: Context, stop: StopState, how: str) -> StopState:
     """A newly opened `stop`: its proof countdown sent, and said in the log."""
     proof_s = (stop.proof_deadline - stop.asked_at).total_seconds()
     schedule_deadline(ctx, stop, "proof", proof_s)
+    emit(ctx, StopOpened.of, stop)
     budget = "" if stop.budget is None else f", {stop.budget.describe()}: {stop.budget.why}"
     log.info("run %s: %s (%s, by %s%s)", stop.run_id, how, stop.reason, stop.asked_by, budget)
     return stop
@@ -250,6 +253,7 @@ def _proof_deadline(
         )
         if moved is not None:
             schedule_deadline(ctx, moved, "end", end_s)
+            emit(ctx, ProofSeen.at_deadline, stop, proof.snapshot, now, end)
         return "proved"
     what = "no snapshot"
     if isinstance(proof, ProofInvalid):
@@ -279,6 +283,7 @@ def _escalate(ctx: Context, stop: StopState, note: str, now: datetime) -> str:
     )
     if moved is None:
         return "stale"
+    emit(ctx, CancelDecided.of, stop, note, now)
     log.warning("run %s: %s", moved.run_id, note)
     run = ctx.store.get_run(moved.run_id)
     if run.job is None or run.state.is_terminal:
@@ -313,6 +318,7 @@ def _cancel_once(ctx: Context, run: RunRecord, job: JobId) -> RunRecord:
     executor = ctx.executor(run.target)
     try:
         executor.cancel(job)
+        emit(ctx, JobCancelled.of, run.id, utcnow())
         status = executor.status(job)
     except ExecError:
         ctx.store.forget(key)
@@ -320,14 +326,17 @@ def _cancel_once(ctx: Context, run: RunRecord, job: JobId) -> RunRecord:
     return finish(ctx, run, status, executor)
 
 
-def cancel(ctx: Context, run_id: str) -> RunRecord:
-    """Cancels the run's job now and records the outcome.
+def cancel(ctx: Context, run_id: str, asked_by: str | None = None) -> RunRecord:
+    """Cancels the run's job now and records the outcome; `asked_by` (the producer
+    that asked) goes into the ledger.
 
     Raises:
         NotFound, NotStarted, NotRunning, ExecError, StoreError.
     """
     run = ctx.store.get_run(run_id)
-    return _cancel_once(ctx, run, check_cancel(run))
+    job = check_cancel(run)
+    emit(ctx, CancelDecided.manual, run_id, utcnow(), asked_by)
+    return _cancel_once(ctx, run, job)
 
 
 def reconcile(ctx: Context, now: datetime, limit: int = 200) -> int:

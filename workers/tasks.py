@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -25,6 +26,7 @@ from schemas import BadRequest, validation_message
 from schemas.auth import Unauthenticated, asked_by
 from schemas.events import (
     TASK_CANCEL,
+    TASK_CONTINUE,
     TASK_END_TIMEOUT,
     TASK_FOLLOW,
     TASK_FOLLOW_TICK,
@@ -38,6 +40,7 @@ from schemas.events import (
     TASK_SNAPSHOT_REQUEST,
     TASK_WATCH_TARGET,
     CancelBody,
+    ContinueBody,
     FollowBody,
     LaunchSpec,
     RetrieveBody,
@@ -48,11 +51,12 @@ from schemas.events import (
 from schemas.idempotency import task_launch_key
 from store import RunStore
 
+from . import chain, policies, stops, watch
 from . import launch as launching
-from . import policies, stops, watch
 from .app import app, settings
 from .artifacts import retrieve_artifacts
 from .context import Context, utcnow
+from .notify import observe_tick
 
 __all__ = ["context"]
 
@@ -155,8 +159,8 @@ def snapshot_request(body: Any = None, auth: Any = None) -> dict[str, Any]:
 
 @app.task(name=TASK_CANCEL)
 def cancel(body: Any = None, auth: Any = None) -> dict[str, Any]:
-    request, _ = _parse(CancelBody, body, auth, TASK_CANCEL)
-    record = stops.cancel(context(), request.run_id)
+    request, producer = _parse(CancelBody, body, auth, TASK_CANCEL)
+    record = stops.cancel(context(), request.run_id, asked_by=producer)
     return {"run_id": record.id, "state": str(record.state)}
 
 
@@ -174,7 +178,17 @@ def end_timeout(body: Any = None, auth: Any = None) -> str:
 
 @app.task(name=TASK_RECONCILE)
 def reconcile() -> int:
-    return stops.reconcile(context(), utcnow())
+    ctx, now = context(), utcnow()
+    sent = stops.reconcile(ctx, now)
+    chain.continue_due(ctx, now)  # after the deadlines, which never wait on it
+    return sent
+
+
+@app.task(name=TASK_CONTINUE)
+def continue_run(body: Any = None, auth: Any = None) -> dict[str, Any] | None:
+    request, _ = _parse(ContinueBody, body, auth, TASK_CONTINUE)
+    done = chain.continue_run(context(), request.run_id, utcnow())
+    return None if done is None else done.model_dump(mode="json")
 
 
 def _fan_out(task: str) -> int:
@@ -205,9 +219,11 @@ def watch_target(target: str) -> dict[str, int]:
     # (its deadlines do not wait: reconcile fires them).
     if not ctx.store.lock(lock, token, ttl_s=settings.follow_timeout_s + 1.0):
         return {"skipped": 1}
+    started = time.monotonic()
     try:
         return watch.watch_target(ctx, target, utcnow())
     finally:
+        observe_tick(ctx, target, time.monotonic() - started)
         ctx.store.unlock(lock, token)
 
 

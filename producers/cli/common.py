@@ -32,6 +32,7 @@ from schemas import (
     validation_message,
 )
 from schemas import Progress as RunProgress
+from schemas.chain import Continuation, is_preempted
 from schemas.secrets import SecretsError
 from schemas.text import clean_text, format_bytes
 
@@ -41,8 +42,10 @@ from ..embedded import EmbeddedRedis, NotServing
 __all__ = [
     "app",
     "artifacts_line",
+    "chain_line",
     "checked_run_id",
     "client",
+    "continuation_line",
     "err",
     "fail",
     "one_line",
@@ -173,3 +176,26 @@ def progress_bar(progress: RunProgress | None, width: int = 20) -> str:
     filled = int(width * min(1.0, step / progress.max_steps))
     loss = f" loss {progress.loss:.4f}" if progress.loss is not None else ""
     return f"{'█' * filled}{'░' * (width - filled)} {step}/{progress.max_steps}{loss}"
+
+
+def chain_line(chain: list[RunRecord], current: str) -> str:
+    """A chain of runs in one line, oldest first: `id (target, state[, preempted])`
+    joined by arrows, the shown run marked with `*`."""
+    parts = []
+    for run in chain:
+        what = [run.target, str(run.state)]
+        if is_preempted(run.snapshot):
+            what.append("preempted")
+        mark = "*" if run.id == current else ""
+        parts.append(f"{mark}{run.id} ({', '.join(what)})")
+    return " -> ".join(parts)
+
+
+def continuation_line(continuation: Continuation) -> str:
+    """Where a preempted run's continuation stands, for people."""
+    text = f"{continuation.phase}, preemption {continuation.preemptions} of its chain"
+    if continuation.target is not None:
+        text += f", on {continuation.target}"
+    if continuation.reason:
+        text += f": {clean_text(continuation.reason)}"
+    return text

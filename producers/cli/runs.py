@@ -14,6 +14,7 @@ import typer
 from producers.api import OperationFailed, Runwarden
 from schemas import RunLimits, RunRecord, SnapshotReason
 from schemas.budget import StopTimeouts
+from schemas.chain import DEFAULT_MAX_PREEMPTIONS, OnPreempt
 from schemas.events import LaunchSpec
 from schemas.idempotency import new_launch_key
 
@@ -60,6 +61,30 @@ def launch(
         str | None,
         typer.Option(help="Idempotency key: a launch with a used key returns that run."),
     ] = None,
+    on_preempt: Annotated[
+        str,
+        typer.Option(
+            help="stop (default): a preempted run stays stopped; resume: it is resumed "
+            "from its verified checkpoint on the first available of --targets.",
+            metavar="stop|resume",
+        ),
+    ] = "stop",
+    targets: Annotated[
+        str | None,
+        typer.Option(
+            help="With --on-preempt resume: where to resume, in order, comma-separated "
+            "(default: the run's own target; the one just preempted is tried last).",
+            metavar="A,B,...",
+        ),
+    ] = None,
+    max_preemptions: Annotated[
+        int | None,
+        typer.Option(
+            help="With --on-preempt resume: preemptions of the chain that are resumed "
+            f"(default {DEFAULT_MAX_PREEMPTIONS}).",
+            min=1,
+        ),
+    ] = None,
 ) -> None:
     """Launch a job: runwarden launch --target T [options] -- CMD ARGS..."""
     if not command:
@@ -68,6 +93,20 @@ def launch(
         fail("launch needs --target", 2)
     if max_cost_usd is not None and usd_per_hour is None:
         fail("--max-cost-usd needs --usd-per-hour", 2)
+    if on_preempt not in ("stop", "resume"):
+        fail(f"invalid --on-preempt {on_preempt!r}: use stop or resume", 2)
+    if on_preempt == "stop" and (targets is not None or max_preemptions is not None):
+        fail("--targets and --max-preemptions go with --on-preempt resume", 2)
+
+    def plan() -> OnPreempt | None:
+        if on_preempt == "stop":
+            return None
+        names = tuple(t.strip() for t in (targets or "").split(",") if t.strip())
+        if targets is not None and not names:
+            fail("--targets names no target", 2)
+        return OnPreempt(
+            targets=names, max_preemptions=max_preemptions or DEFAULT_MAX_PREEMPTIONS
+        )
 
     def build() -> LaunchSpec:
         return LaunchSpec(
@@ -77,7 +116,7 @@ def launch(
             limits=RunLimits(max_hours=max_hours, max_cost_usd=max_cost_usd,
                              usd_per_hour=usd_per_hour, disk=not no_disk_policy),
             resume_from=resume_from, snapshots=not no_snapshots,
-            key=key or new_launch_key(),
+            key=key or new_launch_key(), on_preempt=plan(),
             timeouts=StopTimeouts(proof_timeout_s=proof_timeout, end_timeout_s=end_timeout),
         )  # fmt: skip
 

@@ -9,14 +9,27 @@ from typing import Annotated
 import typer
 
 from schemas import Settings
+from schemas.webhooks import WebhookConfigError, load_webhooks
 
 from ..demo import run_demo
 from ..embedded import NotServing
+from ..metrics import MetricsServer, serve_metrics
 from ..service import Service, ServiceOptions
 from ..web import DEFAULT_PORT as DEFAULT_WEB_PORT
 from .common import app, fail, out
 
 __all__ = ["demo", "serve"]
+
+
+def _metrics(settings: Settings, port: int | None) -> MetricsServer | None:
+    """The metrics endpoint on 127.0.0.1:`port` when one is given (exit 1 when it
+    cannot be bound)."""
+    if port is None:
+        return None
+    try:
+        return serve_metrics(settings, port=port)
+    except OSError as error:
+        fail(f"cannot serve metrics on 127.0.0.1:{port}: {error}", 1)
 
 
 @app.command()
@@ -32,6 +45,9 @@ def serve(
     web_port: Annotated[
         int, typer.Option(min=1, max=65535, help="The web view's port (127.0.0.1).")
     ] = DEFAULT_WEB_PORT,
+    metrics_port: Annotated[
+        int | None, typer.Option(min=1, max=65535, help="Prometheus metrics on 127.0.0.1:PORT.")
+    ] = None,
 ) -> None:
     """Run the service in the foreground: Redis (embedded default, with a password),
     workers (one for retrievals), beat; with --flower and --web, Flower and the web
@@ -40,13 +56,21 @@ def serve(
     Creates what is missing in the secrets directory: the keys of the producers
     `operator` (this machine's CLI) and `worker`, the Redis password, the credentials
     of Flower and the web view. Ctrl-C stops everything, in order."""
+    settings = Settings()
+    try:
+        load_webhooks(settings.webhooks)
+    except WebhookConfigError as error:
+        fail(str(error), 2)
     options = ServiceOptions(concurrency, flower, flower_port, web, web_port)
-    service = Service(Settings(), options)
+    service = Service(settings, options)
     try:
         for line in service.prepare():
             out.print(line, markup=False, soft_wrap=True)
     except NotServing as error:
         fail(str(error), 1)
+    metrics = _metrics(settings, metrics_port)
+    if metrics is not None:
+        out.print(f"metrics: http://127.0.0.1:{metrics.port}/metrics", markup=False)
     stopping = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -58,6 +82,8 @@ def serve(
         raise typer.Exit(service.run(stopping, lambda line: out.print(line, markup=False)))
     finally:
         signal.signal(signal.SIGINT, previous)
+        if metrics is not None:
+            metrics.close()
 
 
 @app.command()

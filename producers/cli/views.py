@@ -10,40 +10,83 @@ import typer
 from rich.markup import escape
 from rich.table import Column, Table
 
+from schemas import RunRecord
 from schemas.budget import stop_budget
 from schemas.text import clean_text
 
 from .common import (
     app,
     artifacts_line,
+    chain_line,
     checked_run_id,
     client,
+    continuation_line,
+    fail,
     out,
     phase_line,
     print_json,
     progress_bar,
     run_op,
 )
+from .ledger import ledger_table
 
 __all__ = ["logs", "runs", "show", "stops"]
 
+def _chains(records: list[RunRecord]) -> list[list[RunRecord]]:
+    """`records` (newest first) grouped by chain (runs linked by `resumed_from`): each
+    chain oldest first, the chains ordered by their newest run. A run whose source is
+    not among `records` starts a chain."""
+    by_id = {r.id: r for r in records}
+
+    def root(run: RunRecord) -> str:
+        seen = {run.id}
+        while run.resumed_from in by_id and run.resumed_from not in seen:
+            run = by_id[run.resumed_from]
+            seen.add(run.id)
+        return run.id
+
+    groups: dict[str, list[RunRecord]] = {}
+    for run in records:  # newest first: a chain's place is that of its newest run
+        groups.setdefault(root(run), []).append(run)
+    return [list(reversed(group)) for group in groups.values()]
+
+
 @app.command()
-def runs(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+def runs(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    chains: Annotated[
+        bool,
+        typer.Option(
+            "--chains",
+            help="Group the runs that resume one another (a preempted run and the runs "
+            "that continued it), oldest first in each group; with --json, a list of "
+            "groups.",
+        ),
+    ] = False,
+) -> None:
     """List runs, newest first."""
     api = client()
     records = run_op(api.list_runs)
+    groups = _chains(records) if chains else [[r] for r in records]
     if as_json:
-        print_json([r.model_dump(mode="json") for r in records])
+        if chains:
+            print_json([[r.model_dump(mode="json") for r in g] for g in groups])
+        else:
+            print_json([r.model_dump(mode="json") for r in records])
         return
     table = Table(Column("run", no_wrap=True), "target", Column("state", no_wrap=True),
                   "progress", "artifacts", "created")  # fmt: skip
-    for r in records:
-        progress = run_op(lambda r=r: api.store.last_metrics(r.id))  # type: ignore[misc]
-        artifacts = "" if r.artifacts is None else str(r.artifacts.phase)
-        if r.artifacts is not None and r.artifacts.phase == "pending" and r.artifacts.error:
-            artifacts += f" ({r.artifacts.attempts} failed)"
-        table.add_row(r.id, r.target, str(r.state), progress_bar(progress), artifacts,
-                      r.created.strftime("%F %T"))  # fmt: skip
+    for group in groups:
+        for place, r in enumerate(group):
+            progress = run_op(lambda r=r: api.store.last_metrics(r.id))  # type: ignore[misc]
+            artifacts = "" if r.artifacts is None else str(r.artifacts.phase)
+            if r.artifacts is not None and r.artifacts.phase == "pending" and r.artifacts.error:
+                artifacts += f" ({r.artifacts.attempts} failed)"
+            shown = r.id if place == 0 else f"-> {r.id}"  # continues the row above
+            table.add_row(shown, r.target, str(r.state), progress_bar(progress), artifacts,
+                          r.created.strftime("%F %T"))  # fmt: skip
+        if chains and len(group) > 1:
+            table.add_section()
     out.print(table)
 
 
@@ -52,8 +95,10 @@ def show(run_id: str, as_json: Annotated[bool, typer.Option("--json")] = False) 
     """Show one run."""
     api = client()
     run = run_op(lambda: api.get_run(checked_run_id(run_id)))
+    ledger = run_op(lambda: api.ledger(run.id))
     if as_json:
-        print_json(run.model_dump(mode="json"))
+        entries = [e.model_dump(mode="json") for e in ledger]
+        print_json({**run.model_dump(mode="json"), "ledger": entries})
         return
     for key, value in run.model_dump(mode="json").items():
         if key == "artifacts":
@@ -78,6 +123,18 @@ def show(run_id: str, as_json: Annotated[bool, typer.Option("--json")] = False) 
         budget = stop_budget(run.timeouts, saves, api.settings.budget_rule)
         line = f"{budget.describe()}: {budget.why}"
         out.print(f"[bold]{'next stop':12}[/] {escape(line)}", highlight=False)
+    chain = run_op(lambda: api.chain(run.id))
+    if len(chain) > 1 or run.continuation is not None:
+        out.print(f"[bold]{'chain':12}[/] {escape(chain_line(chain, run.id))}", soft_wrap=True)
+    if run.continuation is not None:
+        out.print(
+            f"[bold]{'continued':12}[/] {escape(continuation_line(run.continuation))}",
+            highlight=False,
+            soft_wrap=True,
+        )
+    if ledger:
+        out.print("[bold]ledger[/]")
+        out.print(ledger_table(ledger, with_run=False))
 
 
 @app.command()
@@ -107,9 +164,23 @@ def logs(
 
 
 @app.command()
-def stops(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """List the stops in flight: phase, reason, deadlines, time left, the proof
-    timeout each got and where it came from (explicit, learned, default)."""
+def stops(
+    run_id: Annotated[str | None, typer.Argument(help="With --history: this run's only.")] = None,
+    history: Annotated[
+        bool, typer.Option("--history", help="The stop ledger, newest first.")
+    ] = False,
+    limit: Annotated[int, typer.Option(min=1, max=100_000, help="With --history.")] = 500,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """List the stops in flight: phase, reason, deadlines, time left, the proof timeout
+    each got and where it came from (explicit, learned, default); with --history, the
+    stop ledger of every run (or of RUN): who asked what, when, and what came of it,
+    newest first."""
+    if history:
+        _history(run_id, limit, as_json)
+        return
+    if run_id is not None:
+        fail("a run id goes with --history", 2)
     api = client()
     current = run_op(api.list_stops)
     fields = ("run_id", "phase", "reason", "asked_at", "proof_deadline", "end_deadline", "budget")
@@ -127,3 +198,13 @@ def stops(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
                       s.asked_at.strftime("%T"), phase_line(s, now).split("; ", 1)[1],
                       budget)  # fmt: skip
     out.print(table)
+
+
+def _history(run_id: str | None, limit: int, as_json: bool) -> None:
+    api = client()
+    checked = None if run_id is None else checked_run_id(run_id)
+    events = run_op(lambda: api.ledger_history(checked, limit))
+    if as_json:
+        print_json([e.model_dump(mode="json") for e in events])
+        return
+    out.print(ledger_table(events, with_run=checked is None))

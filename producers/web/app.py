@@ -1,7 +1,7 @@
 """The web view's application: [`create_app`] builds it over one `Runwarden`.
 
 Pages: `/` (runs, newest first), `/runs/{run_id}` (one run: record, progress, open
-stop with countdowns, stop history, log tail, Stop and Cancel), `/stops` (stops in
+stop with countdowns, stop history, ledger, log tail, Stop and Cancel), `/stops` (stops in
 flight with live countdowns). JSON for scripts: `/api/runs`, `/api/runs/{run_id}`,
 `/api/runs/{run_id}/log`, `/api/stops`. Static files under `/static/`.
 
@@ -54,10 +54,10 @@ def create_app(
     link to Flower's tasks page.
 
     It reads runs and stops through `api` and its store's `list_runs`,
-    `last_metrics`, `read_log` and `stop_history`, and publishes through `api.stop`
-    and `api.cancel`: it needs the same Redis as the service, and a worker for the
-    actions. Route handlers are synchronous where they call the API (FastAPI runs
-    them in its thread pool).
+    `last_metrics`, `read_log`, `stop_history` and `ledger_history`, and publishes
+    through `api.stop` and `api.cancel`: it needs the same Redis as the service,
+    and a worker for the actions. Route handlers are synchronous where they call
+    the API (FastAPI runs them in its thread pool).
 
     Raises:
         ValueError: an empty user or password, a user holding `:`, or a `flower_url`

@@ -1,22 +1,24 @@
 """What the pages show, read through the producers' API only (`Runwarden` and the
 named methods of its store: `list_runs`, `last_metrics`, `read_log`,
-`stop_history`). Every read is bounded: a fixed number of runs, of log pages, of
+`stop_history`, `ledger_history`). Every read is bounded: a fixed number of runs, of log pages, of
 characters per log line."""
 
 from __future__ import annotations
 
 import re
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 from schemas import Progress, RunRecord, StopState, validate_run_id
+from schemas.ledger import LedgerEvent
 from schemas.text import clean_text
 
 from ..api import Runwarden
 from .text import cut
 
 __all__ = [
+    "LEDGER_SHOWN",
     "LOG_LINES",
     "RUNS_SHOWN",
     "LogLine",
@@ -28,6 +30,8 @@ __all__ = [
     "tail_log",
 ]
 
+LEDGER_SHOWN: Final = 100
+"""Newest ledger events a run page shows (`runwarden stops --history RUN` shows more)."""
 RUNS_SHOWN: Final = 200
 """Newest runs listed on the runs page (`/api/runs` lists them all)."""
 LOG_LINES: Final = 200
@@ -67,6 +71,8 @@ class RunView:
     log_last: str
     """The id of the newest log entry read (`0-0` for none): the page's script reads
     on from it."""
+    ledger: list[LedgerEvent] = field(default_factory=list)
+    """The run's newest [`LEDGER_SHOWN`] ledger events, newest first."""
 
 
 def check_entry_id(entry_id: str) -> str:
@@ -127,4 +133,5 @@ def run_view(api: Runwarden, run_id: str) -> RunView:
         history=api.store.stop_history(run.id),
         log=log,
         log_last=last,
+        ledger=api.store.ledger_history(run.id, LEDGER_SHOWN),
     )

@@ -15,10 +15,12 @@ import json
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -359,7 +361,8 @@ def test_runs_json_lists_run_records(pipeline: Pipeline, running: Launched) -> N
 def test_show(pipeline: Pipeline, running: Launched) -> None:
     record = as_json(rw(pipeline, "show", running.run_id, "--json"))
     assert isinstance(record, dict)
-    assert set(record) == set(RunRecord.model_fields)
+    assert set(record) == {*RunRecord.model_fields, "ledger"}
+    assert record.pop("ledger") == []  # no stop yet: nothing in its ledger
     assert RunRecord.model_validate(record) == pipeline.api.get_run(running.run_id)
 
     text = ok(rw(pipeline, "show", running.run_id))
@@ -731,8 +734,12 @@ def test_serve_runs_the_service_and_stops_on_ctrl_c(tmp_path: Path) -> None:
     state = tmp_path / "state"
     env = _embedded_env(state)
     log = (tmp_path / "serve.log").open("wb")
+    with socket.socket() as probe:  # a free port for the metrics endpoint
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
     serve = subprocess.Popen(
-        [sys.executable, "-m", "producers.cli", "serve", "--concurrency", "1"],
+        [sys.executable, "-m", "producers.cli", "serve", "--concurrency", "1",
+         "--metrics-port", str(port)],
         cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
         start_new_session=True,
     )  # fmt: skip
@@ -758,6 +765,10 @@ def test_serve_runs_the_service_and_stops_on_ctrl_c(tmp_path: Path) -> None:
         out = ok(run_cli(env, "logs", "-f", run_id, timeout=60))
         assert "training done at step 10" in out.splitlines(), out
         assert as_json(run_cli(env, "show", run_id, "--json"))["state"] == "succeeded"  # type: ignore[index]
+        # serve --metrics-port: the store's numbers on loopback.
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+            metrics = answer.read().decode()
+        assert 'runwarden_runs{state="succeeded"} 1.0' in metrics, metrics
     finally:
         serve.send_signal(signal.SIGINT)  # Ctrl-C
         try:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
@@ -21,3 +24,21 @@ def test_stop_limits_defaults() -> None:
             Settings(proof_timeout_s=bad)
         with pytest.raises(ValidationError):
             Settings(end_timeout_s=bad)
+
+
+def test_the_readme_names_every_setting_with_its_default() -> None:
+    """The README's configuration table has one row per setting, with the default
+    the settings object really has, and no row for a setting that is gone."""
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    section = readme.split("### Configuration\n", 1)[1].split("\n## ", 1)[0]
+    rows = {
+        m.group(1): m.group(2).strip()
+        for m in re.finditer(r"^\| `RUNWARDEN_([A-Z0-9_]+)` \| ([^|]*) \|", section, re.M)
+    }
+    assert set(rows) == {name.upper() for name in Settings.model_fields}
+    for name, field in Settings.model_fields.items():
+        default = field.default
+        if isinstance(default, bool):
+            assert rows[name.upper()] == f"`{int(default)}`", name
+        elif isinstance(default, int | float) and not isinstance(default, bool):
+            assert float(rows[name.upper()].split()[0]) == float(default), name

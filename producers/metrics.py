@@ -1,0 +1,152 @@
+"""The Prometheus endpoint of runwarden (`runwarden serve --metrics-port PORT`):
+`GET /metrics` in the text exposition format, on loopback only.
+
+How the numbers are collected: the Celery workers are separate prefork processes,
+so none of them holds them. Everything is read from the run store when the endpoint
+is scraped:
+
+- the counters and histograms that the workers keep there (`store.counters`, moved
+  by the event seam `workers.notify` in the transaction that records each ledger
+  event, and by the follow tick): cancels by cause, proof latency, deadline
+  lateness, follow tick duration per target, retrievals by outcome and their bytes,
+  runs ended, policy decisions, webhook deliveries, ledger events;
+- the gauges, computed from the state itself: stops in flight by phase, runs by
+  state (every run record is read: one MGET per 500 runs), webhook deliveries
+  waiting.
+
+So the numbers survive a worker's restart and agree between scrapers; no
+`prometheus_client` multiprocess directory is needed. When the store cannot be read,
+a scrape answers `runwarden_store_up 0` and nothing else.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Final
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from schemas import RunError, RunState, Settings, StopPhase
+from schemas.metrics import METRICS, RUNS, STOPS_IN_FLIGHT, WEBHOOK_PENDING
+from store import RunStore
+
+__all__ = ["DEFAULT_METRICS_PORT", "MetricsServer", "StoreCollector", "serve_metrics"]
+
+log = logging.getLogger("runwarden")
+
+DEFAULT_METRICS_PORT: Final = 9464
+
+
+def _bound(value: float) -> str:
+    return "+Inf" if value == float("inf") else repr(float(value))
+
+
+class StoreCollector(Collector):
+    """Collects runwarden's metrics from `store` at each scrape."""
+
+    def __init__(self, store: RunStore) -> None:
+        self.store = store
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily("runwarden_store_up", "Whether the run store could be read.")
+        try:
+            series = self.store.read_series()
+            stops = self.store.list_stops()
+            runs = self.store.list_runs()
+            pending = self.store.pending_deliveries()
+        except (RunError, ValueError) as error:
+            log.warning("metrics: the run store cannot be read: %s", error)
+            up.add_metric([], 0.0)
+            yield up
+            return
+        up.add_metric([], 1.0)
+        yield up
+        for spec in METRICS:
+            mine = [s for s in series if s.spec is spec]
+            if spec.kind == "counter":
+                counter = CounterMetricFamily(spec.name, spec.help, labels=spec.labels)
+                for s in mine:
+                    counter.add_metric(list(s.labels), s.value)
+                if not spec.labels and not mine:
+                    counter.add_metric([], 0.0)
+                yield counter
+                continue
+            histogram = HistogramMetricFamily(spec.name, spec.help, labels=spec.labels)
+            bounds = [*spec.buckets, float("inf")]
+            for s in mine:
+                cumulative, total = [], 0.0
+                for bound, count in zip(bounds, s.buckets, strict=True):
+                    total += count
+                    cumulative.append((_bound(bound), total))
+                histogram.add_metric(list(s.labels), cumulative, sum_value=s.sum)
+            if not spec.labels and not mine:
+                histogram.add_metric([], [(_bound(b), 0.0) for b in bounds], sum_value=0.0)
+            yield histogram
+        phases = Counter(str(stop.phase) for stop in stops)
+        in_flight = GaugeMetricFamily(STOPS_IN_FLIGHT.name, STOPS_IN_FLIGHT.help, labels=["phase"])
+        for phase in StopPhase:
+            if phase.is_open:
+                in_flight.add_metric([str(phase)], float(phases[str(phase)]))
+        yield in_flight
+        states = Counter(str(run.state) for run in runs)
+        by_state = GaugeMetricFamily(RUNS.name, RUNS.help, labels=["state"])
+        for state in RunState:
+            by_state.add_metric([str(state)], float(states[str(state)]))
+        yield by_state
+        yield GaugeMetricFamily(WEBHOOK_PENDING.name, WEBHOOK_PENDING.help, value=float(pending))
+
+
+@dataclass
+class MetricsServer:
+    """A running metrics endpoint: where it listens, and how to stop it."""
+
+    server: WSGIServer
+    thread: threading.Thread
+    host: str
+    port: int
+
+    def close(self) -> None:
+        """Stops serving and closes the socket."""
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=5)
+
+
+def serve_metrics(
+    settings: Settings, host: str = "127.0.0.1", port: int = DEFAULT_METRICS_PORT
+) -> MetricsServer:
+    """Serves runwarden's metrics on `http://host:port/metrics` from a daemon thread
+    of this process, and returns at once. `host` is a loopback address (the
+    endpoint has no authentication); port 0 picks a free port (see the returned
+    `port`).
+
+    Raises:
+        ValueError: `host` is not a loopback address, or `port` is out of range.
+        OSError: the port cannot be bound.
+        SecretsError: the Redis password cannot be read from the secrets directory.
+    """
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise ValueError(f"the metrics endpoint listens on loopback only, not {host[:80]!r}")
+    if not 0 <= port <= 65535:
+        raise ValueError(f"invalid port {port}")
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StoreCollector(RunStore.from_url(settings.store_url())))
+    server, thread = start_http_server(port, addr=host, registry=registry)
+    return MetricsServer(server, thread, host, server.server_port)

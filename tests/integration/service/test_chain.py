@@ -1,0 +1,166 @@
+"""`--on-preempt resume` through the whole service (real redis-server, Celery worker and
+beat, a real sshd on loopback with strict known_hosts, the real Hugging Face Trainer):
+a run preempted on the local target is resumed, with no person, on the SSH target
+from its verified checkpoint, and the Trainer's global step goes on; the next
+preemption is past `--max-preemptions` and is not resumed.
+
+The preemption is a SIGTERM to the job's whole process group, as Kubernetes sends
+one to a pod or a cloud's shutdown does: the job side turns it into a `preempted`
+request at the next step end (`workers/jobside/runwarden_preempt.py`)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from schemas import ArtifactsPhase, RunRecord, RunState, SnapshotReason, SshOptions, TargetConfig
+from schemas.chain import ContinuationPhase, OnPreempt, continuation_key
+from schemas.events import LaunchSpec
+from workers.executors import quote
+
+from ...conftest import ROOT, wait_for
+from ...pipeline import Pipeline, running_pipeline
+from ...sshd import SshServer, running_sshd
+from .test_cli import as_json, ok, rw
+
+pytestmark = pytest.mark.slow
+
+HF_TRAINER = ROOT / "examples" / "hf_tiny_trainer.py"
+START_TIMEOUT_S = 180.0  # importing torch and transformers on a loaded machine
+
+
+@pytest.fixture
+def service(tmp_path: Path) -> Iterator[tuple[Pipeline, SshServer]]:
+    clocks = {"RUNWARDEN_PROOF_TIMEOUT_S": "90", "RUNWARDEN_END_TIMEOUT_S": "60"}
+    with running_sshd(tmp_path / "sshd") as server, running_pipeline(
+        tmp_path / "service", extra_env=clocks
+    ) as pipeline:
+        pipeline.api.add_target(
+            TargetConfig(
+                name="remote",
+                kind="ssh",
+                workdir=str(server.workdir),
+                ssh=SshOptions(
+                    destination=f"{server.user}@{server.host}",
+                    port=server.port,
+                    identity=str(server.client_key),
+                    known_hosts=str(server.known_hosts),
+                ),
+            )
+        )
+        try:
+            yield pipeline, server
+        finally:
+            for run in pipeline.api.list_runs():
+                if run.job is not None and not run.state.is_terminal:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(run.job.pid, signal.SIGKILL)
+
+
+def preempt(pipeline: Pipeline, run_id: str, after_step: int) -> RunRecord:
+    """SIGTERM to the run's process group once it passed `after_step`; returns the
+    run as it ended, its checkpoint retrieved."""
+    pipeline.wait_step(run_id, after_step, timeout_s=START_TIMEOUT_S)
+    run = pipeline.api.get_run(run_id)
+    assert run.job is not None
+    os.killpg(run.job.pid, signal.SIGTERM)  # the job and its wrapper, as a pod gets it
+    ended = pipeline.wait_state(run_id, timeout_s=120)
+    assert ended.state is RunState.STOPPED, (ended, pipeline.logs())
+    assert ended.snapshot is not None
+    assert ended.snapshot.reason is SnapshotReason.PREEMPTED
+
+    def retrieved() -> RunRecord | None:
+        now = pipeline.api.get_run(run_id)
+        done = now.artifacts is not None and now.artifacts.phase is ArtifactsPhase.DONE
+        return now if done else None
+
+    return wait_for(retrieved, timeout_s=120)
+
+
+def decided(pipeline: Pipeline, run_id: str) -> RunRecord:
+    """The run once its continuation left `waiting` (launched or declined)."""
+
+    def left_waiting() -> RunRecord | None:
+        run = pipeline.api.get_run(run_id)
+        waiting = run.continuation
+        return run if waiting is not None and waiting.phase != ContinuationPhase.WAITING else None
+
+    found = wait_for(left_waiting, timeout_s=60)
+    assert isinstance(found, RunRecord)
+    return found
+
+
+def test_a_preempted_run_goes_on_on_the_next_target_up_to_its_limit(
+    service: tuple[Pipeline, SshServer],
+) -> None:
+    pipeline, server = service
+    command = (
+        f"HF_HUB_OFFLINE=1 exec {quote(sys.executable)} -u {quote(str(HF_TRAINER))} "
+        "--steps 100000 --step-delay 0.1"
+    )
+    plan = OnPreempt(targets=("local", "remote"), max_preemptions=1)
+    spec = LaunchSpec(target="local", command=command, name="hf", on_preempt=plan)
+    first = pipeline.api.launch(spec, wait_s=60)
+
+    # 1: preempted on `local`; continued on `remote`, from the verified checkpoint.
+    ended = preempt(pipeline, first.id, 3)
+    assert ended.snapshot is not None
+    step = ended.snapshot.step
+
+    source = decided(pipeline, first.id)
+    assert source.continuation is not None
+    assert source.continuation.phase is ContinuationPhase.LAUNCHED, (source, pipeline.logs())
+    assert source.continuation.target == "remote"
+    assert source.continuation.preemptions == 1
+    second_id = wait_for(
+        lambda: pipeline.api.store.launch_run(continuation_key(first.id)), timeout_s=60
+    )
+    second = pipeline.api.get_run(second_id)
+    assert second.target == "remote"
+    assert second.resumed_from == first.id
+    assert second.remote_dir.startswith(str(server.workdir))
+    assert second.on_preempt == plan
+    assert second.chain_preemptions == 1
+    # It goes on from the checkpoint: the Trainer's global step continues.
+    pipeline.wait_step(second.id, step + 2, timeout_s=START_TIMEOUT_S)
+    log = (Path(second.remote_dir) / "job.log").read_text()
+    assert f"resuming from {second.remote_dir}/output/checkpoint-{step}" in log, log[-2000:]
+    metrics = [
+        json.loads(line)
+        for line in (Path(second.remote_dir) / "metrics.jsonl").read_text().splitlines()
+    ]
+    logged = [m["step"] for m in metrics if m.get("event") == "log"]
+    assert logged, metrics
+    assert logged[0] > step, logged
+
+    # 2: preempted again, on `remote`: the chain's second preemption is past its
+    # limit of 1, so it stays stopped, and says why.
+    again = preempt(pipeline, second.id, step + 3)
+    assert again.snapshot is not None
+    assert again.snapshot.step > step
+
+    last = decided(pipeline, second.id)
+    assert last.continuation is not None
+    assert last.continuation.phase is ContinuationPhase.DECLINED, last
+    assert last.continuation.preemptions == 2
+    assert "at most 1" in (last.continuation.reason or "")
+    time.sleep(3)  # a reconcile or two: nothing more is launched
+    assert pipeline.api.store.launch_run(continuation_key(second.id)) is None
+    assert [r.id for r in pipeline.api.chain(first.id)] == [first.id, second.id]
+    assert [r.id for r in pipeline.api.chain(second.id)] == [first.id, second.id]
+
+    # What a person sees: the chain in `show`, and grouped by `runs --chains`.
+    shown = ok(rw(pipeline, "show", second.id))
+    assert f"{first.id} (local, stopped, preempted) -> *{second.id} (remote, stopped, " in shown
+    assert "declined, preemption 2 of its chain" in shown, shown
+    groups = as_json(rw(pipeline, "runs", "--chains", "--json"))
+    assert isinstance(groups, list)
+    assert [[r["id"] for r in g] for g in groups] == [[first.id, second.id]]

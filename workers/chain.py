@@ -1,0 +1,191 @@
+"""Preempted runs continued elsewhere (`schemas.chain`): once the checkpoint of a run
+that ended preempted is retrieved and verified, the next run of its chain is launched
+from it on the first available target of its list, exactly once.
+
+The continuation is durable from the moment the run ends: the transition that ends it
+records it `waiting` and queues it in the store (`store.continuations`), in one
+transaction. `continue_run` is sent when its retrieval is done, and `reconcile` sends
+it again for every continuation still due, so a worker killed at any point delays it
+by at most a reconcile period or a retry. The next run's launch key is derived from
+the preempted run (`continuation_key`), so a launch sent twice starts one run.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets as _secrets
+from datetime import datetime, timedelta
+from typing import Final
+
+from schemas import ArtifactsPhase, RunRecord, RunwardenError
+from schemas.chain import (
+    Continuation,
+    ContinuationPhase,
+    candidate_targets,
+    continuation_key,
+)
+from schemas.events import TASK_CONTINUE, TASK_LAUNCH, LaunchSpec, resume_spec
+from schemas.run import ADOPTED_COMMAND
+
+from .context import Context
+from .launch import resumable
+from .permits import check_launch
+
+log = logging.getLogger("runwarden")
+
+__all__ = [
+    "CONTINUE_GIVE_UP_S",
+    "CONTINUE_RETRY_S",
+    "continue_due",
+    "continue_run",
+    "send_continue",
+]
+
+CONTINUE_RETRY_S: Final = 60.0
+"""Wait before a waiting continuation is tried again (no target was available, or
+`reconcile` just sent it), in seconds."""
+CONTINUE_GIVE_UP_S: Final = 24 * 3600.0
+"""How long a continuation may wait for an available target before it is declined,
+in seconds from the run's end."""
+_LOCK_S: Final = 120.0
+
+
+def send_continue(ctx: Context, run_id: str) -> None:
+    """Sends `runwarden.continue` for `run_id`; a failure to send is logged only (the
+    continuation stays queued, and `reconcile` sends it)."""
+    try:
+        ctx.schedule(TASK_CONTINUE, {"body": {"run_id": run_id}}, 0.0)
+    except Exception:  # noqa: BLE001 - reconcile sends it from the queue
+        log.warning("run %s: cannot send its continuation", run_id)
+
+
+def continue_due(ctx: Context, now: datetime, limit: int = 100) -> int:
+    """`reconcile`'s share: sends the continuation task of every waiting continuation
+    that is due, moving each ahead first so the next tick does not send it again while
+    it waits in the queue; returns how many it sent."""
+    due = ctx.store.due_continuations(now, limit)
+    for run_id in due:
+        ctx.store.schedule_continuation(run_id, now + timedelta(seconds=CONTINUE_RETRY_S))
+        send_continue(ctx, run_id)
+    return len(due)
+
+
+def _set(ctx: Context, run_id: str, continuation: Continuation) -> Continuation | None:
+    """Records `continuation` on `run_id` when its continuation is still waiting (a
+    compare-and-set: a concurrent decision is kept)."""
+
+    def mutate(current: RunRecord) -> RunRecord | None:
+        waiting = current.continuation
+        if waiting is None or waiting.phase is not ContinuationPhase.WAITING:
+            return None
+        return current.model_copy(update={"continuation": continuation})
+
+    return ctx.store.update_run(run_id, mutate).continuation
+
+
+def _decline(ctx: Context, run: RunRecord, why: str, now: datetime) -> Continuation | None:
+    waiting = run.continuation
+    assert waiting is not None
+    log.warning("run %s: not continued: %s", run.id, why)
+    declined = waiting.model_copy(
+        update={"phase": ContinuationPhase.DECLINED, "reason": why, "at": now}
+    )
+    return _set(ctx, run.id, declined)
+
+
+def _next_spec(run: RunRecord, target: str) -> LaunchSpec:
+    """The launch of the run that continues `run` on `target`: the same command,
+    upload, secrets, limits and name, its on-preempt plan, resumed from `run`."""
+    return resume_spec(run, target=target, key=continuation_key(run.id))
+
+
+def _pick_target(ctx: Context, run: RunRecord) -> tuple[str | None, list[str]]:
+    """The first target of the run's list that is defined, allows what the launch
+    asks (secrets, upload), and answers; and why each one before it was passed over."""
+    assert run.on_preempt is not None
+    passed: list[str] = []
+    for target in candidate_targets(run.on_preempt, run.target):
+        try:
+            spec = _next_spec(run, target)
+            check_launch(ctx, spec)
+            executor = ctx.executor(target)
+            executor.disk_usage([executor.workdir])  # answers, and has a filesystem
+        except RunwardenError as error:
+            passed.append(f"{target}: {str(error)[:200]}")
+            continue
+        return target, passed
+    return None, passed
+
+
+def continue_run(ctx: Context, run_id: str, now: datetime) -> Continuation | None:
+    """Continues the preempted run `run_id` when its continuation is waiting: declines
+    it when its chain's preemptions exceed its plan's `max_preemptions`, when it was
+    adopted (its command is unknown), or when its checkpoint cannot be retrieved;
+    waits while the retrieval is pending; else launches the next run from the
+    verified checkpoint on the first available target (`_pick_target`) and records it
+    launched. With no target available it waits and is tried again after
+    `CONTINUE_RETRY_S`, declined once `CONTINUE_GIVE_UP_S` have passed since the run
+    ended. Returns the continuation as recorded (None: the run has none). One call
+    acts at a time per run (a lock); a concurrent one returns what is recorded.
+
+    Raises:
+        NotFound: no such run. StoreError: Redis trouble (the continuation stays
+            queued).
+    """
+    lock, token = f"continue:{run_id}", _secrets.token_hex(16)
+    if not ctx.store.lock(lock, token, _LOCK_S):
+        return ctx.store.get_run(run_id).continuation
+    try:
+        run = ctx.store.get_run(run_id)
+        waiting, plan = run.continuation, run.on_preempt
+        if waiting is None or waiting.phase is not ContinuationPhase.WAITING or plan is None:
+            return waiting
+        if waiting.preemptions > plan.max_preemptions:
+            return _decline(
+                ctx,
+                run,
+                f"preempted {waiting.preemptions} times in its chain: at most "
+                f"{plan.max_preemptions} are resumed (--max-preemptions)",
+                now,
+            )
+        if run.command == ADOPTED_COMMAND:
+            return _decline(ctx, run, "it was adopted: its command is unknown", now)
+        artifacts = run.artifacts
+        if artifacts is None or artifacts.phase is ArtifactsPhase.PENDING:
+            return waiting  # sent again when its retrieval is done
+        if artifacts.phase is ArtifactsPhase.FAILED:
+            why = f"its checkpoint could not be retrieved ({artifacts.error or 'no reason'})"
+            return _decline(ctx, run, why, now)
+        try:
+            resumable(ctx, run.id)  # the stored checkpoint, complete
+        except RunwardenError as error:
+            return _decline(ctx, run, str(error)[:300], now)
+        target, passed = _pick_target(ctx, run)
+        if target is None:
+            ended = run.ended or now
+            why = "no target available: " + "; ".join(passed)
+            if (now - ended).total_seconds() >= CONTINUE_GIVE_UP_S:
+                return _decline(ctx, run, why, now)
+            log.warning("run %s: continuation waits: %s", run.id, why)
+            retry = now + timedelta(seconds=CONTINUE_RETRY_S)
+            noted = _set(ctx, run.id, waiting.model_copy(update={"reason": why[:500]}))
+            ctx.store.schedule_continuation(run.id, retry)
+            return noted
+        spec = _next_spec(run, target)
+        ctx.schedule(TASK_LAUNCH, {"body": spec.model_dump(mode="json")}, 0.0)
+        launched = waiting.model_copy(
+            update={
+                "phase": ContinuationPhase.LAUNCHED,
+                "target": target,
+                "key": spec.key,
+                "reason": "; ".join(passed)[:500] or None,
+                "at": now,
+            }
+        )
+        log.info(
+            "run %s: preempted (%d of at most %d): continued on %s (launch key %s)",
+            run.id, waiting.preemptions, plan.max_preemptions, target, spec.key,
+        )  # fmt: skip
+        return _set(ctx, run.id, launched)
+    finally:
+        ctx.store.unlock(lock, token)
