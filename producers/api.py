@@ -27,13 +27,16 @@ from schemas import (
 )
 from schemas.auth import OPERATOR, sign, sign_target
 from schemas.chain import MAX_CHAIN
+from schemas.doctor import DoctorReport
 from schemas.events import (
     TASK_CANCEL,
+    TASK_DOCTOR,
     TASK_FOLLOW,
     TASK_LAUNCH,
     TASK_RETRIEVE,
     TASK_SNAPSHOT_REQUEST,
     CancelBody,
+    DoctorBody,
     FollowBody,
     LaunchSpec,
     RetrieveBody,
@@ -51,6 +54,9 @@ from store import RunStore
 __all__ = ["OperationFailed", "Runwarden", "producer_app"]
 
 DEFAULT_WAIT_S: Final = 120.0
+DOCTOR_WAIT_S: Final = 150.0
+"""How long `Runwarden.doctor` waits by default: longer than the probe's and the
+clock readings' own deadlines together."""
 
 
 class OperationFailed(RunError):
@@ -88,7 +94,7 @@ class Runwarden:
     def store(self) -> RunStore:
         with self._lock:
             if self._store is None:
-                self._store = RunStore.from_url(self.settings.store_url())
+                self._store = RunStore.from_settings(self.settings)
             return self._store
 
     def _key(self, producer: str) -> SecretStr:
@@ -215,6 +221,20 @@ class Runwarden:
         """Follows a run again, or adopts a run directory started elsewhere."""
         answer = self._call(TASK_FOLLOW, FollowBody(run_id=run_id, target=target, dir=dir), wait_s)
         return self.store.get_run(answer["run_id"])
+
+    def doctor(self, target: str, wait_s: float = DOCTOR_WAIT_S) -> DoctorReport:
+        """Checks that `target` has what runwarden needs, as a worker sees it (the
+        `runwarden.doctor` task: `workers/doctor.py` says why a worker and not this
+        process): each check's status, what was found and what does not work
+        without it, and the target's clock against the worker's.
+
+        Raises:
+            UnknownTarget: when the target does not exist.
+            OperationFailed: when no worker answered in time, or the task failed.
+        """
+        self.store.get_target(target)
+        answer = self._call(TASK_DOCTOR, DoctorBody(target=target), wait_s)
+        return DoctorReport.model_validate(answer)
 
     # --- reading --------------------------------------------------------------------
 

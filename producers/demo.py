@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from schemas import RunError, RunRecord, RunState, Settings, TargetConfig
@@ -71,14 +72,20 @@ def _follow_and_stop(
     return run
 
 
+def _say(console: Console, text: str) -> None:
+    """Prints `text` as it is, on one line however narrow the terminal: a path in it
+    is never cut by a line break."""
+    console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
 def _outcome(console: Console, run: RunRecord) -> None:
     console.print(f"state:      [bold]{run.state}[/]")
     if run.snapshot is not None:
-        console.print(f"step:       {run.snapshot.step}")
-        console.print(f"checkpoint: {run.remote_dir}/{run.snapshot.checkpoint}")
-        console.print(f"reason:     {run.snapshot.reason}")
+        _say(console, f"step:       {run.snapshot.step}")
+        _say(console, f"checkpoint: {run.remote_dir}/{run.snapshot.checkpoint}")
+        _say(console, f"reason:     {run.snapshot.reason}")
     elif run.message:
-        console.print(f"message:    {run.message}")
+        _say(console, f"message:    {run.message}")
 
 
 def _wait_artifacts(console: Console, api: Runwarden, run: RunRecord) -> RunRecord:
@@ -91,12 +98,13 @@ def _wait_artifacts(console: Console, api: Runwarden, run: RunRecord) -> RunReco
         time.sleep(0.2)
     artifacts = run.artifacts
     if artifacts is not None and artifacts.phase == "done":
-        console.print(
+        _say(
+            console,
             f"artifacts:  {artifacts.files} files, {artifacts.bytes} bytes, verified, "
-            f"in {artifacts.path}"
+            f"in {artifacts.path}",
         )
     else:
-        console.print(f"[red]artifacts not retrieved:[/] {artifacts}")
+        console.print(f"[red]artifacts not retrieved:[/] {escape(str(artifacts))}", soft_wrap=True)
     return run
 
 
@@ -104,14 +112,16 @@ def run_demo(console: Console) -> int:
     """Runs the demo; returns the exit code (0 when the run ended stopped)."""
     state_dir = Path(tempfile.mkdtemp(prefix="runwarden-demo-"))
     settings = Settings(state_dir=state_dir, redis_url=None)
-    console.print(f"state directory: {state_dir}")
+    _say(console, f"state directory: {state_dir}")
     server = _serve(state_dir)
     try:
         deadline = time.monotonic() + 60
         while not EmbeddedRedis(settings).ping():
             if server.poll() is not None or time.monotonic() > deadline:
                 console.print(
-                    "[red]the service did not start[/]; see " + str(state_dir / "serve.log")
+                    "[red]the service did not start[/]; see "
+                    + escape(str(state_dir / "serve.log")),
+                    soft_wrap=True,
                 )
                 return 1
             time.sleep(0.1)
@@ -122,7 +132,7 @@ def run_demo(console: Console) -> int:
                               "--step-time", "0.1"])  # fmt: skip
         console.print("service up (embedded Redis, worker, beat); launching the toy trainer")
         run = api.launch(LaunchSpec(target="local", command=command, name="demo"), wait_s=120)
-        console.print(f"run [bold]{run.id}[/] in {run.remote_dir}")
+        console.print(f"run [bold]{run.id}[/] in {escape(run.remote_dir)}", soft_wrap=True)
         run = _follow_and_stop(console, api, run)
         _outcome(console, run)
         if run.state is not RunState.STOPPED or run.snapshot is None:
@@ -133,12 +143,12 @@ def run_demo(console: Console) -> int:
             return 1
         console.print(f"resuming {run.id} from step {step}")
         resumed = api.launch(api.resume_spec(run.id), wait_s=120)
-        console.print(f"run [bold]{resumed.id}[/] in {resumed.remote_dir}")
+        console.print(f"run [bold]{resumed.id}[/] in {escape(resumed.remote_dir)}", soft_wrap=True)
         resumed = _follow_and_stop(console, api, resumed, step + STOP_AT_STEP)
         _outcome(console, resumed)
         return 0 if resumed.state is RunState.STOPPED else 1
     except RunError as error:
-        console.print(f"[red]error:[/] {error}")
+        console.print(f"[red]error:[/] {escape(str(error))}", soft_wrap=True)
         return 1
     finally:
         server.send_signal(signal.SIGINT)

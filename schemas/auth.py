@@ -7,8 +7,8 @@ The signed form, in the task's keyword arguments beside `body`:
 
     "auth": {"producer": "<name>", "at": <unix seconds>, "sig": "<hex>"}
 
-where `sig` is HMAC-SHA256 with the producer's key (the bytes of its key file's text)
-over the UTF-8 bytes of
+where `sig` is HMAC-SHA256 with the producer's key (the UTF-8 bytes of its key file's
+text without its final line end) over the UTF-8 bytes of
 
     "runwarden/1\\n" + <task name> + "\\n" + <at, as a decimal integer> + "\\n" + <canonical body>
 

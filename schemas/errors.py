@@ -47,6 +47,7 @@ cause stays visible.
         │   └── NotAllowed               a secret or an upload its target forbids
         └── RetrievalError               artifacts not retrieved (retryable or not)
             ├── ArtifactMismatch         the download and the target's manifest differ
+            ├── ArtifactQuotaExceeded    a quota or the disk reserve would be passed
             └── StoredArtifactsInvalid   a stored retrieval is missing or damaged
 
 Each error's `args` are its constructor's arguments (its message is `str()`), so it

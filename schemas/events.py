@@ -29,6 +29,7 @@ __all__ = [
     "SERIALIZER",
     "TASK_CANCEL",
     "TASK_CONTINUE",
+    "TASK_DOCTOR",
     "TASK_END_TIMEOUT",
     "TASK_FOLLOW",
     "TASK_FOLLOW_TICK",
@@ -44,6 +45,7 @@ __all__ = [
     "TASK_WATCH_TARGET",
     "CancelBody",
     "ContinueBody",
+    "DoctorBody",
     "FollowBody",
     "LaunchSpec",
     "RetrieveBody",
@@ -65,6 +67,8 @@ TASK_FOLLOW_TICK: Final = "runwarden.follow_tick"
 TASK_RECONCILE: Final = "runwarden.reconcile"
 TASK_POLICY_TICK: Final = "runwarden.policy_tick"
 TASK_RETRIEVE: Final = "runwarden.retrieve"
+TASK_DOCTOR: Final = "runwarden.doctor"
+"""Check a target as the worker sees it; answers a `schemas.doctor.DoctorReport`."""
 
 TASK_WATCH_TARGET: Final = "runwarden.watch_target"
 """Internal: one target's share of a follow tick (fanned out by `follow_tick` and
@@ -86,7 +90,10 @@ QUEUE_RETRIEVE: Final = "runwarden.retrieve"
 must never hold a worker process that a stop's deadline or a follow tick needs.
 `runwarden serve` (and compose) run one worker for it; a worker started without
 `-Q` consumes both queues."""
-TASK_ROUTES: Final = {TASK_RETRIEVE: {"queue": QUEUE_RETRIEVE}}
+TASK_ROUTES: Final = {
+    TASK_RETRIEVE: {"queue": QUEUE_RETRIEVE},
+    TASK_DOCTOR: {"queue": QUEUE},
+}
 SERIALIZER: Final = "json"
 """The only serializer on the wire, for tasks, results and events: never pickle."""
 
@@ -250,6 +257,13 @@ class ContinueBody(_Body):
     """`runwarden.continue`: launch the next run of a preempted run's chain."""
 
     run_id: RunId
+
+
+class DoctorBody(_Body):
+    """`runwarden.doctor`: check that the target has what runwarden needs, through the
+    worker's own executor of it (its SSH keys, its change of user, its clock)."""
+
+    target: TargetName
 
 
 class TimeoutBody(_Body):

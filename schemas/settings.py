@@ -16,6 +16,18 @@ from urllib.parse import quote, urlsplit, urlunsplit
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from .bounds import (
+    ARTIFACT_QUOTA_RUN_BYTES,
+    ARTIFACT_QUOTA_TOTAL_BYTES,
+    ARTIFACT_RESERVE_BYTES,
+    LOG_BYTES_PER_RUN,
+    LOG_LINE_BYTES,
+    METRICS_BYTES_PER_RUN,
+    MIN_STREAM_BYTES,
+    REDIS_MAXMEMORY,
+    RETENTION_DAYS,
+    ByteSize,
+)
 from .budget import (
     PROOF_TIMEOUT_CEILING_S,
     PROOF_TIMEOUT_FACTOR,
@@ -113,6 +125,37 @@ class Settings(BaseSettings):
     file (`schemas.webhooks.load_webhooks`). Never holds a secret: a webhook's secret
     is read from the secrets directory (`webhook.<name>.secret`) when it is sent."""
 
+    # --- bounds: Redis memory and the artifact store's disk (defaults: schemas.bounds)
+    log_line_bytes: Annotated[int, Field(ge=256, le=MIN_STREAM_BYTES // 2)] = LOG_LINE_BYTES
+    """Longest log line kept in the run store, in UTF-8 bytes; a longer one is cut at
+    a character boundary and marked. At most half the smallest stream budget, so a
+    budget always holds two longest lines. A metrics record longer than this is left out
+    of the metrics stream (its progress still counts)."""
+    log_bytes_per_run: Annotated[ByteSize, Field(ge=MIN_STREAM_BYTES)] = LOG_BYTES_PER_RUN
+    """Bytes of log lines kept per run in the run store, the oldest dropped first
+    (the whole `job.log` comes home with the artifacts)."""
+    metrics_bytes_per_run: Annotated[ByteSize, Field(ge=MIN_STREAM_BYTES)] = (
+        METRICS_BYTES_PER_RUN
+    )
+    """Bytes of metrics records kept per run in the run store, the oldest first out."""
+    retention_days: _Positive = RETENTION_DAYS
+    """How long an ended run's log, metrics, offsets and progress stay in Redis (its
+    record, stop history and artifacts stay). A fraction is fine (1e-5 is 0.864 s)."""
+    redis_maxmemory: Annotated[ByteSize, Field(ge=1024 * 1024)] = REDIS_MAXMEMORY
+    """`maxmemory` of the embedded Redis (compose passes the same variable to its
+    Redis), with `noeviction`: at the limit Redis refuses writes rather than lose
+    state; the workers warn above 80 %."""
+    artifact_quota_run_bytes: Annotated[ByteSize, Field(ge=1)] = ARTIFACT_QUOTA_RUN_BYTES
+    """Most bytes one run's retrieval may write into the artifact store."""
+    artifact_quota_total_bytes: Annotated[ByteSize, Field(ge=1)] = ARTIFACT_QUOTA_TOTAL_BYTES
+    """Most bytes the artifact store may hold, every run together."""
+    artifact_reserve_bytes: ByteSize = ARTIFACT_RESERVE_BYTES
+    """Free space a retrieval always leaves on the artifact store's filesystem."""
+
+    @property
+    def retention_s(self) -> float:
+        """[`retention_days`] in seconds."""
+        return self.retention_days * 86400.0
     # --- stop budgets (defaults: schemas.budget) ---------------------------------------
     proof_timeout_factor: Annotated[float, Field(ge=1, allow_inf_nan=False)] = (
         PROOF_TIMEOUT_FACTOR

@@ -16,6 +16,11 @@ Guarantees:
 - A terminal run state is never overwritten by a later, different one.
 - A run has at most one open stop, and an open stop has at most one pending deadline
   of each kind, added and removed in the same script that changes the stop.
+- Redis stays bounded: each run's log and metrics streams keep at most an entry cap
+  and a byte budget (each line at most a line cap), trimmed oldest first in the
+  script that appends (`store.streams`); an ended run's follow data expires after
+  the retention (`end_run`), while its record and stop history stay. `RunStore.memory`
+  reads Redis's use against its `maxmemory`.
 - Every Redis failure is raised as `StoreError` (`raise ... from` the Redis error).
   The operation may then have been applied or not (the reply was lost): retrying
   never corrupts anything, since every write is a compare-and-set or idempotent, but
@@ -35,17 +40,21 @@ and on fakeredis with `lupa` installed.
 from __future__ import annotations
 
 from .base import HISTORY_CAP, LOG_CAP, METRICS_CAP
-from .follow import LogEntry, MetricsEntry, Offsets
+from .follow import LogEntry, MetricsEntry, Offsets, StreamBytes
 from .keys import Keys
+from .memory import MEMORY_WARN_FRACTION, MemoryUse
 from .runstore import RunStore
 
 __all__ = [
     "HISTORY_CAP",
     "LOG_CAP",
+    "MEMORY_WARN_FRACTION",
     "METRICS_CAP",
     "Keys",
     "LogEntry",
+    "MemoryUse",
     "MetricsEntry",
     "Offsets",
     "RunStore",
+    "StreamBytes",
 ]

@@ -22,6 +22,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from schemas import StoreError, validation_message
+from schemas.bounds import LOG_BYTES_PER_RUN, LOG_LINE_BYTES, METRICS_BYTES_PER_RUN, RETENTION_DAYS
 
 from .keys import Keys
 
@@ -42,10 +43,9 @@ __all__ = [
 ]
 
 LOG_CAP: Final = 10_000
-"""Lines of `job.log` kept per run (approximately: Redis trims whole stream nodes, so
-up to about 100 more may stay)."""
+"""Most lines of `job.log` kept per run (exactly; the byte budget may keep fewer)."""
 METRICS_CAP: Final = 5_000
-"""Metrics records kept per run (approximately, as [`LOG_CAP`])."""
+"""Most metrics records kept per run (exactly, as [`LOG_CAP`])."""
 HISTORY_CAP: Final = 20
 """Closed stops kept per run."""
 MAX_ATTEMPTS: Final = 64
@@ -54,6 +54,7 @@ MAX_ATTEMPTS: Final = 64
 _SCRIPTS: Final = (
     "create_run",
     "open_stop",
+    "append_stream",
     "cas_stop",
     "close_stop",
     "claim_deadline",
@@ -162,9 +163,26 @@ class StoreBase:
         metrics_cap: int = METRICS_CAP,
         history_cap: int = HISTORY_CAP,
         max_attempts: int = MAX_ATTEMPTS,
+        line_bytes: int = LOG_LINE_BYTES,
+        log_bytes: int = LOG_BYTES_PER_RUN,
+        metrics_bytes: int = METRICS_BYTES_PER_RUN,
+        retention_s: float = RETENTION_DAYS * 86400.0,
     ) -> None:
+        """`log_cap` / `metrics_cap` entries and `log_bytes` / `metrics_bytes` bytes
+        are kept of each run's log and metrics streams, each line at most
+        `line_bytes` bytes; an ended run's follow data is kept `retention_s` seconds
+        (`store.streams`, `store.ending`).
+
+        Raises:
+            ValueError: a cap below 1, a line cap below 64 bytes, or a byte budget
+                that does not hold two longest lines.
+        """
         if min(log_cap, metrics_cap, history_cap, max_attempts) < 1:
             raise ValueError("caps and attempts must be at least 1")
+        if line_bytes < 64 or min(log_bytes, metrics_bytes) < 2 * line_bytes:
+            raise ValueError(
+                "the line cap is at least 64 bytes, and each byte budget holds two longest lines"
+            )
         self.client = client
         self.prefix = prefix
         self.keys = Keys(prefix)
@@ -175,6 +193,10 @@ class StoreBase:
         self._metrics_cap = metrics_cap
         self._history_cap = history_cap
         self._attempts = max_attempts
+        self._line_bytes = line_bytes
+        self._log_bytes = log_bytes
+        self._metrics_bytes = metrics_bytes
+        self._retention_ms = millis(retention_s, "retention")
         self._scripts: dict[str, Script] = {
             name: client.register_script(lua(name)) for name in _SCRIPTS
         }

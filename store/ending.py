@@ -1,6 +1,7 @@
-"""The end of a run in the run store: its final state, the close of its open stop and
-the end of its follow, in one transaction, so no reader ever sees a run ended with its
-stop still open, or a stop closed on a run still running."""
+"""The end of a run in the run store: its final state, the close of its open stop, the
+end of its follow and the expiry of its follow data, in one transaction, so no reader
+ever sees a run ended with its stop still open, or a stop closed on a run still
+running, and nothing of an ended run's follow stays in Redis past the retention."""
 
 from __future__ import annotations
 
@@ -35,8 +36,11 @@ class EndingMixin(FollowMixin, StopsMixin):
         """Moves run `run_id` to the terminal `to_state` under the rules of
         `schemas.run.transitioned` (which also queues its retrieval), and in the same
         transaction closes its open stop, if any (phase `done`, `note`, its deadlines
-        removed, archived in the run's stop history) and stops following it. Returns
-        the stored record and whether this call changed the run's state.
+        removed, archived in the run's stop history), stops following it, and sets
+        its follow data (offsets, log and metrics streams, their byte counts,
+        progress) to expire after the retention; the record and the stop history
+        stay. Returns the stored record and whether this call changed the run's
+        state.
 
         A run already in `to_state` is left as it is (False), but its stop is still
         closed and its follow ended: a second caller finishes what a first one, killed
@@ -78,6 +82,7 @@ class EndingMixin(FollowMixin, StopsMixin):
                         args=[run_id, current.target],
                         client=pipe,
                     )
+                    self._queue_retention(pipe, run_id)
                     pipe.execute()
                 except WatchError:
                     continue

@@ -1,7 +1,8 @@
 """The follow in the run store: which runs each target follows, how far the follower
-read each run's files (byte offsets), the log and metrics streams it appended, and
-the run's progress folded from its metrics (`schemas.progress`), and the periodic
-saves its metrics report (`store.budgets`)."""
+read each run's files (byte offsets), the log and metrics streams it appended (each
+bounded in entries and bytes, `store.streams`), the run's progress folded from its
+metrics (`schemas.progress`), and the periodic saves its metrics report
+(`store.budgets`)."""
 
 from __future__ import annotations
 
@@ -20,15 +21,17 @@ from schemas.progress import finite, progress_fields
 from .base import text, translated
 from .budgets import queue_saves
 from .runs import RunsMixin
+from .streams import ENTRY_OVERHEAD_BYTES, cut_line
 
-__all__ = ["FollowMixin", "LogEntry", "MetricsEntry", "Offsets"]
+__all__ = ["FollowMixin", "LogEntry", "MetricsEntry", "Offsets", "StreamBytes"]
 
 
 class LogEntry(NamedTuple):
     """One line of a run's log stream."""
 
     id: str
-    """Stream entry id (`<ms>-<seq>`); pass it as `after_id` to read on."""
+    """Stream entry id (`<n>-1`, n the bytes the stream had taken in before it:
+    `store.streams`); pass it as `after_id` to read on."""
     line: str
 
 
@@ -37,6 +40,14 @@ class MetricsEntry(NamedTuple):
 
     id: str
     record: dict[str, Any]
+
+
+class StreamBytes(NamedTuple):
+    """The bytes a run's log and metrics streams hold, as the store counts them (each
+    entry's value plus `streams.ENTRY_OVERHEAD_BYTES`)."""
+
+    log: int
+    metrics: int
 
 
 class Offsets(NamedTuple):
@@ -74,6 +85,15 @@ def _entries(reply: Any) -> list[tuple[str, dict[str, str]]]:
         (text(entry_id), {text(k): text(v) for k, v in (fields or {}).items()})
         for entry_id, fields in reply or []
     ]
+
+
+def _held(total: Any, first: Any) -> int:
+    """Bytes from the stream's oldest entry (XRANGE reply, COUNT 1) to its end, from
+    the counter `total` (the start of the next entry)."""
+    if not first:
+        return 0
+    start = int(text(first[0][0]).split("-", 1)[0])
+    return max(0, int(total or 0) - start)
 
 
 class FollowMixin(RunsMixin):
@@ -155,7 +175,10 @@ class FollowMixin(RunsMixin):
         """Appends what the follower read and advances its offsets, all in one
         transaction, only if the stored offsets are still `from_offsets`. False (and
         nothing changed) when they are not: another follower already recorded that
-        part, so lines are never appended twice.
+        part, so lines are never appended twice. The streams are bounded as
+        [`append_log`] and [`append_metrics`] say; the offsets always advance to
+        `to_offsets`, whatever the bounds left out. Once the run has ended (its
+        offsets expire), what this writes expires with them.
 
         Raises:
             ValueError, TypeError: a record is not plain JSON, or an offset is negative.
@@ -172,29 +195,51 @@ class FollowMixin(RunsMixin):
                     if Offsets(int(log_raw or 0), int(metrics_raw or 0)) != expected:
                         pipe.unwatch()
                         return False
+                    ttl_ms = int(pipe.pttl(key))
                     pipe.multi()
                     self._queue_tail(pipe, run_id, lines, records, encoded)
                     pipe.hset(key, mapping={"log": target.log, "metrics": target.metrics})
+                    if ttl_ms > 0:
+                        # The run ended meanwhile (end_run set the expiry): what this
+                        # writes late must not outlive the rest.
+                        for data_key in self.keys.follow_data(run_id):
+                            pipe.pexpire(data_key, ttl_ms)
                     pipe.execute()
                     return True
                 except WatchError:
                     continue
         raise Conflict(f"the offsets of run {run_id!r} keep changing; try again", run_id=run_id)
 
+    def _queue_retention(self, pipe: Any, run_id: str) -> None:
+        """Queues on `pipe` the expiry of the run's follow data (`Keys.follow_data`)
+        after the retention, for the transaction that ends the run. The offsets hash
+        is made to exist (zeros) so that it carries the expiry a late
+        [`record_tail`] copies."""
+        offsets = self.keys.offsets(run_id)
+        pipe.hsetnx(offsets, "log", 0)
+        pipe.hsetnx(offsets, "metrics", 0)
+        for key in self.keys.follow_data(run_id):
+            pipe.pexpire(key, self._retention_ms)
+
     # --- streams ----------------------------------------------------------------------
 
     @translated
     def append_log(self, run_id: str, lines: Sequence[str]) -> str | None:
-        """Appends `lines` (one stream entry each, in order) to the run's log stream,
-        trimmed to about the log cap; returns the last entry id, None for no lines.
-        Text that cannot be encoded as UTF-8 (lone surrogates) is replaced by `?`."""
+        """Appends `lines` (one stream entry each, in order) to the run's log stream;
+        returns the last entry id, None for no lines. Each line is cut to the line
+        cap (`store.streams.cut_line`: at a character boundary, marked); the stream
+        keeps at most the log cap of entries and the log byte budget, the oldest
+        dropped first, exactly, in the same step. Text that cannot be encoded as
+        UTF-8 (lone surrogates) is replaced by `?`."""
         return self._append(run_id, lines, [], [])
 
     @translated
     def append_metrics(self, run_id: str, records: Sequence[Mapping[str, Any]]) -> str | None:
-        """Appends metrics `records` (in order) to the run's metrics stream, trimmed to
-        about the metrics cap, and updates its [`Progress`] in the same transaction;
-        returns the last entry id, None for no records. NaN and infinities are stored
+        """Appends metrics `records` (in order) to the run's metrics stream, bounded
+        like the log stream (the metrics cap and byte budget), and updates its
+        [`Progress`] in the same transaction; returns the last entry id, None when
+        none was appended. A record whose JSON is longer than the line cap is left
+        out of the stream (its progress still counts). NaN and infinities are stored
         as null (strict JSON, as the job side writes them).
 
         Raises:
@@ -226,12 +271,13 @@ class FollowMixin(RunsMixin):
         records: Sequence[Mapping[str, Any]],
         encoded: Sequence[str],
     ) -> None:
-        log_key, metrics_key = self.keys.log(run_id), self.keys.metrics(run_id)
-        for line in lines:
-            data = line.encode("utf-8", "replace")
-            pipe.xadd(log_key, {"l": data}, maxlen=self._log_cap, approximate=True)
-        for item in encoded:
-            pipe.xadd(metrics_key, {"m": item}, maxlen=self._metrics_cap, approximate=True)
+        counter = self.keys.stream_bytes(run_id)
+        values = [cut_line(line, self._line_bytes) for line in lines]
+        log_args = ["log", "l", self._log_bytes, self._log_cap]
+        self._queue_stream(pipe, self.keys.log(run_id), counter, log_args, values)
+        kept = [data for data in map(str.encode, encoded) if len(data) <= self._line_bytes]
+        metrics_args = ["metrics", "m", self._metrics_bytes, self._metrics_cap]
+        self._queue_stream(pipe, self.keys.metrics(run_id), counter, metrics_args, kept)
         fields = progress_fields(records)
         if fields:
             pipe.hset(
@@ -240,6 +286,27 @@ class FollowMixin(RunsMixin):
             )
         # The job's periodic saves teach its stops' budgets, counted once with the lines.
         queue_saves(pipe, self.keys.saves(run_id), save_samples(records, datetime.now(UTC)))
+
+    def _queue_stream(
+        self, pipe: Any, key: str, counter: str, bounds: list[Any], values: list[bytes]
+    ) -> None:
+        """Queues the append of `values` to the stream `key` and its trimming to
+        `bounds` (counter field, entry field, byte budget, entry cap), one script."""
+        if values:
+            args = [*bounds, ENTRY_OVERHEAD_BYTES, *values]
+            self._script("append_stream", keys=[key, counter], args=args, client=pipe)
+
+    @translated
+    def stream_bytes(self, run_id: str) -> StreamBytes:
+        """The bytes run `run_id`'s log and metrics streams hold now (each at most its
+        byte budget), in one round trip."""
+        counter = self.keys.stream_bytes(run_id)
+        with self._r.pipeline(transaction=True) as pipe:
+            pipe.hmget(counter, ["log", "metrics"])
+            pipe.xrange(self.keys.log(run_id), "-", "+", count=1)
+            pipe.xrange(self.keys.metrics(run_id), "-", "+", count=1)
+            (log_total, metrics_total), log_first, metrics_first = pipe.execute()
+        return StreamBytes(_held(log_total, log_first), _held(metrics_total, metrics_first))
 
     @translated
     def read_log(
@@ -251,7 +318,8 @@ class FollowMixin(RunsMixin):
     ) -> list[LogEntry]:
         """Up to `count` log lines after entry `after_id`, oldest first. With
         `block_ms`, waits up to that long for a line when there is none yet (the
-        client's `socket_timeout` must be longer). Lines trimmed by the cap are gone."""
+        client's `socket_timeout` must be longer). Lines trimmed by the bounds are
+        gone."""
         entries = self._read(self.keys.log(run_id), after_id, count, block_ms)
         return [LogEntry(i, fields.get("l", "")) for i, fields in entries]
 

@@ -15,16 +15,17 @@ key, only `[A-Za-z0-9_.-]` as `schemas.idempotency` checks it; `<target>` a targ
 | `P preparing:keys` | hash | run id -> launch key, for the runs of `P preparing` with one (2) |
 | `P follow:targets` | set | targets with at least one followed run |
 | `P follow:t:<target>` | set | ids of the followed runs of a target |
-| `P offsets:<id>` | hash | `log`, `metrics`: byte offsets the follower has read to |
+| `P offsets:<id>` | hash | `log`, `metrics`: byte offsets the follower has read to (7) |
 | `P stop:<id>` | string | the run's open stop (`StopState` JSON); absent when none |
 | `P stops` | set | ids of the runs with an open stop |
 | `P stops:h:<id>` | list | closed stops of the run (`StopState` JSON), newest first, capped |
 | `P deadlines` | sorted set | `run_id|stop_id|kind`, score = due (unix seconds) |
 | `P lease:<run_id|stop_id|kind>` | string | worker id holding a deadline (expires) |
-| `P log:<id>` | stream | `l` = one line of `job.log` (capped, approximate) |
-| `P metrics:<id>` | stream | `m` = one metrics record, JSON (capped, approximate) |
-| `P progress:<id>` | hash | `Progress` fields, each a JSON value |
-| `P saves:<id>` | list | the run's save times (`SaveSample` JSON), newest first, capped (7) |
+| `P log:<id>` | stream | `l` = one line of `job.log`, cut to the line cap (8) (7) |
+| `P metrics:<id>` | stream | `m` = one metrics record, JSON (8) (7) |
+| `P streambytes:<id>` | hash | `log`, `metrics`: bytes each stream has taken in (8) (7) |
+| `P progress:<id>` | hash | `Progress` fields, each a JSON value (7) |
+| `P saves:<id>` | list | the run's save times (`SaveSample` JSON), newest first, at most 20 (9) |
 | `P once:<key>` | string | marker of an effect done once (expires) |
 | `P retrievals` | sorted set | ids of runs with `artifacts` pending, score = next attempt |
 | `P continuations` | sorted set | preempted runs whose continuation waits, score = next try (4) |
@@ -52,9 +53,18 @@ without a key), `continue:<id>` (a preempted run being continued).
 runwarden).
 (6) `<name>` is a webhook's name (`[a-z0-9_-]`), so never `|`; the list holds each
 delivery's rendered body, never the webhook's URL or secret.
-(7) Pushed by the follow (`save` metrics lines, in the transaction that records
+(7) The follow data of a run: expires the retention (`RUNWARDEN_RETENTION_DAYS`) after
+the run ends, set in the transaction that ends it (`end_run`); what a late follow
+writes after that gets the same expiry (`record_tail`). The record, its indexes and
+its stop history are kept.
+(8) Each stream is kept to a byte budget and an entry cap, trimmed oldest first,
+exactly, by the script that appends (`store/lua/append_stream.lua`), which keeps
+`streambytes` in step; an entry's id is `<n>-1`, n the bytes its stream had taken
+in before it (`store.streams`).
+(9) Pushed by the follow (`save` metrics lines, in the transaction that records
 them) and by the end of a stop that proved (`store.budgets`); a resumed run reads
-its resume sources' too.
+its resume sources' too, so it is kept as long as the record (at most 20 entries of
+about 100 bytes: it never outgrows the record).
 """
 
 from __future__ import annotations
@@ -134,6 +144,18 @@ class Keys:
 
     def saves(self, run_id: str) -> str:
         return self._key("saves", validate_run_id(run_id))
+    def stream_bytes(self, run_id: str) -> str:
+        return self._key("streambytes", validate_run_id(run_id))
+
+    def follow_data(self, run_id: str) -> list[str]:
+        """The keys of a run's follow data, which expire after its end (note 4)."""
+        return [
+            self.offsets(run_id),
+            self.log(run_id),
+            self.metrics(run_id),
+            self.stream_bytes(run_id),
+            self.progress(run_id),
+        ]
 
     # --- stops and deadlines ----------------------------------------------------------
 

@@ -1,13 +1,17 @@
 """[`RunStore`]: the run store, one object over one Redis client, composed of the
 parts in this package (targets, runs, the follow, stops and deadlines, the end of a
-run, launches, retrievals, coordination, the ledger and its metrics, the webhooks'
-delivery queue, save samples)."""
+run, launches, retrievals, continuations, coordination, the ledger and its metrics,
+the webhooks' delivery queue, Redis's memory, save samples)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+
+from schemas import Settings
 
 from .base import translated
 from .budgets import BudgetsMixin
@@ -16,6 +20,7 @@ from .coordination import CoordinationMixin
 from .ending import EndingMixin
 from .launches import LaunchesMixin
 from .ledger import LedgerMixin
+from .memory import MemoryMixin
 from .retrievals import RetrievalsMixin
 from .targets import TargetsMixin
 from .webhooks import WebhooksMixin
@@ -33,6 +38,7 @@ class RunStore(
     LedgerMixin,
     WebhooksMixin,
     BudgetsMixin,
+    MemoryMixin,
 ):
     """The run store over one Redis client (keys: `store.keys`).
 
@@ -43,11 +49,11 @@ class RunStore(
     """
 
     @classmethod
-    def from_url(cls, url: str, prefix: str = "rw:") -> RunStore:
+    def from_url(cls, url: str, prefix: str = "rw:", **options: Any) -> RunStore:
         """A store on the Redis at `url` (`redis://`, `rediss://` or `unix://`), with
         bounded timeouts and one retry without backoff: a down Redis is a
         `StoreError` within seconds, never a hang. `url` may hold a password: it is
-        never logged."""
+        never logged. `options` go to the constructor (caps, bounds)."""
         client = redis.Redis.from_url(
             url,
             socket_timeout=10,
@@ -55,7 +61,20 @@ class RunStore(
             retry=Retry(NoBackoff(), 1),
             health_check_interval=30,
         )
-        return cls(client, prefix)
+        return cls(client, prefix, **options)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, prefix: str = "rw:") -> RunStore:
+        """[`from_url`] on the settings' Redis, with their bounds: the line cap, the
+        per-run byte budgets of the log and metrics streams, and the retention."""
+        return cls.from_url(
+            settings.store_url(),
+            prefix,
+            line_bytes=settings.log_line_bytes,
+            log_bytes=settings.log_bytes_per_run,
+            metrics_bytes=settings.metrics_bytes_per_run,
+            retention_s=settings.retention_s,
+        )
 
     @translated
     def ping(self) -> None:

@@ -289,7 +289,10 @@ def running_pipeline(
     api = Runwarden(settings)
     workdir = tmp / "work"
     workdir.mkdir()
-    api.add_target(TargetConfig(name="local", kind="local", workdir=str(workdir)))
+    # As an operator would: uploads from the test's own directory only.
+    api.add_target(
+        TargetConfig(name="local", kind="local", workdir=str(workdir), upload_roots=(str(tmp),))
+    )
     pipeline = Pipeline(tmp, redis, env, api, workdir)
     done = threading.Event()
 

@@ -16,10 +16,10 @@ from schemas.chain import ContinuationPhase
 from schemas.events import TASK_CONTINUE, TASK_RETRIEVE
 
 from .context import Context, utcnow
-from .errors import RetrievalError
+from .errors import ArtifactQuotaExceeded, RetrievalError
 from .executors import ExecError
 from .notify import emit, retrieved
-from .retrieval import retrieval_plan, retrieve, reuse_stored
+from .retrieval import ArtifactLimits, retrieval_plan, retrieve, reuse_stored
 
 log = logging.getLogger("runwarden")
 
@@ -77,13 +77,16 @@ def retrieve_artifacts(
 ) -> Artifacts:
     """Brings the artifacts of the ended run `run_id` into the artifact store, verified
     against the target's manifest (`workers.retrieval.retrieve`), and records the
-    result. The attempt is counted before it starts (a worker killed mid-way still
-    counts it); a failure is recorded with its error and tried again after a backoff
-    (`retrieve_backoff_s`, doubled each time, at most `retrieve_backoff_max_s`; the
-    maximum at once for an error that needs a person) until `retrieve_attempts`, then
-    marked failed: never dropped silently. A call before the next attempt is due, or
-    for a retrieval done or given up, changes nothing (a duplicate task). `force` (a
-    person's `runwarden retrieve`) tries now, whatever the state. A stored copy that
+    result, within the artifact store's quotas and disk reserve (a retrieval that
+    would pass one is recorded failed at once, with the reason: a person acts, then
+    forces it). The attempt is counted before it starts (a worker killed mid-way
+    still counts it); any other failure is recorded with its error and tried again
+    after a backoff (`retrieve_backoff_s`, doubled each time, at most
+    `retrieve_backoff_max_s`; the maximum at once for an error that needs a person)
+    until `retrieve_attempts`, then marked failed: never dropped silently. A call
+    before the next attempt is due, or for a retrieval done or given up, changes
+    nothing (a duplicate task). `force` (a person's `runwarden retrieve`) tries now,
+    whatever the state. A stored copy that
     lost a file or changed a file's size is moved aside and retrieved again. One
     retrieval of a run runs at a time, under a lock held by its holder only.
 
@@ -165,11 +168,19 @@ def _attempt(ctx: Context, run: RunRecord, attempts: int, now: datetime) -> Arti
         done = reuse_stored(dest, run.id)  # a copy made for another run is moved aside
         if done is None:
             executor = ctx.executor(run.target)
-            done = retrieve(executor, run.remote_dir, dest, entries, exclude, run_id=run.id)
+            limits = ArtifactLimits.of(settings)
+            done = retrieve(
+                executor, run.remote_dir, dest, entries, exclude, run_id=run.id, limits=limits
+            )
     except Exception as error:
         if not isinstance(error, (RetrievalError, ExecError, RunError, OSError)):
             log.exception("run %s: retrieval failed unexpectedly", run.id)
         text = str(error)[:500] or type(error).__name__
+        if isinstance(error, ArtifactQuotaExceeded):
+            # A person must free space or raise a limit: failed now, not tried again
+            # by itself (`runwarden retrieve` does, when asked).
+            log.error("run %s: artifacts NOT retrieved: %s", run.id, text)
+            return Artifacts(phase=ArtifactsPhase.FAILED, attempts=attempts, error=text)
         if attempts >= settings.retrieve_attempts:
             log.error(
                 "run %s: artifacts NOT retrieved after %d attempts: %s", run.id, attempts, text

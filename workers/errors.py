@@ -10,6 +10,8 @@ shared with producers; executors keep their own subtree (`workers.executors.erro
     └── RetrievalError            artifacts could not be retrieved or checked;
         │                         `retryable` says whether trying again may help
         ├── ArtifactMismatch      the download and the target's manifest disagree
+        ├── ArtifactQuotaExceeded a quota or the disk reserve of the artifact store
+        │                         would be passed
         └── StoredArtifactsInvalid  a stored retrieval is missing or damaged
 """
 
@@ -24,6 +26,7 @@ from schemas.protocol import SECRET_ENV_PREFIX
 
 __all__ = [
     "ArtifactMismatch",
+    "ArtifactQuotaExceeded",
     "LaunchError",
     "NotAllowed",
     "RetrievalError",
@@ -107,6 +110,15 @@ class ArtifactMismatch(RetrievalError):
             "the download does not match the target's manifest: " + "; ".join(parts),
             retryable=True,
         )
+
+
+class ArtifactQuotaExceeded(RetrievalError):
+    """A retrieval would pass the per-run quota, the artifact store's quota or its
+    free-space reserve (`workers.retrieval.quota`); the message names which, with the
+    setting, and what to do. Not retryable: a person must act first."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retryable=False)
 
 
 class StoredArtifactsInvalid(RetrievalError):

@@ -2,8 +2,8 @@
 run operations. Each task that changes something checks its body's signature
 (`auth`, `schemas.auth`: who sent it), parses the body (a `schemas` model, passed as
 JSON in the `body` keyword), calls one operation of `workers.launch`, `.stops`,
-`.watch`, `.policies` or `.artifacts` with this process's `Context`, and returns
-small JSON. An unsigned or malformed message is refused with a clear error
+`.watch`, `.policies`, `.artifacts` or `.doctor` with this process's `Context`, and
+returns small JSON. An unsigned or malformed message is refused with a clear error
 (`Unauthenticated`, `BadRequest`) and logged; the worker carries on. The periodic
 ticks carry no body and change nothing by themselves: beat sends them unsigned.
 
@@ -27,6 +27,7 @@ from schemas.auth import Unauthenticated, asked_by
 from schemas.events import (
     TASK_CANCEL,
     TASK_CONTINUE,
+    TASK_DOCTOR,
     TASK_END_TIMEOUT,
     TASK_FOLLOW,
     TASK_FOLLOW_TICK,
@@ -41,6 +42,7 @@ from schemas.events import (
     TASK_WATCH_TARGET,
     CancelBody,
     ContinueBody,
+    DoctorBody,
     FollowBody,
     LaunchSpec,
     RetrieveBody,
@@ -52,10 +54,12 @@ from schemas.idempotency import task_launch_key
 from store import RunStore
 
 from . import chain, policies, stops, watch
+from . import doctor as doctoring
 from . import launch as launching
 from .app import app, settings
 from .artifacts import retrieve_artifacts
 from .context import Context, utcnow
+from .memory import watch_memory
 from .notify import observe_tick
 
 __all__ = ["context"]
@@ -90,7 +94,7 @@ def context() -> Context:
     global _context  # noqa: PLW0603 - see _reset
     with _lock:
         if _context is None:
-            _context = Context(RunStore.from_url(settings.store_url()), settings, _schedule)
+            _context = Context(RunStore.from_settings(settings), settings, _schedule)
         return _context
 
 
@@ -179,9 +183,12 @@ def end_timeout(body: Any = None, auth: Any = None) -> str:
 @app.task(name=TASK_RECONCILE)
 def reconcile() -> int:
     ctx, now = context(), utcnow()
-    sent = stops.reconcile(ctx, now)
-    chain.continue_due(ctx, now)  # after the deadlines, which never wait on it
-    return sent
+    try:
+        sent = stops.reconcile(ctx, now)
+        chain.continue_due(ctx, now)  # after the deadlines, which never wait on it
+        return sent
+    finally:
+        watch_memory(ctx)  # after: a full Redis fails the reconcile, and says why
 
 
 @app.task(name=TASK_CONTINUE)
@@ -260,3 +267,11 @@ def retrieve(body: Any = None, auth: Any = None) -> dict[str, Any]:
     request, _ = _parse(RetrieveBody, body, auth, TASK_RETRIEVE)
     result = retrieve_artifacts(context(), request.run_id, utcnow(), force=request.force)
     return result.model_dump(mode="json")
+
+
+@app.task(name=TASK_DOCTOR)
+def doctor(body: Any = None, auth: Any = None) -> dict[str, Any]:
+    """Checks a target as this worker sees it (read-only; signed: it makes the
+    worker connect, and answers what the target has)."""
+    request, _ = _parse(DoctorBody, body, auth, TASK_DOCTOR)
+    return doctoring.doctor(context(), request.target, utcnow()).model_dump(mode="json")

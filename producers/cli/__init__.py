@@ -4,24 +4,26 @@ Exit codes: 0 success, 1 the operation failed, 2 bad usage or bad input. Errors 
 one line on stderr, never a traceback for a user error.
 
     common   apps, consoles, errors, client, formatting
+    helpfmt  plain help pages that never cut a word (PlainTyper)
     serve    serve, demo
     targets  targets add|ls|rm
     producers  producers add|ls|rm
     runs     launch, resume, retrieve, follow, stop, cancel
     views    runs, show, logs, stops
+    doctor   doctor
 """
 
 from __future__ import annotations
 
 import sys
 
-from . import producers, runs, serve, targets, views
+from . import doctor, producers, runs, serve, targets, views
 from .common import app, err
 
 __all__ = ["app", "main"]
 
 # The command modules register their commands on `app` when imported.
-_COMMANDS = (producers, runs, serve, targets, views)
+_COMMANDS = (doctor, producers, runs, serve, targets, views)
 
 
 def main() -> None:

@@ -7,12 +7,15 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, NoReturn, TypeVar
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
+from rich.measure import Measurement
+from rich.segment import Segments
+from rich.table import Table
 
 from schemas import (
     Conflict,
@@ -38,8 +41,10 @@ from schemas.text import clean_text, format_bytes
 
 from ..api import OperationFailed, Runwarden
 from ..embedded import EmbeddedRedis, NotServing
+from .helpfmt import PlainTyper
 
 __all__ = [
+    "RunIdArgument",
     "app",
     "artifacts_line",
     "chain_line",
@@ -48,28 +53,41 @@ __all__ = [
     "continuation_line",
     "err",
     "fail",
+    "json_option",
     "one_line",
     "out",
     "phase_line",
     "print_json",
     "print_outcome",
+    "print_table",
     "progress_bar",
     "run_op",
+    "say",
     "targets_app",
 ]
 
-app = typer.Typer(
+app = PlainTyper(
     name="runwarden",
     help="Run long training jobs on local or SSH targets and stop them gracefully.",
+    epilog="Run `runwarden COMMAND --help` for a command's options and examples.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-targets_app = typer.Typer(help="Targets: this machine or SSH destinations.", no_args_is_help=True)
+targets_app = PlainTyper(
+    help="Targets: this machine or SSH destinations, where runs go.",
+    epilog="Example: runwarden targets add here --workdir /data/runs",
+    no_args_is_help=True,
+)
 app.add_typer(targets_app, name="targets")
 
 out = Console()
 err = Console(stderr=True)
+
+RunIdArgument = Annotated[
+    str, typer.Argument(metavar="RUN_ID", help="The run's id, as `runwarden runs` lists it.")
+]
+"""The RUN_ID argument of a command acting on one run."""
 
 _T = TypeVar("_T")
 # Refusals of the request itself (bad input): exit 2. Everything else that fails: 1.
@@ -116,8 +134,29 @@ def client() -> Runwarden:
 
 
 def print_json(data: Any) -> None:
-    """Prints `data` as JSON (datetimes as strings)."""
+    """Prints `data` as JSON (datetimes as strings), one document, never wrapped."""
     out.print_json(json.dumps(data, default=str), highlight=False)
+
+
+def json_option(what: str) -> Any:
+    """The `--json` option of a command that prints `what` (a record, a listing)."""
+    return typer.Option("--json", help=f"Print {what} as JSON instead of text.")
+
+
+def say(text: str) -> None:
+    """Prints `text` as it is (no markup, no highlighting) on one line however narrow
+    the terminal: a path or an id in it is never cut by a line break (a terminal
+    narrower than the line folds it on screen only)."""
+    out.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+def print_table(table: Table) -> None:
+    """Prints `table` no narrower than its widest row needs, so that no cell (a path)
+    is wrapped mid-line: past the terminal's width its lines fold on screen only."""
+    needed = Measurement.get(out, out.options.update_width(1 << 16), table).maximum
+    # Rendered at that width, then printed as it is: `print` would narrow it back.
+    lines = out.render(table, out.options.update_width(max(out.width, needed)))
+    out.print(Segments(lines), soft_wrap=True, crop=False)
 
 
 def checked_run_id(run_id: str) -> str:

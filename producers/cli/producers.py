@@ -9,40 +9,74 @@ import typer
 
 from schemas import Settings
 from schemas.auth import OPERATOR, WORKER
-from schemas.secrets import producer_key_file
+from schemas.secrets import SecretsError, producer_key_file
 
-from .common import app, fail, out, print_json, run_op
+from .common import app, fail, json_option, one_line, print_json, run_op, say
+from .helpfmt import PlainTyper
 
 __all__ = ["producers_add", "producers_ls", "producers_rm"]
 
-producers_app = typer.Typer(
+producers_app = PlainTyper(
     help="Producers: the services allowed to publish, each with its own key.",
+    epilog="Example: runwarden producers add billing",
     no_args_is_help=True,
 )
 app.add_typer(producers_app, name="producers")
 _PREFIX, _SUFFIX = "producer.", ".key"
+ProducerName = Annotated[
+    str,
+    typer.Argument(
+        metavar="NAME",
+        help="The producer's name: 1-32 of a-z0-9-, starting with a "
+        "letter; a stop it asks is recorded as asked by it.",
+    ),
+]
+
+
+def _key_file(name: str) -> str:
+    """The key file's name of producer `name`; an invalid name is bad input (exit 2)."""
+    try:
+        return producer_key_file(name)
+    except SecretsError as error:
+        fail(one_line(error), 2)
 
 
 @producers_app.command("add")
-def producers_add(name: str) -> None:
+def producers_add(
+    name: ProducerName,
+    as_json: Annotated[bool, json_option("the key's record (name, key_file, created)")] = False,
+) -> None:
     """Create the signing key of producer NAME (once; an existing key is kept) and
     print where it is: give that file to the service (it signs every message with
     it), and put the same file in every worker's secrets directory. A stop it asks
-    is recorded as asked by NAME.
+    is recorded as asked by NAME. README: from another service.
 
-    Example: runwarden producers add billing"""
+    \b
+    Examples:
+      runwarden producers add billing
+      runwarden producers add billing --json
+    """
     settings = Settings()
-    file_name = run_op(lambda: producer_key_file(name))
+    file_name = _key_file(name)
     _, created = run_op(lambda: settings.secrets.ensure(file_name))
     where = settings.secrets.path / file_name
-    out.print(f"{'created' if created else 'kept'} {where}", markup=False, soft_wrap=True)
+    if as_json:
+        print_json({"name": name, "key_file": str(where), "created": created})
+        return
+    say(f"{'created' if created else 'kept'} {where}")
 
 
 @producers_app.command("ls")
 def producers_ls(
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    as_json: Annotated[bool, json_option("the producers' names")] = False,
 ) -> None:
-    """List the producers that have a key in this machine's secrets directory."""
+    """List the producers that have a key in this machine's secrets directory.
+
+    \b
+    Examples:
+      runwarden producers ls
+      runwarden producers ls --json
+    """
     settings = Settings()
     names = [
         n[len(_PREFIX) : -len(_SUFFIX)]
@@ -53,17 +87,22 @@ def producers_ls(
         print_json(names)
         return
     for name in names:
-        out.print(name, markup=False)
+        say(name)
 
 
 @producers_app.command("rm")
-def producers_rm(name: str) -> None:
+def producers_rm(name: ProducerName) -> None:
     """Remove producer NAME's key: its messages are refused from then on (workers read
-    their keys again within seconds)."""
+    their keys again within seconds).
+
+    \b
+    Example:
+      runwarden producers rm billing
+    """
     if name in (OPERATOR, WORKER):
         fail(f"{name} is the service's own producer: it cannot be removed", 2)
     settings = Settings()
-    file_name = run_op(lambda: producer_key_file(name))
+    file_name = _key_file(name)
     if not settings.secrets.remove(file_name):
         fail(f"no producer {name!r}", 2)
-    out.print(f"removed producer {name}", markup=False)
+    say(f"removed producer {name}")

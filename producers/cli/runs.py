@@ -24,49 +24,153 @@ from .common import (
     checked_run_id,
     client,
     fail,
+    json_option,
     out,
     phase_line,
+    print_json,
     print_outcome,
     run_op,
+    say,
 )
 
 __all__ = ["cancel", "follow", "launch", "resume", "retrieve", "stop"]
 
 
-@app.command(context_settings={"allow_interspersed_args": False})
+_KEY_HELP = (
+    "Idempotency key, 1-128 of A-Za-z0-9_.- (default: a random one): a launch with a "
+    "used key returns that run instead of starting another."
+)
+_RUN_ID_HELP = "The run's id, as `runwarden runs` lists it."
+
+
+@app.command(context_settings={"allow_interspersed_args": False}, options_metavar="[OPTIONS] --")
 def launch(
-    command: Annotated[list[str] | None, typer.Argument(help="The job command, after --.")] = None,
-    target: Annotated[str, typer.Option(help="Target to run on.")] = "",
-    name: Annotated[str, typer.Option(help="A name; its slug goes into the run id.")] = "",
-    upload: Annotated[Path | None, typer.Option(help="Directory copied into the run.")] = None,
-    skip: Annotated[list[str] | None, typer.Option(help="Top-level entry not uploaded.")] = None,
-    secret: Annotated[list[str] | None, typer.Option(help="Secret variable name.")] = None,
-    max_hours: Annotated[float | None, typer.Option()] = None,
-    max_cost_usd: Annotated[float | None, typer.Option()] = None,
-    usd_per_hour: Annotated[float | None, typer.Option()] = None,
-    no_disk_policy: Annotated[
-        bool, typer.Option(help="Do not ask a snapshot when the disk fills up.")
-    ] = False,
+    command: Annotated[
+        list[str] | None,
+        typer.Argument(
+            metavar="CMD",
+            help="The job's command and its arguments, after `--`: run in the run "
+            "directory by the target's POSIX shell, each word quoted.",
+            show_default=False,
+        ),
+    ] = None,
+    target: Annotated[
+        str,
+        typer.Option(
+            metavar="NAME",
+            help="The target to run on (`runwarden targets ls`); required.",
+            show_default=False,
+        ),
+    ] = "",
+    name: Annotated[
+        str,
+        typer.Option(
+            metavar="TEXT",
+            help="A name for people; its slug goes into the run id (default: none).",
+            show_default=False,
+        ),
+    ] = "",
+    upload: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="DIR",
+            help="A directory of this machine copied into the run "
+            "directory first; it must be under one of the target's upload roots "
+            "(default: no upload).",
+        ),
+    ] = None,
+    skip: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="NAME", help="A top-level entry of --upload left out (repeat for several)."
+        ),
+    ] = None,
+    secret: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="NAME",
+            help="A secret the job gets as environment variable "
+            "NAME, read from the worker's secrets directory; the target must allow "
+            "it (repeat for several).",
+        ),
+    ] = None,
+    max_hours: Annotated[
+        float | None,
+        typer.Option(
+            metavar="HOURS",
+            help="Running time allowed, in hours: a `deadline` "
+            "snapshot is asked 15 min before it (RUNWARDEN_DEADLINE_LEAD_S) "
+            "(default: no limit).",
+        ),
+    ] = None,
+    max_cost_usd: Annotated[
+        float | None,
+        typer.Option(
+            metavar="USD",
+            help="Cost allowed, in US dollars: a `cost` snapshot "
+            "is asked at 95% of it (RUNWARDEN_COST_FRACTION); needs "
+            "--usd-per-hour (default: no limit).",
+        ),
+    ] = None,
+    usd_per_hour: Annotated[
+        float | None,
+        typer.Option(
+            metavar="USD",
+            help="What the target costs, in US dollars per hour "
+            "of running, for --max-cost-usd (default: none).",
+        ),
+    ] = None,
+    disk_policy: Annotated[
+        bool,
+        typer.Option(
+            "--disk-policy/--no-disk-policy",
+            help="Ask a `disk` snapshot when "
+            "the run directory's filesystem fills up (default: on).",
+            show_default=False,
+        ),
+    ] = True,
     proof_timeout: Annotated[
         float | None,
-        typer.Option(help="Seconds each stop waits for the proof (default: learned)."),
+        typer.Option(
+            metavar="SECONDS",
+            help="How long each stop of the run waits for the job's proof before it "
+            "cancels the job, in seconds (default: learned from how long the run's saves "
+            "take, else RUNWARDEN_PROOF_TIMEOUT_S).",
+        ),
     ] = None,
     end_timeout: Annotated[
         float | None,
-        typer.Option(help="Seconds each stop waits for the job's end after the proof."),
+        typer.Option(
+            metavar="SECONDS",
+            help="How long each stop of the run waits for the job's end after its "
+            "proof, in seconds (default: RUNWARDEN_END_TIMEOUT_S).",
+        ),
     ] = None,
-    resume_from: Annotated[str | None, typer.Option(help="A stopped run to continue.")] = None,
-    no_snapshots: Annotated[bool, typer.Option(help="The job cannot save snapshots.")] = False,
-    key: Annotated[
+    resume_from: Annotated[
         str | None,
-        typer.Option(help="Idempotency key: a launch with a used key returns that run."),
+        typer.Option(
+            metavar="RUN_ID",
+            help="A stopped run to continue from its checkpoint (as `runwarden resume`).",
+        ),
     ] = None,
+    snapshots: Annotated[
+        bool,
+        typer.Option(
+            "--snapshots/--no-snapshots",
+            help="Whether the job reads snapshot "
+            "requests (its plugin); with --no-snapshots a stop is refused and only "
+            "a cancel ends it (default: on).",
+            show_default=False,
+        ),
+    ] = True,
+    key: Annotated[str | None, typer.Option(metavar="KEY", help=_KEY_HELP)] = None,
     on_preempt: Annotated[
         str,
         typer.Option(
             help="stop (default): a preempted run stays stopped; resume: it is resumed "
             "from its verified checkpoint on the first available of --targets.",
             metavar="stop|resume",
+            show_default=False,
         ),
     ] = "stop",
     targets: Annotated[
@@ -75,6 +179,7 @@ def launch(
             help="With --on-preempt resume: where to resume, in order, comma-separated "
             "(default: the run's own target; the one just preempted is tried last).",
             metavar="A,B,...",
+            show_default=False,
         ),
     ] = None,
     max_preemptions: Annotated[
@@ -83,10 +188,23 @@ def launch(
             help="With --on-preempt resume: preemptions of the chain that are resumed "
             f"(default {DEFAULT_MAX_PREEMPTIONS}).",
             min=1,
+            metavar="N",
+            show_default=False,
         ),
     ] = None,
+    as_json: Annotated[bool, json_option("the run's record (in place of its id)")] = False,
 ) -> None:
-    """Launch a job: runwarden launch --target T [options] -- CMD ARGS..."""
+    """Launch a job on a target; prints its run id once the job runs. The options
+    come before `--`, the job's command after it:
+
+    \b
+      runwarden launch --target NAME [options] -- CMD [ARGS]...
+
+    \b
+    Examples:
+      runwarden launch --target here -- python train.py --lr 3e-4
+      runwarden launch --target gpu1 --name gpt --max-hours 24 --upload ./project -- python train.py
+    """
     if not command:
         fail("launch needs a command after --", 2)
     if not target:
@@ -114,8 +232,8 @@ def launch(
             upload=upload.expanduser().absolute() if upload else None,
             skip=tuple(skip or ()), secrets=tuple(secret or ()),
             limits=RunLimits(max_hours=max_hours, max_cost_usd=max_cost_usd,
-                             usd_per_hour=usd_per_hour, disk=not no_disk_policy),
-            resume_from=resume_from, snapshots=not no_snapshots,
+                             usd_per_hour=usd_per_hour, disk=disk_policy),
+            resume_from=resume_from, snapshots=snapshots,
             key=key or new_launch_key(), on_preempt=plan(),
             timeouts=StopTimeouts(proof_timeout_s=proof_timeout, end_timeout_s=end_timeout),
         )  # fmt: skip
@@ -123,7 +241,15 @@ def launch(
     spec = run_op(build)
     api = client()
     run = run_op(lambda: _launch_once(api, spec))
-    out.print(run.id, highlight=False)
+    _print_run(run, as_json, run.id)
+
+
+def _print_run(run: RunRecord, as_json: bool, text: str) -> None:
+    """The run's record as JSON with `as_json`, else `text`."""
+    if as_json:
+        print_json(run.model_dump(mode="json"))
+    else:
+        say(text)
 
 
 def _launch_once(api: Runwarden, spec: LaunchSpec) -> RunRecord:
@@ -139,69 +265,163 @@ def _launch_once(api: Runwarden, spec: LaunchSpec) -> RunRecord:
 
 @app.command()
 def resume(
-    run_id: str,
-    target: Annotated[str | None, typer.Option(help="Another target to run on.")] = None,
-    command: Annotated[
-        str | None, typer.Option(help="Another job command (shell); an adopted run needs one.")
-    ] = None,
-    key: Annotated[
+    run_id: Annotated[str, typer.Argument(metavar="RUN_ID", help="The stopped run.")],
+    target: Annotated[
         str | None,
-        typer.Option(help="Idempotency key: a launch with a used key returns that run."),
+        typer.Option(metavar="NAME", help="Another target to run on (default: the run's own)."),
     ] = None,
+    command: Annotated[
+        str | None,
+        typer.Option(
+            metavar="SHELL_LINE",
+            help="Another job command, one shell line "
+            "(default: the run's own); an adopted run needs one.",
+        ),
+    ] = None,
+    key: Annotated[str | None, typer.Option(metavar="KEY", help=_KEY_HELP)] = None,
+    as_json: Annotated[bool, json_option("the new run's record (in place of its id)")] = False,
 ) -> None:
-    """Continue a stopped run from its snapshot (as launch --resume-from): the same
-    command, upload, secrets and limits; the step count goes on."""
+    """Continue a stopped run from its checkpoint (as launch --resume-from): the
+    same command, upload, secrets and limits; the step count goes on. Prints the new
+    run's id.
+
+    \b
+    Examples:
+      runwarden resume 20260601-020000-gpt
+      runwarden resume 20260601-020000-gpt --target gpu2
+    """
     api = client()
     source = checked_run_id(run_id)
     spec = run_op(lambda: api.resume_spec(source, target=target, command=command))
     spec = run_op(lambda: LaunchSpec.model_validate({**dict(spec), "key": key or new_launch_key()}))
     new = run_op(lambda: _launch_once(api, spec))
-    out.print(new.id, highlight=False)
+    _print_run(new, as_json, new.id)
 
 
 @app.command()
 def retrieve(
-    run_id: str,
-    wait: Annotated[bool, typer.Option(help="Wait for the retrieval to end.")] = True,
+    run_id: Annotated[str, typer.Argument(metavar="RUN_ID", help="An ended run.")],
+    wait: Annotated[
+        bool,
+        typer.Option(
+            "--wait/--no-wait",
+            help="Wait for the retrieval to end (at most "
+            "RUNWARDEN_RETRIEVE_MAX_RUNTIME_S + 60 s) and say where the artifacts "
+            "are; --no-wait only asks for it (default: wait).",
+            show_default=False,
+        ),
+    ] = True,
+    as_json: Annotated[
+        bool, json_option("the artifacts' record (with --no-wait: the task's id)")
+    ] = False,
 ) -> None:
-    """Retrieve a finished run's artifacts now (again after a failure), verified
-    against the target's manifest."""
+    """Retrieve an ended run's artifacts now (again after a failure), verified
+    against the target's manifest; exit 1 unless they are done.
+
+    \b
+    Examples:
+      runwarden retrieve 20260601-020000-gpt
+      runwarden retrieve 20260601-020000-gpt --no-wait
+    """
     api = client()
     checked = checked_run_id(run_id)
     wait_s = api.settings.retrieve_max_runtime_s + 60 if wait else None
     answer = run_op(lambda: api.retrieve(checked, wait_s=wait_s))
     if not wait:
-        out.print(f"retrieval of {checked} asked", highlight=False)
+        if as_json:
+            print_json({"run_id": checked, **answer})
+        else:
+            say(f"retrieval of {checked} asked")
         return
-    out.print(artifacts_line(answer), highlight=False)
+    if as_json:
+        print_json(answer.model_dump(mode="json"))
+    else:
+        say(artifacts_line(answer))
     if answer.phase != "done":
         raise typer.Exit(1)
 
 
 @app.command()
 def follow(
-    run_id: Annotated[str | None, typer.Argument()] = None,
-    target: Annotated[str | None, typer.Option()] = None,
-    dir: Annotated[str | None, typer.Option("--dir", help="A run directory to adopt.")] = None,
+    run_id: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="RUN_ID",
+            help="A run to follow again (or --target and --dir).",
+            show_default=False,
+        ),
+    ] = None,
+    target: Annotated[
+        str | None,
+        typer.Option(metavar="NAME", help="With --dir: the target the run directory is on."),
+    ] = None,
+    dir: Annotated[
+        str | None,
+        typer.Option(
+            "--dir",
+            metavar="DIR",
+            help="A run directory started elsewhere (by "
+            "hand, by overbrainer) to adopt: its absolute path on the target, "
+            "holding job.pid.",
+        ),
+    ] = None,
+    as_json: Annotated[bool, json_option("the run's record")] = False,
 ) -> None:
-    """Follow a run again, or adopt a run directory started elsewhere (--target, --dir)."""
+    """Follow a run again, or adopt a run directory started elsewhere.
+
+    \b
+    Examples:
+      runwarden follow 20260601-020000-gpt
+      runwarden follow --target here --dir /data/runs/started-by-hand
+    """
     if (run_id is None) == (dir is None):
         fail("follow takes a run id, or --target and --dir", 2)
     if dir is not None and target is None:
         fail("--dir needs --target", 2)
     api = client()
     run = run_op(lambda: api.follow(run_id and checked_run_id(run_id), target=target, dir=dir))
-    out.print(f"following {run.id} ({run.state})", highlight=False)
+    _print_run(run, as_json, f"following {run.id} ({run.state})")
 
 
 @app.command()
 def stop(
-    run_id: str,
-    reason: Annotated[str, typer.Option(help="requested, deadline, cost or disk.")] = "requested",
-    wait: Annotated[bool, typer.Option(help="Wait until the run ended.")] = False,
-    timeout: Annotated[float | None, typer.Option(help="With --wait: at most, in s.")] = None,
+    run_id: Annotated[str, typer.Argument(metavar="RUN_ID", help="A running run.")],
+    reason: Annotated[
+        str,
+        typer.Option(
+            metavar="REASON", help="Why, recorded in the proof: requested, deadline, cost or disk."
+        ),
+    ] = "requested",
+    wait: Annotated[
+        bool,
+        typer.Option(
+            "--wait/--no-wait",
+            help="Wait until the run ended and print its "
+            "outcome; exit 1 unless it stopped or succeeded (default: no-wait).",
+            show_default=False,
+        ),
+    ] = False,
+    timeout: Annotated[
+        float | None,
+        typer.Option(
+            metavar="SECONDS",
+            help="With --wait: give up after this many seconds, "
+            "exit 1, the stop still in flight (default: wait until the run ended, "
+            "at most the proof and end timeouts).",
+        ),
+    ] = None,
+    as_json: Annotated[
+        bool, json_option("the stop's record (with --wait: the run's record once it ended)")
+    ] = False,
 ) -> None:
-    """Ask the run's job for a snapshot; it saves a checkpoint and stops."""
+    """Ask the run's job for a snapshot: it saves a checkpoint at the end of its
+    step, proves it, and stops; a job that does not is cancelled at the timeouts.
+
+    \b
+    Examples:
+      runwarden stop 20260601-020000-gpt
+      runwarden stop 20260601-020000-gpt --reason cost --wait --timeout 3600
+    """
     try:
         why = SnapshotReason(reason)
     except ValueError:
@@ -209,7 +429,10 @@ def stop(
     api = client()
     run_id = checked_run_id(run_id)
     stop_state = run_op(lambda: api.stop(run_id, why, asked_by="cli"))
-    out.print(f"{run_id}: snapshot asked ({stop_state.reason})", highlight=False)
+    if as_json and not wait:
+        print_json(stop_state.model_dump(mode="json"))
+    elif not as_json:
+        say(f"{run_id}: snapshot asked ({stop_state.reason})")
     if not wait:
         return
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -224,13 +447,28 @@ def stop(
             if deadline is not None and time.monotonic() > deadline:
                 fail(f"{run_id} has not ended after {timeout:g} s (still {run.state})", 1)
             time.sleep(0.5)
-    print_outcome(run)
+    if as_json:
+        print_json(run.model_dump(mode="json"))
+    else:
+        print_outcome(run)
     raise typer.Exit(0 if run.state.value in ("stopped", "succeeded") else 1)
 
 
 @app.command()
-def cancel(run_id: str) -> None:
-    """Cancel the run's job now (no snapshot)."""
+def cancel(
+    run_id: Annotated[str, typer.Argument(metavar="RUN_ID", help="A running run.")],
+    as_json: Annotated[bool, json_option("the run's record")] = False,
+) -> None:
+    """Cancel the run's job now, without a snapshot: SIGTERM to its process group,
+    SIGKILL 10 s later.
+
+    \b
+    Example:
+      runwarden cancel 20260601-020000-gpt
+    """
     api = client()
     run = run_op(lambda: api.cancel(checked_run_id(run_id)))
-    print_outcome(run)
+    if as_json:
+        print_json(run.model_dump(mode="json"))
+    else:
+        print_outcome(run)

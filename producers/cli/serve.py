@@ -34,19 +34,47 @@ def _metrics(settings: Settings, port: int | None) -> MetricsServer | None:
 
 @app.command()
 def serve(
-    concurrency: Annotated[int, typer.Option(min=1, max=64, help="Worker processes.")] = 2,
+    concurrency: Annotated[
+        int,
+        typer.Option(
+            metavar="N",
+            min=1,
+            max=64,
+            help="Processes of the worker that runs stops, launches and the watch (1-64).",
+        ),
+    ] = 2,
     flower: Annotated[
-        bool, typer.Option(help="Also run Flower, behind basic auth, on 127.0.0.1.")
+        bool,
+        typer.Option(
+            "--flower/--no-flower",
+            help="Also run Flower on 127.0.0.1, behind basic auth (default: no-flower).",
+            show_default=False,
+        ),
     ] = False,
-    flower_port: Annotated[int, typer.Option(min=1, max=65535, help="Flower's port.")] = 5555,
+    flower_port: Annotated[
+        int, typer.Option(metavar="PORT", min=1, max=65535, help="Flower's TCP port.")
+    ] = 5555,
     web: Annotated[
-        bool, typer.Option(help="Also serve the web view, behind the same credentials.")
+        bool,
+        typer.Option(
+            "--web/--no-web",
+            help="Also serve the web view on 127.0.0.1, behind "
+            "the same credentials (default: no-web).",
+            show_default=False,
+        ),
     ] = False,
     web_port: Annotated[
-        int, typer.Option(min=1, max=65535, help="The web view's port (127.0.0.1).")
+        int, typer.Option(metavar="PORT", min=1, max=65535, help="The web view's TCP port.")
     ] = DEFAULT_WEB_PORT,
     metrics_port: Annotated[
-        int | None, typer.Option(min=1, max=65535, help="Prometheus metrics on 127.0.0.1:PORT.")
+        int | None,
+        typer.Option(
+            metavar="PORT",
+            min=1,
+            max=65535,
+            help="Also serve Prometheus metrics on 127.0.0.1:PORT (default: none).",
+            show_default=False,
+        ),
     ] = None,
 ) -> None:
     """Run the service in the foreground: Redis (embedded default, with a password),
@@ -55,7 +83,14 @@ def serve(
 
     Creates what is missing in the secrets directory: the keys of the producers
     `operator` (this machine's CLI) and `worker`, the Redis password, the credentials
-    of Flower and the web view. Ctrl-C stops everything, in order."""
+    of Flower and the web view. Ctrl-C stops everything, in order.
+
+    \b
+    Examples:
+      runwarden serve
+      runwarden serve --flower --web --concurrency 4
+      runwarden serve --metrics-port 9464
+    """
     settings = Settings()
     try:
         load_webhooks(settings.webhooks)
@@ -88,5 +123,12 @@ def serve(
 
 @app.command()
 def demo() -> None:
-    """Start the service (embedded), launch the toy trainer, stop it with a snapshot."""
+    """Start the service (embedded, in a new temporary state directory), launch the
+    toy trainer, stop it with a snapshot, bring its checkpoint home, resume it and
+    stop it again; then stop the service.
+
+    \b
+    Example:
+      runwarden demo
+    """
     raise typer.Exit(run_demo(out))

@@ -11,20 +11,66 @@ from rich.table import Table
 
 from schemas import SshOptions, TargetConfig
 
-from .common import client, fail, out, print_json, run_op, targets_app
+from .common import client, fail, json_option, print_json, print_table, run_op, say, targets_app
 
 __all__ = ["targets_add", "targets_ls", "targets_rm"]
 
 
 @targets_app.command("add")
 def targets_add(
-    name: str,
-    workdir: Annotated[str, typer.Option(help="Absolute directory of the run directories.")],
-    ssh: Annotated[str | None, typer.Option(help="user@host[:port] or ssh config alias")] = None,
-    port: Annotated[int | None, typer.Option(min=1, max=65535)] = None,
-    identity: Annotated[Path | None, typer.Option()] = None,
-    known_hosts: Annotated[Path | None, typer.Option()] = None,
-    ssh_config: Annotated[Path | None, typer.Option()] = None,
+    name: Annotated[
+        str,
+        typer.Argument(
+            metavar="NAME",
+            help="The target's name: 1-64 of A-Za-z0-9_.-, starting with a letter or digit.",
+        ),
+    ],
+    workdir: Annotated[
+        str,
+        typer.Option(
+            metavar="DIR",
+            help="Absolute directory on the target under which "
+            "each run gets its run directory.",
+        ),
+    ],
+    ssh: Annotated[
+        str | None,
+        typer.Option(
+            metavar="DEST",
+            help="user@host[:port] or an ssh config alias: an SSH target (default: this machine).",
+        ),
+    ] = None,
+    port: Annotated[
+        int | None,
+        typer.Option(
+            metavar="PORT",
+            min=1,
+            max=65535,
+            help="With --ssh: the SSH port (default: the destination's, else ssh's own).",
+        ),
+    ] = None,
+    identity: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="FILE",
+            help="With --ssh: the private key file, on the workers' machine (default: ssh's own).",
+        ),
+    ] = None,
+    known_hosts: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="FILE",
+            help="With --ssh: the known_hosts file the host key "
+            "is checked against (default: ssh's own).",
+        ),
+    ] = None,
+    ssh_config: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="FILE",
+            help="With --ssh: an ssh config file (aliases, ProxyJump...) (default: none).",
+        ),
+    ] = None,
     allow_secret: Annotated[
         list[str] | None,
         typer.Option(
@@ -42,12 +88,23 @@ def targets_add(
     ] = None,
     run_as: Annotated[
         str | None,
-        typer.Option(help="Local targets: the user the jobs run as (README: run as)."),
+        typer.Option(
+            metavar="USER",
+            help="Local targets: the user the jobs run as "
+            "(README: running jobs as another user) (default: the worker's).",
+        ),
     ] = None,
+    as_json: Annotated[bool, json_option("the target's record")] = False,
 ) -> None:
     """Add (or replace) a target, signed with the operator's key: only the operator
     defines targets, and says which secrets their runs may receive and which
-    directories may be uploaded to them."""
+    directories may be uploaded to them.
+
+    \b
+    Examples:
+      runwarden targets add here --workdir /data/runs
+      runwarden targets add gpu1 --workdir /srv/runs --ssh me@gpu1:2222 --allow-secret HF_TOKEN
+    """
 
     def build() -> TargetConfig:
         options = None
@@ -73,15 +130,22 @@ def targets_add(
     config = run_op(build)
     api = client()
     run_op(lambda: api.add_target(config))
+    if as_json:
+        print_json(config.model_dump(mode="json"))
+        return
     as_user = f", jobs run as {config.run_as}" if config.run_as else ""
-    out.print(
-        f"target {name}: {config.kind}, {config.workdir}{as_user}", markup=False, soft_wrap=True
-    )
+    say(f"target {name}: {config.kind}, {config.workdir}{as_user}")
 
 
 @targets_app.command("ls")
-def targets_ls(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """List targets."""
+def targets_ls(as_json: Annotated[bool, json_option("the targets' records")] = False) -> None:
+    """List targets.
+
+    \b
+    Examples:
+      runwarden targets ls
+      runwarden targets ls --json
+    """
     api = client()
     targets = run_op(api.list_targets)
     if as_json:
@@ -91,13 +155,20 @@ def targets_ls(as_json: Annotated[bool, typer.Option("--json")] = False) -> None
     for t in targets:
         ssh = escape(t.ssh.destination) if t.ssh else ""
         table.add_row(t.name, t.kind, escape(t.workdir), ssh, t.run_as or "")
-    out.print(table)
+    print_table(table)
 
 
 @targets_app.command("rm")
-def targets_rm(name: str) -> None:
-    """Remove a target."""
+def targets_rm(
+    name: Annotated[str, typer.Argument(metavar="NAME", help="The target to remove.")],
+) -> None:
+    """Remove a target.
+
+    \b
+    Example:
+      runwarden targets rm gpu1
+    """
     api = client()
     if not run_op(lambda: api.remove_target(name)):
         fail(f"no target {name!r}", 2)
-    out.print(f"removed target {name}")
+    say(f"removed target {name}")

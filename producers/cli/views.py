@@ -10,11 +10,13 @@ import typer
 from rich.markup import escape
 from rich.table import Column, Table
 
-from schemas import RunRecord
+from schemas import RunRecord, StopState, StoreError
 from schemas.budget import stop_budget
 from schemas.text import clean_text
 
+from ..api import Runwarden
 from .common import (
+    RunIdArgument,
     app,
     artifacts_line,
     chain_line,
@@ -22,6 +24,7 @@ from .common import (
     client,
     continuation_line,
     fail,
+    json_option,
     out,
     phase_line,
     print_json,
@@ -53,18 +56,26 @@ def _chains(records: list[RunRecord]) -> list[list[RunRecord]]:
 
 @app.command()
 def runs(
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    as_json: Annotated[
+        bool, json_option("the runs' records (with --chains: a list of groups)")
+    ] = False,
     chains: Annotated[
         bool,
         typer.Option(
             "--chains",
             help="Group the runs that resume one another (a preempted run and the runs "
-            "that continued it), oldest first in each group; with --json, a list of "
-            "groups.",
+            "that continued it), oldest first in each group.",
         ),
     ] = False,
 ) -> None:
-    """List runs, newest first."""
+    """List runs, newest first, with their progress and artifacts.
+
+    \b
+    Examples:
+      runwarden runs
+      runwarden runs --chains
+      runwarden runs --json
+    """
     api = client()
     records = run_op(api.list_runs)
     groups = _chains(records) if chains else [[r] for r in records]
@@ -91,8 +102,16 @@ def runs(
 
 
 @app.command()
-def show(run_id: str, as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """Show one run."""
+def show(
+    run_id: RunIdArgument, as_json: Annotated[bool, json_option("the run's record")] = False
+) -> None:
+    """Show one run: its record, artifacts, progress and the stop in flight.
+
+    \b
+    Examples:
+      runwarden show 20260601-020000-gpt
+      runwarden show 20260601-020000-gpt --json
+    """
     api = client()
     run = run_op(lambda: api.get_run(checked_run_id(run_id)))
     ledger = run_op(lambda: api.ledger(run.id))
@@ -115,14 +134,15 @@ def show(run_id: str, as_json: Annotated[bool, typer.Option("--json")] = False) 
     current = run_op(lambda: api.get_stop(run.id))
     if current is not None:
         out.print(f"[bold]{'stop':12}[/] {phase_line(current, datetime.now(UTC))}")
-        if current.budget is not None:
-            line = f"{current.budget.describe()}: {current.budget.why}"
-            out.print(f"[bold]{'timeout':12}[/] {escape(line)}", highlight=False)
-    elif run.state == "running" and run.snapshots:
-        saves = run_op(lambda: api.store.learned_saves(run))
-        budget = stop_budget(run.timeouts, saves, api.settings.budget_rule)
-        line = f"{budget.describe()}: {budget.why}"
-        out.print(f"[bold]{'next stop':12}[/] {escape(line)}", highlight=False)
+    timeouts = _timeouts_line(api, run, current)
+    if timeouts is not None:
+        out.print(f"[bold]{timeouts[0]:12}[/] {escape(timeouts[1])}", highlight=False)
+    try:
+        warning = api.store.memory().warning()
+    except StoreError:
+        warning = None  # a Redis that does not answer INFO: the run is shown all the same
+    if warning is not None:
+        out.print(f"[bold]{'redis':12}[/] {escape(warning)}", highlight=False, soft_wrap=True)
     chain = run_op(lambda: api.chain(run.id))
     if len(chain) > 1 or run.continuation is not None:
         out.print(f"[bold]{'chain':12}[/] {escape(chain_line(chain, run.id))}", soft_wrap=True)
@@ -137,12 +157,36 @@ def show(run_id: str, as_json: Annotated[bool, typer.Option("--json")] = False) 
         out.print(ledger_table(ledger, with_run=False))
 
 
+def _timeouts_line(
+    api: Runwarden, run: RunRecord, current: StopState | None
+) -> tuple[str, str] | None:
+    """What `show` says of a stop's timeouts, and its label: those the open stop got;
+    without one, those a running run's next stop would get (learned from its saves as
+    a worker would, `schemas.budget`); else nothing."""
+    if current is not None:
+        label, budget = "timeout", current.budget
+    elif run.state == "running" and run.snapshots:
+        saves = run_op(lambda: api.store.learned_saves(run))
+        label, budget = "next stop", stop_budget(run.timeouts, saves, api.settings.budget_rule)
+    else:
+        return None
+    return None if budget is None else (label, f"{budget.describe()}: {budget.why}")
+
+
 @app.command()
 def logs(
-    run_id: str,
-    follow_: Annotated[bool, typer.Option("-f", "--follow", help="Keep following.")] = False,
+    run_id: RunIdArgument,
+    follow_: Annotated[
+        bool, typer.Option("-f", "--follow", help="Keep following until the run ends.")
+    ] = False,
 ) -> None:
-    """Print the run's log lines (as followed by the workers)."""
+    """Print the run's log lines (as followed by the workers).
+
+    \b
+    Examples:
+      runwarden logs 20260601-020000-gpt
+      runwarden logs 20260601-020000-gpt -f
+    """
     api = client()
     run_id = checked_run_id(run_id)
     run_op(lambda: api.get_run(run_id))
@@ -165,17 +209,37 @@ def logs(
 
 @app.command()
 def stops(
-    run_id: Annotated[str | None, typer.Argument(help="With --history: this run's only.")] = None,
+    run_id: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="[RUN_ID]", help="With --history: this run's stops only.", show_default=False
+        ),
+    ] = None,
     history: Annotated[
-        bool, typer.Option("--history", help="The stop ledger, newest first.")
+        bool,
+        typer.Option(
+            "--history", help="The stop ledger instead: who asked what, when, and what came "
+            "of it, newest first."
+        ),
     ] = False,
-    limit: Annotated[int, typer.Option(min=1, max=100_000, help="With --history.")] = 500,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
+    limit: Annotated[
+        int,
+        typer.Option(
+            metavar="N", min=1, max=100_000, help="With --history: at most N entries (default 500)."
+        ),
+    ] = 500,
+    as_json: Annotated[bool, json_option("the stops' records (or the ledger's entries)")] = False,
 ) -> None:
     """List the stops in flight: phase, reason, deadlines, time left, the proof timeout
     each got and where it came from (explicit, learned, default); with --history, the
-    stop ledger of every run (or of RUN): who asked what, when, and what came of it,
-    newest first."""
+    stop ledger of every run (or of RUN_ID), newest first.
+
+    \b
+    Examples:
+      runwarden stops
+      runwarden stops --json
+      runwarden stops --history 20260601-020000-gpt
+    """
     if history:
         _history(run_id, limit, as_json)
         return

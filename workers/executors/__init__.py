@@ -10,7 +10,7 @@ from __future__ import annotations
 from schemas.protocol import FILTERED_ENV_PREFIXES
 
 from .base import Executor
-from .digest import FileDigest, glob_match, parse_manifest, sha256_file
+from .digest import Charge, FileDigest, glob_match, parse_manifest, sha256_file
 from .errors import (
     CommandError,
     ExecError,
@@ -35,6 +35,7 @@ from .transport import Completed, LocalTransport, Transport
 __all__ = [
     "FILTERED_ENV_PREFIXES",
     "FOLLOW_TIMEOUT_S",
+    "Charge",
     "CommandError",
     "Completed",
     "Downloaded",

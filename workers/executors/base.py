@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from schemas import JobCommand, JobId, JobStatus
-from schemas.policy import DiskSample
+from schemas.doctor import CLOCK_SKEW_WARN_S
+from schemas.policy import DISK_USED_LIMIT, DiskSample
 
-from .digest import FileDigest
+from .digest import Charge, FileDigest
+from .doctor import DoctorFindings
 from .errors import ProtocolError
 from .lines import LineStream
 from .safetree import Downloaded
@@ -112,16 +114,25 @@ class Executor(Protocol):
         ...
 
     def download(
-        self, remote: str, local: Path, entries: Sequence[str], exclude: Sequence[str] = ()
+        self,
+        remote: str,
+        local: Path,
+        entries: Sequence[str],
+        exclude: Sequence[str] = (),
+        charge: Charge | None = None,
     ) -> Downloaded:
         """Copies `entries` (relative to the target directory `remote`) into the local
         directory `local`, leaving out names matching an `exclude` pattern at any
         depth. Missing entries are skipped, and so is an entry with a symbolic link
         on its way (`a/b` when `a` is a link); `local` is not created when none
-        exists. Directories and regular files are copied (a file with several hard
-        links comes once per name, in full); device files, FIFOs and sockets are
-        not. A file's mode keeps its owner/group/other read and execute bits, plus
-        owner read and write; its modification time is kept.
+        exists. With `charge`, each chunk of file content is charged (its size in
+        bytes) before it is written here; whatever `charge` raises stops the download
+        at once (the target's side too) and reaches the caller unchanged, what was
+        written so far left in `local` for the caller to remove. Directories and
+        regular files are copied (a file with several hard links comes once per
+        name, in full); device files, FIFOs and sockets are not. A file's mode
+        keeps its owner/group/other read and execute bits, plus owner read and
+        write; its modification time is kept.
 
         Symbolic links, the same on every executor: a link whose target, resolved
         lexically from the link's own directory, stays inside `local` (relative, its
@@ -192,6 +203,27 @@ class Executor(Protocol):
         Raises:
             CommandError: (action `probe`) when the probe fails as a whole.
             ProtocolError: when its answer is cut short or malformed.
+        """
+        ...
+
+    def doctor(
+        self,
+        *,
+        disk_used_fraction: float = DISK_USED_LIMIT,
+        skew_warn_s: float = CLOCK_SKEW_WARN_S,
+    ) -> DoctorFindings:
+        """What this target has of what runwarden needs, checked as the job's user
+        (`runwarden doctor`): one probe script (`scripts.doctor`, read-only but for a
+        scratch directory it removes itself) and a few readings of the target's
+        clock, bracketed by this machine's. Each check says what was found and what
+        does not work without it (`doctor.assess`); the disk check warns at
+        `disk_used_fraction` used, the clock check above `skew_warn_s` seconds of
+        possible skew. A probe the target's shell cannot run to its end is one
+        `probe` check, missing; a clock that cannot be read, a `clock` warning.
+
+        Raises:
+            ExecError: when the target cannot be reached (or, for jobs run as another
+                user, the change of user is refused).
         """
         ...
 

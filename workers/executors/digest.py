@@ -8,6 +8,7 @@ import fnmatch
 import hashlib
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -17,6 +18,7 @@ from schemas import InvalidPath, safe_relpath
 from .errors import IoError, ProtocolError
 
 __all__ = [
+    "Charge",
     "FileDigest",
     "copy_hashed",
     "glob_match",
@@ -77,17 +79,27 @@ class Writable(Protocol):
     def write(self, data: bytes, /) -> int: ...
 
 
-def copy_hashed(source: Readable, out: Writable, chunk_bytes: int = _COPY_CHUNK) -> str:
+Charge = Callable[[int], None]
+"""Called with the size of each chunk before it is written, in bytes; raises to stop
+the writing (a quota, a disk reserve). What it raises reaches the caller unchanged."""
+
+
+def copy_hashed(
+    source: Readable, out: Writable, chunk_bytes: int = _COPY_CHUNK, charge: Charge | None = None
+) -> str:
     """Writes everything `source` holds, to its end, into `out` and returns the SHA-256
     of the bytes written (lowercase hex), hashed chunk by chunk as they are written:
-    the file is never read back.
+    the file is never read back. With `charge`, each chunk is charged before it is
+    written, so a limit it enforces is never passed.
 
     Raises:
         OSError: when `out` cannot be written (the caller translates it, knowing what
-            the file was); whatever reading `source` raises, unchanged.
+            the file was); whatever reading `source` or `charge` raises, unchanged.
     """
     digest = hashlib.sha256()
     while chunk := source.read(chunk_bytes):
+        if charge is not None:
+            charge(len(chunk))
         # hashlib releases the GIL on chunks this large: the hashing overlaps the
         # transport's thread instead of stalling it.
         digest.update(chunk)

@@ -20,7 +20,8 @@ from pathlib import Path
 from schemas import JobCommand, JobId
 from schemas.protocol import FILTERED_ENV_PREFIXES
 
-from .digest import FileDigest
+from .digest import Charge, FileDigest
+from .doctor import DoctorOptions
 from .errors import CommandError, InvalidArgument, IoError, ProtocolError
 from .localtree import Node, local_manifest, open_regular, open_root, walk_entries
 from .safetree import Downloaded, SafeTree
@@ -80,6 +81,10 @@ class LocalExecutor(ScriptExecutor):
             raise IoError(root, error) from error
         self._local = LocalTransport()
         super().__init__(self._local, str(root))
+
+    def _doctor_options(self) -> DoctorOptions:
+        # Uploads, downloads, manifests, reads and small writes are native here.
+        return DoctorOptions(native_files=True)
 
     def spawn(self, job: JobCommand) -> JobId:
         secrets = checked_secrets(job)
@@ -147,12 +152,17 @@ class LocalExecutor(ScriptExecutor):
             raise IoError(error.filename or dest, error) from error
 
     def download(
-        self, remote: str, local: Path, entries: Sequence[str], exclude: Sequence[str] = ()
+        self,
+        remote: str,
+        local: Path,
+        entries: Sequence[str],
+        exclude: Sequence[str] = (),
+        charge: Charge | None = None,
     ) -> Downloaded:
         check_entries(entries, exclude)
         root = open_root(Path(check_remote(remote)), "download")
         try:
-            with SafeTree(local) as tree:
+            with SafeTree(local, charge) as tree:
                 for node in walk_entries(root, entries, exclude):
                     _copy(node, tree)
                 return tree.result()

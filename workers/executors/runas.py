@@ -46,6 +46,7 @@ from typing import Final, Literal
 from schemas import check_user_name
 
 from . import scripts
+from .doctor import DoctorOptions
 from .errors import CommandError, InvalidArgument, IoError
 from .shell import ScriptExecutor, check_remote
 from .transport import LocalTransport, error_line
@@ -309,6 +310,11 @@ class RunAsExecutor(ScriptExecutor):
     def user(self) -> JobUser:
         """The user the jobs run as."""
         return self._user
+
+    def _doctor_options(self) -> DoctorOptions:
+        # A worker that is root makes each run directory itself: the workdir need
+        # not be the job's user's to write.
+        return DoctorOptions(job_writes_workdir=not self._hand_over)
 
     def claim(self, dir: str, owner: str) -> bool:
         scripts.check_owner(owner)

@@ -16,6 +16,8 @@ The rules, the same for every executor:
   below it is refused. A non-directory left there by an earlier attempt is
   replaced.
 - A refusal is [`UnsafeArchive`]; nothing is written outside the root, ever.
+- With a `charge` ([`Charge`]), every chunk of a file's content is charged before it
+  is written; what the charge raises stops the tree there, unchanged.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from .digest import FileDigest, Readable, copy_hashed
+from .digest import Charge, FileDigest, Readable, copy_hashed
 from .errors import UnsafeArchive
 
 __all__ = ["Downloaded", "Link", "SafeTree", "stays_inside"]
@@ -103,11 +105,13 @@ class SafeTree:
     safe relative paths (`schemas.safe_relpath`), checked by the caller. Not thread
     safe; close it (or use it as a context manager) to release its descriptors.
 
-    Methods raise [`UnsafeArchive`] for what the rules refuse, and `OSError` when the
-    local file system fails (the caller translates it)."""
+    Methods raise [`UnsafeArchive`] for what the rules refuse, `OSError` when the
+    local file system fails (the caller translates it), and whatever `charge` raises
+    (see the module docstring)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, charge: Charge | None = None) -> None:
         self._root = root
+        self._charge = charge
         self._root_fd = -1
         self._parent_path: str | None = None
         self._parent_fd = -1
@@ -156,7 +160,7 @@ class SafeTree:
         assert parent is not None  # made when missing
         fd = self._create(parent, name, path)
         with open(fd, "wb") as out:
-            sha256 = copy_hashed(source, out)
+            sha256 = copy_hashed(source, out, charge=self._charge)
             out.flush()
             os.fchmod(fd, (mode & 0o755) | 0o600)
             when = _mtime_ns(mtime_ns)

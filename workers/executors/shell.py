@@ -10,7 +10,9 @@ import posixpath
 import re
 import secrets as _secrets
 import tarfile
+import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import IO, Final
 
@@ -24,11 +26,13 @@ from schemas import (
     check_env_name,
     check_secret_value,
 )
-from schemas.policy import DiskSample
+from schemas.doctor import CLOCK_SKEW_WARN_S
+from schemas.policy import DISK_USED_LIMIT, DiskSample
 from schemas.protocol import RUN_ID_ENV
 
 from . import scripts
-from .digest import FileDigest, parse_manifest
+from .digest import Charge, FileDigest, parse_manifest
+from .doctor import DoctorFindings, DoctorOptions, run_doctor
 from .errors import (
     CommandError,
     InvalidArgument,
@@ -217,7 +221,12 @@ class ScriptExecutor:
         _checked(result, "cancel")
 
     def download(
-        self, remote: str, local: Path, entries: Sequence[str], exclude: Sequence[str] = ()
+        self,
+        remote: str,
+        local: Path,
+        entries: Sequence[str],
+        exclude: Sequence[str] = (),
+        charge: Charge | None = None,
     ) -> Downloaded:
         check_entries(entries, exclude)
         script = scripts.archive_script(check_remote(remote), entries, exclude)
@@ -233,7 +242,9 @@ class ScriptExecutor:
             broken.clear()
             written.clear()
             # Never outside `local`, whatever the target sends (safetree.py).
-            with SafeTree(local) as tree:
+            # What `charge` raises leaves the sink unchanged: the transport stops the
+            # script (a local one killed, a channel closed) and raises it on.
+            with SafeTree(local, charge) as tree:
                 try:
                     extract_stream(stream, tree)
                 except tarfile.TarError as error:
@@ -282,6 +293,22 @@ class ScriptExecutor:
         token = _secrets.token_hex(16)
         output = self.probe(disk_probe_script(run_dirs, token))
         return parse_disk_probe(output, token, len(run_dirs))
+
+    def doctor(
+        self,
+        *,
+        disk_used_fraction: float = DISK_USED_LIMIT,
+        skew_warn_s: float = CLOCK_SKEW_WARN_S,
+    ) -> DoctorFindings:
+        options = replace(
+            self._doctor_options(), disk_used_fraction=disk_used_fraction, skew_warn_s=skew_warn_s
+        )
+        return run_doctor(self._transport, self._workdir, options, time.time)
+
+    def _doctor_options(self) -> DoctorOptions:
+        """What the doctor must know of this executor: every file operation is a
+        script here, and the job's user makes the run directories."""
+        return DoctorOptions()
 
     def probe(self, script: str) -> bytes:
         return _checked(self._transport.run(script, action="probe"), "probe").stdout

@@ -3,6 +3,11 @@ target's manifest (docs/architecture.md, "Artifacts"). Independent of the task
 queue: the caller decides when to retrieve and whether to retry (see
 `RetrievalError.retryable`).
 
+How much may come home ([`ArtifactLimits`], `quota`): at most a quota per run and
+one for the whole store, never leaving less free space than a reserve on the store's
+filesystem; checked before the download and as it arrives, a retrieval that would
+pass one stops (`ArtifactQuotaExceeded`) and leaves nothing.
+
 What comes home ([`retrieval_plan`]): `job.log` always; for a stopped run also
 `snapshot.json` and the snapshot's checkpoint; for a succeeded run `output/` without
 its intermediate `checkpoint-*` directories.
@@ -40,6 +45,7 @@ the in-progress `.incoming-<dest name>-<random>` directories.
     plan      what comes home for each final state
     verified  `retrieve`: download, manifest beside it, compare, publish
     disk      flushing to disk and walking a downloaded tree
+    quota     the per-run and total quotas and the disk reserve of the store
     stored    `manifest.json`, and checks of a stored retrieval
 
 Errors: `workers.errors.RetrievalError` and its subclasses (`retryable` says whether
@@ -50,6 +56,7 @@ trying again may help).
 from __future__ import annotations
 
 from .plan import CHECKPOINT_EXCLUDE, retrieval_plan
+from .quota import ArtifactLimits
 from .stored import (
     MANIFEST_FILE,
     Retrieved,
@@ -65,6 +72,7 @@ from .verified import retrieve
 __all__ = [
     "CHECKPOINT_EXCLUDE",
     "MANIFEST_FILE",
+    "ArtifactLimits",
     "Retrieved",
     "StoredFile",
     "StoredManifest",

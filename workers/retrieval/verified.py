@@ -21,6 +21,7 @@ from schemas import InvalidPath, safe_relpath
 
 from ..errors import ArtifactMismatch, RetrievalError
 from ..executors import (
+    Charge,
     CommandError,
     ExecError,
     Executor,
@@ -32,6 +33,7 @@ from ..executors import (
     UnsafeArchive,
 )
 from .disk import EarlyFlush, flush_tree, fsync_dir, regular_files
+from .quota import ArtifactLimits, open_budget, remote_bytes
 from .stored import (
     MANIFEST_FILE,
     Retrieved,
@@ -59,6 +61,7 @@ def retrieve(
     exclude: Sequence[str] = (),
     *,
     run_id: str,
+    limits: ArtifactLimits | None = None,
 ) -> Retrieved:
     """Copies `entries` of the run directory `remote_dir` of the run `run_id` on
     `executor`'s target (names matching an `exclude` pattern left out at any depth)
@@ -79,6 +82,10 @@ def retrieve(
     absent or complete on disk. Two concurrent retrievals of the same `dest` both
     download; the first rename wins and the other returns it.
 
+    With `limits`, the artifact store (`dest`'s parent) is kept within them
+    (`retrieval.quota`): checked before the download from the target's sizes (when
+    it can tell them) and as each chunk arrives, before it is written.
+
     A failure leaves no `dest` and removes its incoming directory.
 
     Raises:
@@ -92,6 +99,8 @@ def retrieve(
         StoredArtifactsInvalid: when `dest` has a `manifest.json` that cannot be
             read, or that was made for another run (never replaced: a person looks
             first; `reuse_stored` moves such a copy aside).
+        ArtifactQuotaExceeded: when a limit would be passed (not retryable; the
+            download is stopped there).
     """
     started = time.monotonic()
     dest = Path(dest).absolute()
@@ -114,8 +123,14 @@ def retrieve(
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
         _remove_leftovers(dest)
+        charge: Charge | None = None
+        if limits is not None:
+            expected = remote_bytes(executor, remote_dir, entries, exclude)
+            charge = open_budget(limits, dest.parent, run_id, expected).charge
         incoming, lock = _new_incoming(dest)
-        stored = _fetch(executor, remote_dir, incoming, entries, exclude, run_id=run_id)
+        stored = _fetch(
+            executor, remote_dir, incoming, entries, exclude, run_id=run_id, charge=charge
+        )
         write_manifest(incoming, stored)
         try:
             os.rename(incoming, dest)
@@ -233,13 +248,16 @@ def _fetch(
     exclude: Sequence[str],
     *,
     run_id: str,
+    charge: Charge | None = None,
 ) -> StoredManifest:
     """Downloads into `incoming` while the target's manifest runs on a thread, then
     compares: returns the manifest to store (the verified files, the entries with
-    none, the links kept and skipped).
+    none, the links kept and skipped). `charge` goes to the download; when it stops
+    the download, this waits for the manifest to end all the same (a call is never
+    left running on the executor).
 
     Raises:
-        ArtifactMismatch, ExecError, OSError.
+        ArtifactMismatch, ExecError, OSError, and what `charge` raises.
     """
     answer: list[list[FileDigest] | BaseException] = []
 
@@ -253,7 +271,7 @@ def _fetch(
     thread.start()
     try:
         with EarlyFlush(incoming):
-            downloaded = executor.download(remote_dir, incoming, entries, exclude)
+            downloaded = executor.download(remote_dir, incoming, entries, exclude, charge)
         # To disk while the manifest may still run on the target: the wait overlaps.
         flush_tree(incoming)
     finally:

@@ -28,7 +28,15 @@ from pathlib import Path
 
 import pytest
 
-from schemas import RunRecord, RunState, SshOptions, StopState, TargetConfig, validate_run_id
+from schemas import (
+    Artifacts,
+    RunRecord,
+    RunState,
+    SshOptions,
+    StopState,
+    TargetConfig,
+    validate_run_id,
+)
 
 from ...conftest import JOBSIDE, ROOT, TOY_TRAINER
 from ...pipeline import CLOCKS, Pipeline, running_pipeline
@@ -674,6 +682,107 @@ def test_artifacts_show_retrieve_and_resume(pipeline: Pipeline, stopped: Stopped
     refused(rw(pipeline, "retrieve", UNKNOWN_RUN), 2, f"no run '{UNKNOWN_RUN}'")
 
 
+# --- --json on every command that prints a record; paths whole at 80 columns ---------
+
+
+def whole_on_a_line(text: str, needle: str) -> str:
+    """The first line of `text` holding `needle` whole: fails when a line break cut it."""
+    lines = [line for line in text.splitlines() if needle in line]
+    assert lines, f"{needle!r} is not whole on any line of:\n{text}"
+    return lines[0]
+
+
+def test_paths_are_printed_whole_at_80_columns(pipeline: Pipeline, stopped: StoppedRun) -> None:
+    run = _retrieved(pipeline, stopped.run_id)
+    assert run.artifacts is not None
+    assert run.artifacts.path is not None
+    assert len(run.remote_dir) > 80, run.remote_dir  # longer than the terminal is wide
+    shown_ = ok(rw(pipeline, "show", run.id, extra=NARROW))
+    assert whole_on_a_line(shown_, run.remote_dir).startswith("remote_dir "), shown_
+    assert whole_on_a_line(shown_, run.artifacts.path).startswith("artifacts "), shown_
+    record = ok(rw(pipeline, "show", run.id, "--json", extra=NARROW))
+    whole_on_a_line(record, f'"remote_dir": "{run.remote_dir}"')
+    again = ok(rw(pipeline, "retrieve", run.id, extra=NARROW))
+    assert whole_on_a_line(again, f"in {run.artifacts.path}").startswith("done: "), again
+    table = ok(rw(pipeline, "targets", "ls", extra=NARROW))
+    workdir = pipeline.api.store.get_target("deep")["workdir"]
+    assert len(workdir) > 40, workdir
+    assert " deep " in whole_on_a_line(table, workdir), table
+
+
+def test_retrieve_json(pipeline: Pipeline, stopped: StoppedRun) -> None:
+    run = _retrieved(pipeline, stopped.run_id)
+    answer = as_json(rw(pipeline, "retrieve", run.id, "--json"))
+    assert Artifacts.model_validate(answer).phase == "done", answer
+    assert answer["path"] == run.artifacts.path  # type: ignore[index, union-attr]
+    asked = as_json(rw(pipeline, "retrieve", run.id, "--no-wait", "--json"))
+    assert set(asked) == {"run_id", "task_id"}, asked  # type: ignore[arg-type]
+    assert asked["run_id"] == run.id  # type: ignore[index]
+
+
+def test_launch_follow_and_stop_wait_with_json(pipeline: Pipeline) -> None:
+    out = ok(rw(pipeline, "launch", "--target", "deep", "--json", "--", *TOY, extra=NARROW))
+    launched = RunRecord.model_validate_json(out)
+    assert (launched.state, launched.target) == (RunState.RUNNING, "deep")
+    whole_on_a_line(out, f'"remote_dir": "{launched.remote_dir}"')
+    followed = RunRecord.model_validate(as_json(rw(pipeline, "follow", launched.id, "--json")))
+    assert (followed.id, followed.state) == (launched.id, RunState.RUNNING)
+    pipeline.wait_step(launched.id, 3)
+    # --wait --json: one JSON document, the run's record once it ended (no other line).
+    result = rw(pipeline, "stop", launched.id, "--wait", "--timeout", "60", "--json")
+    ended = RunRecord.model_validate_json(ok(result))
+    assert ended.id == launched.id
+    assert ended.state is RunState.STOPPED, ended
+    assert ended.snapshot is not None
+
+
+def test_stop_and_cancel_with_json(pipeline: Pipeline) -> None:
+    stopping = launch(pipeline, "--target", "local", "--", *TOY)
+    cancelling = launch(pipeline, "--target", "local", "--", *TOY)
+    pipeline.wait_step(stopping, 2)
+    answer = as_json(rw(pipeline, "stop", stopping, "--reason", "cost", "--json"))
+    stop = StopState.model_validate(answer)
+    assert (stop.run_id, stop.reason, stop.asked_by) == (stopping, "cost", "operator/cli"), stop
+    cancelled = RunRecord.model_validate(as_json(rw(pipeline, "cancel", cancelling, "--json")))
+    assert (cancelled.id, cancelled.state) == (cancelling, RunState.CANCELLED)
+    assert pipeline.api.get_run(cancelling).state is RunState.CANCELLED
+    assert pipeline.wait_state(stopping).state is RunState.STOPPED
+
+
+def test_targets_add_json(pipeline: Pipeline) -> None:
+    try:
+        added = as_json(rw(pipeline, "targets", "add", "jsonic", "--workdir", "/srv/j/", "--json"))
+        assert TargetConfig.model_validate(added) == TargetConfig(
+            name="jsonic", kind="local", workdir="/srv/j"
+        )
+        assert pipeline.api.store.get_target("jsonic")["workdir"] == "/srv/j"
+    finally:
+        pipeline.api.remove_target("jsonic")
+
+
+def test_producers_add_ls_rm(tmp_path: Path) -> None:
+    env = _embedded_env(tmp_path / ("a-rather-long-state-directory-name-" * 2))
+    secrets = Path(env["RUNWARDEN_STATE_DIR"]) / "secrets"
+    key = secrets / "producer.billing.key"
+    out = ok(run_cli(env, "producers", "add", "billing", extra=NARROW))
+    assert out == f"created {key}\n"  # whole on its line, however long
+    assert len(out) > 80
+    assert key.stat().st_mode & 0o777 == 0o600
+    made = key.read_text()
+    assert as_json(run_cli(env, "producers", "add", "billing", "--json")) == {
+        "name": "billing", "key_file": str(key), "created": False,
+    }  # fmt: skip
+    assert key.read_text() == made  # an existing key is kept
+    assert ok(run_cli(env, "producers", "ls")) == "billing\n"
+    assert as_json(run_cli(env, "producers", "ls", "--json")) == ["billing"]
+    refused(run_cli(env, "producers", "add", "Bad Name"), 2, "invalid producer name")
+    refused(run_cli(env, "producers", "rm", "operator"), 2, "cannot be removed")
+    assert ok(run_cli(env, "producers", "rm", "billing")) == "removed producer billing\n"
+    assert not key.exists()
+    refused(run_cli(env, "producers", "rm", "billing"), 2, "no producer 'billing'")
+    assert as_json(run_cli(env, "producers", "ls", "--json")) == []
+
+
 # --- rich markup in user input ------------------------------------------------------
 
 
@@ -733,6 +842,7 @@ def test_nothing_serving(tmp_path: Path) -> None:
 def test_serve_runs_the_service_and_stops_on_ctrl_c(tmp_path: Path) -> None:
     state = tmp_path / "state"
     env = _embedded_env(state)
+    env["RUNWARDEN_REDIS_MAXMEMORY"] = "96mb"
     log = (tmp_path / "serve.log").open("wb")
     with socket.socket() as probe:  # a free port for the metrics endpoint
         probe.bind(("127.0.0.1", 0))
@@ -750,6 +860,9 @@ def test_serve_runs_the_service_and_stops_on_ctrl_c(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
             time.sleep(0.2)
         assert as_json(run_cli(env, "runs", "--json")) == []
+        # Its Redis is bounded: the settings' maxmemory, no eviction.
+        assert _config(state / "redis.sock", "maxmemory") == str(96 * 1024**2)
+        assert _config(state / "redis.sock", "maxmemory-policy") == "noeviction"
         # A second serve on the same state directory is refused.
         refused(run_cli(env, "serve"), 1, "already runs")
 
@@ -788,7 +901,7 @@ def test_serve_runs_the_service_and_stops_on_ctrl_c(tmp_path: Path) -> None:
 def test_demo(tmp_path: Path) -> None:
     env = _embedded_env(tmp_path / "unused")
     env["TMPDIR"] = str(tmp_path)  # the demo's own state directory goes here
-    out = ok(run_cli(env, "demo", timeout=180))
+    out = ok(run_cli(env, "demo", timeout=180, extra=NARROW))
     fields = {}
     for line in out.splitlines():
         key, _, value = line.partition(":")
@@ -796,10 +909,26 @@ def test_demo(tmp_path: Path) -> None:
     assert fields["state"] == "stopped", out
     assert fields["reason"] == "requested", out
     step = int(fields["step"])
-    assert f"/output/checkpoint-{step}" in flat(out), out
     assert "service stopped" in out
     [state_dir] = tmp_path.glob("runwarden-demo-*")
+    # Printed whole on its line at 80 columns, however long.
+    checkpoint = fields["checkpoint"]
+    assert len(f"checkpoint: {checkpoint}") > 80, checkpoint
+    assert checkpoint.startswith(f"{state_dir}/work/"), out
+    assert checkpoint.endswith(f"/output/checkpoint-{step}"), out
+    assert Path(checkpoint).is_dir(), out
+    assert fields["state directory"] == str(state_dir), out
     assert not (state_dir / "redis.sock").exists() or not _answers(state_dir / "redis.sock")
+
+
+def _config(socket_path: Path, name: str) -> str:
+    import redis
+
+    client = redis.Redis(unix_socket_path=str(socket_path), socket_timeout=5, decode_responses=True)
+    try:
+        return str(client.config_get(name)[name])
+    finally:
+        client.close()
 
 
 def _answers(socket_path: Path) -> bool:

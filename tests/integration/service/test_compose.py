@@ -1,18 +1,26 @@
 """docker-compose.yml: accepted by `docker-compose config`, AOF and a password on
-Redis, basic auth on Flower, every credential a docker secret (on no command line, in
-no environment, never written in the file), an init in every container of ours
-(jobs' orphans are reaped)."""
+Redis, its memory bounded (`maxmemory` from `RUNWARDEN_REDIS_MAXMEMORY`, the settings'
+default, `noeviction`; the resolved options run by a real redis-server), basic auth
+on Flower, every credential a docker secret (on no command line, in no environment,
+never written in the file), an init in every container of ours (jobs' orphans are
+reaped)."""
 
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from schemas import Settings
+from schemas.bounds import parse_size
+
 from ...conftest import ROOT
+from ...redis_server import RedisServer
 
 CREDENTIALS = {
     "redis-password",
@@ -124,3 +132,52 @@ def test_retrievals_have_a_worker_of_their_own(resolved: dict[str, Any]) -> None
         ]
     assert artifacts("worker")
     assert artifacts("retriever")
+
+
+def redis_options(resolved: dict[str, Any]) -> list[str]:
+    """The options compose gives redis-server after its configuration from standard
+    input (which holds only the password: a test server is reached without one)."""
+    script = str(resolved["services"]["redis"]["command"][-1])
+    return shlex.split(script.split("redis-server -", 1)[1])
+
+
+class ComposeRedis(RedisServer):
+    """A test redis-server run with compose's options on top of its own."""
+
+    def __init__(self, data_dir: Path, options: list[str]) -> None:
+        super().__init__(data_dir)
+        self.options = options
+
+    def argv(self) -> list[str]:
+        return [*super().argv(), *self.options]
+
+
+def test_redis_memory_is_bounded_without_eviction(resolved: dict[str, Any]) -> None:
+    options = redis_options(resolved)
+    assert options[options.index("--maxmemory-policy") + 1] == "noeviction"
+    # The default is the settings' own (which the embedded server uses).
+    assert parse_size(options[options.index("--maxmemory") + 1]) == Settings().redis_maxmemory
+
+
+def test_redis_maxmemory_comes_from_the_environment() -> None:
+    done = config(
+        {"RUNWARDEN_SECRETS_HOST_DIR": "/srv/s", "RUNWARDEN_REDIS_MAXMEMORY": "512mb"}
+    )
+    assert done.returncode == 0, done.stderr
+    options = redis_options(yaml.safe_load(done.stdout))
+    assert options[options.index("--maxmemory") + 1] == "512mb"
+
+
+def test_a_real_redis_server_runs_compose_s_options(
+    resolved: dict[str, Any], tmp_path: Path
+) -> None:
+    server = ComposeRedis(tmp_path / "redis", redis_options(resolved))
+    server.start()
+    try:
+        client = server.client()
+        assert client.config_get("maxmemory") == {"maxmemory": str(2 * 1024**3)}
+        assert client.config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
+        assert client.config_get("appendonly") == {"appendonly": "yes"}
+        client.close()
+    finally:
+        server.stop()

@@ -35,6 +35,7 @@ from schemas import (
     SnapshotReason,
     StopPhase,
     StopState,
+    TargetConfig,
     UnknownTarget,
 )
 from schemas.events import (
@@ -423,22 +424,31 @@ def test_bad_input_through_the_api_is_refused_and_disturbs_nothing(
     with pytest.raises(UnknownTarget, match="nowhere"):
         api.launch(LaunchSpec(target="nowhere", command="true"))
 
-    # A secret the worker lacks: refused by the worker, naming the variable; its
-    # value (known to this producer only) is never sent anywhere.
-    value = "s3cr3t-" + secrets.token_hex(12)
-    monkeypatch.setenv("RUNWARDEN_SECRET_RW_FAULTS_TOKEN", value)
-    monkeypatch.setenv("RW_FAULTS_TOKEN", value)
-    runs_before = api.list_runs()
+    # A secret the target does not allow: refused, naming it and how to allow it.
     spec = LaunchSpec(
         target="local",
         command=toy("--steps", "10", "--step-time", "0.05"),
         secrets=("RW_FAULTS_TOKEN",),
     )
-    with pytest.raises(OperationFailed, match="RUNWARDEN_SECRET_RW_FAULTS_TOKEN") as missing:
+    runs_before = api.list_runs()
+    with pytest.raises(OperationFailed, match=r"does not allow the secret\(s\) RW_FAULTS_TOKEN"):
+        api.launch(spec, wait_s=30)
+    assert api.list_runs() == runs_before  # nothing was claimed or started
+    # Allowed, but the worker has no value for it: refused, naming where it belongs;
+    # a value this producer holds is never sent anywhere.
+    value = "s3cr3t-" + secrets.token_hex(12)
+    monkeypatch.setenv("RUNWARDEN_SECRET_RW_FAULTS_TOKEN", value)  # the producer's own
+    monkeypatch.setenv("RW_FAULTS_TOKEN", value)
+    local = TargetConfig.model_validate(api.store.get_target("local"))
+    api.add_target(local.model_copy(update={"allow_secrets": ("RW_FAULTS_TOKEN",)}))
+    with pytest.raises(OperationFailed, match="secret RW_FAULTS_TOKEN is not set in") as missing:
         api.launch(spec, wait_s=30)
     assert value not in str(missing.value)
-    assert api.list_runs() == runs_before  # nothing was claimed or started
-    assert "RUNWARDEN_SECRET_RW_FAULTS_TOKEN" in pipeline.worker_log("w1")  # logged
+    assert str(api.settings.secrets.path) in str(missing.value)
+    assert api.list_runs() == runs_before
+    assert "secret RW_FAULTS_TOKEN is not set" in pipeline.worker_log("w1")  # logged
+    assert value not in pipeline.worker_log("w1")
+    api.add_target(local)
 
     # Stop or cancel a run that already ended: NotRunning, with its state.
     ended = launch(pipeline)

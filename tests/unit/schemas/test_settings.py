@@ -9,6 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from schemas import END_TIMEOUT_S, PROOF_TIMEOUT_S, REQUEST_POLL_S, Settings
+from schemas.bounds import parse_size
 
 
 def test_stop_limits_defaults() -> None:
@@ -40,5 +41,7 @@ def test_the_readme_names_every_setting_with_its_default() -> None:
         default = field.default
         if isinstance(default, bool):
             assert rows[name.upper()] == f"`{int(default)}`", name
-        elif isinstance(default, int | float) and not isinstance(default, bool):
-            assert float(rows[name.upper()].split()[0]) == float(default), name
+        elif isinstance(default, int | float):
+            cell = rows[name.upper()]
+            shown = parse_size(cell.strip("`")) if cell.startswith("`") else cell.split()[0]
+            assert float(shown) == float(default), name

@@ -1,5 +1,6 @@
 """`store.follow`: followed runs, their read offsets, and their log and metrics
-streams (capped, ordered, strict JSON), written once per tail read."""
+streams (capped, ordered, strict JSON), written once per tail read. Their bounds in
+bytes and their retention: test_bounds.py."""
 
 from __future__ import annotations
 
@@ -74,7 +75,7 @@ def test_log_stream_is_capped_and_ordered(make_store: Callable[..., RunStore]) -
     for batch in range(30):
         store.append_log("r1", [f"line {batch * 100 + i}" for i in range(100)])
     length = xlen(store, "rw:log:r1")
-    assert 1000 <= length <= 1100  # MAXLEN ~: whole stream nodes (100 entries) are trimmed
+    assert length == 1000  # exactly: the oldest entries past the cap are trimmed
     entries = store.read_log("r1", count=5000)
     assert len(entries) == length
     assert entries[-1].line == "line 2999"
@@ -97,7 +98,7 @@ def test_metrics_stream_capped_and_progress_kept(make_store: Callable[..., RunSt
             ]
             + [{"event": "log", "time": 3000.0, "step": batch * 100 + 99, "lr": 0.1}],
         )
-    assert 500 <= xlen(store, "rw:metrics:r1") <= 600
+    assert xlen(store, "rw:metrics:r1") == 500
     assert store.last_metrics("r1") == Progress(
         max_steps=3000, step=1999, loss=1.0 / 2000, loss_step=1999, time=3000.0, ended=False
     )
@@ -126,7 +127,8 @@ def test_log_lines_any_text(store: RunStore) -> None:
     assert store.append_log("r1", lines) is not None
     assert store.append_log("r1", []) is None
     got = [e.line for e in store.read_log("r1")]
-    assert got == ["", "tab\tand ünïcode ✓", "lone ? surrogate", "x" * 100_000]
+    cut = " [runwarden: line cut, 100000 bytes]"
+    assert got == ["", "tab\tand ünïcode ✓", "lone ? surrogate", "x" * (8000 - len(cut)) + cut]
 
 
 def test_read_log_blocking(store: RunStore) -> None:

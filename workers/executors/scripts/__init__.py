@@ -8,9 +8,10 @@ utilities plus `setsid`, `head -c`, `find -print0`, `xargs -0` (and GNU `tar` an
 
     common   quoting, process-group signalling, pid checks
     status   status and cancel (the order of the protocol's status rules)
-    files    claim, byte ranges, small files, archives, manifests
+    files    claim, byte ranges, small files, archives, manifests, sizes
     launch   launcher, job wrapper, on-target watchdog
     follow   the batched follow tick
+    doctor   the doctor's probe of what a target has, and its clock reading
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ from .files import (
     claim_script,
     manifest_script,
     parse_claim,
+    parse_size_answer,
     put_file_script,
     read_range_script,
+    size_script,
     unpack_script,
 )
 from .follow import (
@@ -66,11 +69,13 @@ __all__ = [
     "manifest_script",
     "parse_claim",
     "parse_follow",
+    "parse_size_answer",
     "parse_status",
     "parse_statuses",
     "put_file_script",
     "quote",
     "read_range_script",
+    "size_script",
     "status_script",
     "unpack_script",
     "watchdog_script",

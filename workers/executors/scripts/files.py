@@ -22,8 +22,10 @@ __all__ = [
     "claim_script",
     "manifest_script",
     "parse_claim",
+    "parse_size_answer",
     "put_file_script",
     "read_range_script",
+    "size_script",
     "unpack_script",
 ]
 
@@ -210,6 +212,36 @@ case $(printf '' | openssl dgst -sha256 -r 2>/dev/null) in
 esac
 """
     return head + _entries_loop(root, entries, body)
+
+
+def size_script(root: str, entries: Sequence[str], exclude: Sequence[str]) -> str:
+    """A read-only script printing the total size in bytes of the regular files a
+    download of `entries` of `root` would bring (names matching an `exclude` pattern
+    left out at any depth, links not followed, an entry with a link on its way
+    missing), as one decimal line, from the directory entries alone (no file is
+    read). Prints `unknown` where `find` has no `-printf` (not GNU find). Exit 3 when
+    `root` is not a directory. Names never reach the output, so none can forge it."""
+    if not entries:
+        return "echo 0\n"
+    prune = _find_args(exclude)
+    head = "find / -maxdepth 0 -printf '' >/dev/null 2>&1 || { echo unknown; exit 0; }\n"
+    body = f'  find "./$rw_e" {prune} -type f -printf \'%s\\n\' || kill -s TERM "$rw_main"'
+    total = " | awk '{ s += $1 } END { printf \"%.0f\\n\", s }' || exit 4"
+    return head + _entries_loop(root, entries, body, total)
+
+
+def parse_size_answer(output: bytes) -> int | None:
+    """The total of a [`size_script`] run; None for `unknown`.
+
+    Raises:
+        ProtocolError: for any other answer than one decimal line.
+    """
+    text = output.decode("ascii", "replace").strip()
+    if text == "unknown":
+        return None
+    if not text.isdecimal() or len(text) > 20:
+        raise ProtocolError(f"the size script answered {text[:80]!r}")
+    return int(text)
 
 
 def archive_script(root: str, entries: Sequence[str], exclude: Sequence[str]) -> str:

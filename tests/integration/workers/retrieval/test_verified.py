@@ -20,7 +20,7 @@ import pytest
 
 from schemas import RunState
 from workers.errors import ArtifactMismatch, RetrievalError, StoredArtifactsInvalid, WorkerError
-from workers.executors import local_manifest
+from workers.executors import Charge, local_manifest
 from workers.executors.base import Executor
 from workers.executors.digest import FileDigest
 from workers.executors.ssh import CLIENT_REKEY_BYTES, SshTransport
@@ -133,10 +133,15 @@ class ChangesAfterManifest:
             self.manifested.set()
 
     def download(
-        self, remote: str, local: Path, entries: Sequence[str], exclude: Sequence[str] = ()
+        self,
+        remote: str,
+        local: Path,
+        entries: Sequence[str],
+        exclude: Sequence[str] = (),
+        charge: Charge | None = None,
     ) -> list[FileDigest]:
         assert self.manifested.wait(60)
-        return self.inner.download(remote, local, entries, exclude)
+        return self.inner.download(remote, local, entries, exclude, charge)
 
 
 def flip_a_byte(path: Path) -> None:

@@ -1,0 +1,69 @@
+"""`runwarden doctor TARGET`, the worker's part: check a target through this worker's
+own executor of it, and answer a `schemas.doctor.DoctorReport`.
+
+Why a task a worker runs, not a check the CLI makes itself: the CLI may run on
+another machine than the workers, and even beside them it is not what acts on
+targets. The SSH keys, known_hosts, agent and ssh config, the sudo rule or root that
+runs jobs as another user, the `PATH` a local job inherits and the clock deadlines
+are measured against are all the worker's. A check made anywhere else could pass
+where every launch then fails, or fail where launches work. So the producer sends
+`runwarden.doctor` (signed, like every task), and the worker that takes it checks the
+target exactly as it will launch, follow, stop and retrieve there; the report names
+that worker. With several worker machines, another one may see the target otherwise:
+run the doctor where the runs go (every worker consumes the `runwarden` queue).
+
+The check is read-only but for the probe's own scratch directory, which it removes
+(`workers/executors/scripts/doctor.py`); building a local target's executor makes
+its workdir, as the first operation on that target would anyway.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from schemas.doctor import DoctorCheck, DoctorReport
+
+from .context import Context
+from .executors import ExecError
+
+__all__ = ["doctor"]
+
+
+def doctor(ctx: Context, target: str, now: datetime) -> DoctorReport:
+    """The report on `target` (checked at `now`): every check of `Executor.doctor`,
+    or, when the target cannot be reached (its executor cannot be built: a `run_as`
+    user this machine lacks; the SSH connection or login fails; the change of user is
+    refused), one `access` check, missing, saying why.
+
+    Raises:
+        UnknownTarget: when there is no such target.
+        Unauthenticated: when its record is not signed by the operator.
+        StoreError: when the store cannot be read.
+    """
+    config = ctx.target(target)
+    try:
+        findings = ctx.executor(target).doctor(
+            disk_used_fraction=ctx.settings.disk_used_fraction
+        )
+        checks, clock = findings.checks, findings.clock
+    except ExecError as error:
+        found = " ".join(str(error).split())[:500] or type(error).__name__
+        checks = (
+            DoctorCheck(
+                name="access",
+                status="missing",
+                found=found,
+                breaks="every operation on this target: the worker cannot run anything there",
+            ),
+        )
+        clock = None
+    return DoctorReport(
+        target=config.name,
+        kind=config.kind,
+        workdir=config.workdir,
+        run_as=config.run_as,
+        worker=ctx.worker_id,
+        checked_at=now,
+        checks=checks,
+        clock=clock,
+    )
