@@ -11,6 +11,11 @@ saves `output/checkpoint-<step>/` (`state.json`, `weights.bin`), writes the proo
 logs `end` and exits 0. After the last step it saves `output/checkpoint-<steps>/`
 and exits 0.
 
+Saves: `--save-every N` saves a checkpoint every N steps and reports each of these
+periodic saves in its metrics (a `save` line: how long the save and the step before
+it took), from which runwarden learns its stops' proof timeout; `--save-time S`
+makes every save take S seconds more (a large model's checkpoint).
+
 Preemption: it installs `runwarden_job.install_preemption_signals()` (the signals of
 `$RUNWARDEN_PREEMPT_SIGNALS`, default `TERM,USR1`; empty: none), so SIGTERM or
 SIGUSR1 from outside makes it save at the end of the current step and write a proof
@@ -66,6 +71,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--save-every", type=int, default=0, help="save a checkpoint every N steps (0: never)"
     )
     parser.add_argument(
+        "--save-time",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="seconds every checkpoint save takes (default 0)",
+    )
+    parser.add_argument(
         "--resume-from",
         default=os.environ.get(runwarden_job.RESUME_ENV) or None,
         metavar="DIR",
@@ -96,8 +108,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="print whether each variable is set and the sha256 of its value",
     )
     args = parser.parse_args(argv)
-    if args.steps < 0 or args.save_every < 0 or args.step_time < 0:
-        parser.error("--steps, --save-every and --step-time must not be negative")
+    if min(args.steps, args.save_every, args.step_time, args.save_time) < 0:
+        parser.error("--steps, --save-every, --step-time and --save-time must not be negative")
     return args
 
 
@@ -127,11 +139,12 @@ def write_file(path: str, data: bytes) -> None:
         os.fsync(file.fileno())
 
 
-def save_checkpoint(output: str, step: int, loss: float) -> str:
-    """Saves `<output>/checkpoint-<step>/` and returns its path. The files are written
-    to `<output>/.tmp-checkpoint-<step>` and the folder renamed, so the checkpoint
-    appears complete or not at all. A checkpoint already there for this step (a
-    periodic save, then the final one) is kept: it holds the same state."""
+def save_checkpoint(output: str, step: int, loss: float, save_time: float = 0.0) -> str:
+    """Saves `<output>/checkpoint-<step>/` and returns its path, taking `save_time`
+    seconds more. The files are written to `<output>/.tmp-checkpoint-<step>` and the
+    folder renamed, so the checkpoint appears complete or not at all. A checkpoint
+    already there for this step (a periodic save, then the final one) is kept: it
+    holds the same state."""
     final = os.path.join(output, f"checkpoint-{step}")
     if os.path.isdir(final):
         return final
@@ -143,6 +156,7 @@ def save_checkpoint(output: str, step: int, loss: float) -> str:
     state = json.dumps({"step": step, "loss": loss}).encode()
     write_file(os.path.join(temp, "state.json"), state)
     write_file(os.path.join(temp, "weights.bin"), weights(step))
+    time.sleep(save_time)
     os.rename(temp, final)
     return final
 
@@ -212,6 +226,7 @@ def train(args: argparse.Namespace, metrics: runwarden_job.Metrics) -> int:
     metrics.begin(args.steps, first_step=start)
     step, loss = start - 1, fake_loss(start - 1)
     for step in range(start, args.steps + 1):
+        step_began = time.monotonic()
         time.sleep(args.step_time)
         loss = fake_loss(step)
         metrics.log(step, loss=loss, learning_rate=learning_rate(step, args.steps))
@@ -220,12 +235,14 @@ def train(args: argparse.Namespace, metrics: runwarden_job.Metrics) -> int:
             print(f"\nfailing at step {step} with exit code {args.exit_code}", flush=True)
             return int(args.exit_code)
         if args.save_every and step % args.save_every == 0:
-            save_checkpoint(args.output, step, loss)
+            with metrics.saving(step, step_seconds=time.monotonic() - step_began):
+                save_checkpoint(args.output, step, loss, args.save_time)
         if args.ignore_requests:
             continue
         reason = runwarden_job.snapshot_requested()
         if reason is not None:
-            save_checkpoint(args.output, step, loss)
+            # Not reported as a `save` line: runwarden measures a stop's save itself.
+            save_checkpoint(args.output, step, loss, args.save_time)
             runwarden_job.write_proof(step, reason)
             metrics.end(step, reason=reason)
             print(f"\nsnapshot saved at step {step} ({reason})", flush=True)
@@ -233,7 +250,7 @@ def train(args: argparse.Namespace, metrics: runwarden_job.Metrics) -> int:
                 hang()
             return 0
     if step >= start:
-        save_checkpoint(args.output, step, loss)
+        save_checkpoint(args.output, step, loss, args.save_time)
     metrics.end(step)
     print(f"\ntraining done at step {step}", flush=True)
     return 0

@@ -160,8 +160,8 @@ class Runwarden:
         self, run_id: str, *, target: str | None = None, command: str | None = None
     ) -> LaunchSpec:
         """The launch that continues the stopped run `run_id`: its target, command,
-        upload, skip list, secret names, limits, name and on-preempt plan, unless
-        overridden, with `resume_from` set.
+        upload, skip list, secret names, limits, stop timeouts, name and on-preempt
+        plan, unless overridden, with `resume_from` set.
 
         Raises:
             NotFound, NotResumable.

@@ -11,6 +11,7 @@ from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .budget import StopTimeouts
 from .chain import OnPreempt
 from .idempotency import LaunchKey
 from .ids import RunId
@@ -142,6 +143,9 @@ class LaunchSpec(_Body):
     """Names of secret env variables, resolved on the worker from
     `RUNWARDEN_SECRET_<NAME>`; values never enter Redis."""
     limits: RunLimits = Field(default_factory=RunLimits)
+    timeouts: StopTimeouts = Field(default_factory=StopTimeouts)
+    """The run's own stop timeouts (`--proof-timeout`, `--end-timeout`), kept on its
+    record and used by each of its stops instead of the learned or configured ones."""
     resume_from: RunId | None = None
     snapshots: bool = True
     """Whether the job reads snapshot requests (the job-side plugin)."""
@@ -185,8 +189,8 @@ def resume_spec(
     run: RunRecord, *, target: str | None = None, command: str | None = None, key: str | None = None
 ) -> LaunchSpec:
     """The launch that continues `run` from its snapshot: its target, command, upload,
-    skip list, secret names, limits, name and on-preempt plan, unless overridden, with
-    `resume_from` set (the worker checks that it can be resumed)."""
+    skip list, secret names, limits, stop timeouts, name and on-preempt plan, unless
+    overridden, with `resume_from` set (the worker checks that it can be resumed)."""
     return LaunchSpec(
         target=target or run.target,
         command=command or run.command,
@@ -195,6 +199,7 @@ def resume_spec(
         skip=run.skip,
         secrets=run.secrets,
         limits=run.limits,
+        timeouts=run.timeouts,
         resume_from=run.id,
         snapshots=run.snapshots,
         on_preempt=run.on_preempt,

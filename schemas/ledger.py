@@ -7,8 +7,9 @@ Every event is a frozen pydantic model with a `kind` (the discriminator of
 the time it happened (`at`, UTC) and, when it belongs to one, the stop's id:
 
     stop_opened       a stop was opened (asked by a producer, a policy, or a request
-                      found in the run directory): reason, asked_by, proof_deadline
-                      (`at` is when it was asked)
+                      found in the run directory): reason, asked_by, proof_deadline,
+                      proof_timeout_s and timeout_source (`explicit`, `learned`,
+                      `default`: `schemas.budget`) (`at` is when it was asked)
     proof_seen        the job's proof was seen, at the proof deadline (`due` set) or
                       at the run's end (`due` None): step, checkpoint, asked_at, due,
                       end_deadline
@@ -41,6 +42,7 @@ from typing import Annotated, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from .budget import TimeoutSource
 from .ids import RunId
 from .run import Artifacts, ArtifactsPhase, RunRecord, RunState
 from .snapshot import Snapshot, SnapshotReason
@@ -135,9 +137,14 @@ class StopOpened(_Event):
     said (`operator/cli`, `billing/nightly-cap`), `policy:<reason>`, `watch` (a
     request found in the run directory)."""
     proof_deadline: UtcDatetime
+    proof_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+    """The proof timeout the stop got (`StopState.budget`); None for a stop without."""
+    timeout_source: TimeoutSource | None = None
+    """Where it came from: the run's own, learned from its saves, or the default."""
 
     @classmethod
     def of(cls, stop: StopState) -> StopOpened:
+        budget = stop.budget
         return cls(
             run_id=stop.run_id,
             stop_id=stop.stop_id,
@@ -145,13 +152,18 @@ class StopOpened(_Event):
             reason=stop.reason,
             asked_by=stop.asked_by,
             proof_deadline=stop.proof_deadline,
+            proof_timeout_s=None if budget is None else budget.proof_timeout_s,
+            timeout_source=None if budget is None else budget.source,
         )
 
     def describe(self) -> str:
-        return (
+        text = (
             f"stop opened ({self.reason}, asked by {self.asked_by}); "
             f"proof deadline {_time(self.proof_deadline)}"
         )
+        if self.proof_timeout_s is not None and self.timeout_source is not None:
+            text += f" ({round(self.proof_timeout_s, 1):g} s, {self.timeout_source})"
+        return text
 
 
 class ProofSeen(_Event):

@@ -48,64 +48,75 @@ class PolicyVerdict:
     why: str
 
 
-def deadline_request_after_s(limits: RunLimits, lead_s: float) -> float | None:
+def deadline_request_after_s(
+    limits: RunLimits, lead_s: float, save_lead_s: float = 0.0
+) -> float | None:
     """Seconds after a run's start at which its `deadline` snapshot is asked:
-    `max_hours` minus `lead_s`, never below 0 (a budget shorter than the lead is
-    asked at once). None when the run has no `max_hours`."""
+    `max_hours` minus the larger of `lead_s` and `save_lead_s` (what the run's saves
+    need, `schemas.budget.save_lead_s`), never below 0 (a budget shorter than the
+    lead is asked at once). None when the run has no `max_hours`."""
     if limits.max_hours is None:
         return None
-    return max(0.0, limits.max_hours * 3600.0 - lead_s)
+    return max(0.0, limits.max_hours * 3600.0 - max(lead_s, save_lead_s))
 
 
-def cost_request_after_s(limits: RunLimits, fraction: float) -> float | None:
-    """Seconds after a run's start at which its cost reaches `fraction` of
-    `max_cost_usd` at `usd_per_hour`. None without a cost cap."""
+def cost_request_after_s(
+    limits: RunLimits, fraction: float, save_lead_s: float = 0.0
+) -> float | None:
+    """Seconds after a run's start at which its `cost` snapshot is asked: when its
+    cost reaches `fraction` of `max_cost_usd` at `usd_per_hour`, or `save_lead_s`
+    (what the run's saves need, `schemas.budget.save_lead_s`) before the whole cap
+    is spent, whichever comes first, never below 0. None without a cost cap."""
     if limits.max_cost_usd is None or limits.usd_per_hour is None:
         return None
-    return fraction * limits.max_cost_usd / limits.usd_per_hour * 3600.0
+    spent_s = limits.max_cost_usd / limits.usd_per_hour * 3600.0
+    return max(0.0, min(fraction * spent_s, spent_s - save_lead_s))
 
 
 def time_verdict(
-    run: RunRecord, now: datetime, *, lead_s: float, cost_fraction: float
+    run: RunRecord,
+    now: datetime,
+    *,
+    lead_s: float,
+    cost_fraction: float,
+    save_lead_s: float = 0.0,
 ) -> PolicyVerdict | None:
     """The time policy that asks `run` for a snapshot at `now`, or None.
 
     A run's hours count from `started` (from `created` for a record without it).
-    When both the deadline and the cost threshold have passed, the one that passed
-    first is the reason (a stop keeps its first reason). Only a running run that
-    reads snapshot requests is ever asked.
+    `save_lead_s` is what the run's saves need (`schemas.budget.save_lead_s`): the
+    deadline is asked at least that long before `max_hours`, and the cost at least
+    that long before the cap is spent. When both the deadline and the cost threshold
+    have passed, the one that passed first is the reason (a stop keeps its first
+    reason). Only a running run that reads snapshot requests is ever asked.
     """
     if run.state is not RunState.RUNNING or not run.snapshots:
         return None
     start = run.started or run.created
     found: list[tuple[float, PolicyVerdict]] = []
-    after = deadline_request_after_s(run.limits, lead_s)
+    after = deadline_request_after_s(run.limits, lead_s, save_lead_s)
     if after is not None and now >= start + timedelta(seconds=after):
         assert run.limits.max_hours is not None
-        found.append(
-            (
-                after,
-                PolicyVerdict(
-                    SnapshotReason.DEADLINE,
-                    f"max_hours {run.limits.max_hours:g} h: "
-                    f"its deadline is {lead_s / 60:g} min away or past",
-                ),
-            )
-        )
-    after = cost_request_after_s(run.limits, cost_fraction)
+        why = f"max_hours {run.limits.max_hours:g} h: "
+        if save_lead_s > lead_s:
+            why += f"its deadline is {save_lead_s / 60:.1f} min away or past (its saves' lead)"
+        else:
+            why += f"its deadline is {lead_s / 60:g} min away or past"
+        found.append((after, PolicyVerdict(SnapshotReason.DEADLINE, why)))
+    after = cost_request_after_s(run.limits, cost_fraction, save_lead_s)
     if after is not None and now >= start + timedelta(seconds=after):
         assert run.limits.usd_per_hour is not None
+        assert run.limits.max_cost_usd is not None
         spent = (now - start).total_seconds() / 3600.0 * run.limits.usd_per_hour
-        found.append(
-            (
-                after,
-                PolicyVerdict(
-                    SnapshotReason.COST,
-                    f"cost {spent:.2f} USD reached {cost_fraction:.0%} of the cap "
-                    f"{run.limits.max_cost_usd:g} USD",
-                ),
+        cap = run.limits.max_cost_usd
+        if spent >= cost_fraction * cap:
+            why = f"cost {spent:.2f} USD reached {cost_fraction:.0%} of the cap {cap:g} USD"
+        else:
+            why = (
+                f"cost {spent:.2f} USD of the cap {cap:g} USD: the rest lasts less than "
+                f"its saves need ({save_lead_s / 60:.1f} min)"
             )
-        )
+        found.append((after, PolicyVerdict(SnapshotReason.COST, why)))
     if not found:
         return None
     return min(found, key=lambda item: item[0])[1]

@@ -9,6 +9,7 @@ from typing import Annotated, Final
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .budget import StopTimeouts
 from .chain import Continuation, OnPreempt, is_preempted
 from .errors import Conflict, NoSnapshots, NotResumable, NotRunning, NotStarted
 from .ids import RunId
@@ -140,6 +141,9 @@ class RunRecord(BaseModel):
     never asked (`NoSnapshots`)."""
     command: str = ""
     limits: RunLimits = Field(default_factory=RunLimits)
+    timeouts: StopTimeouts = Field(default_factory=StopTimeouts)
+    """The stop timeouts the run was launched with (`LaunchSpec.timeouts`): each one
+    given wins over what is learned and configured (`schemas.budget`)."""
     name: str = ""
     upload: str | None = None
     """The worker-side directory uploaded into the run directory (a resume uploads it

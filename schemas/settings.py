@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .bounds import (
@@ -27,6 +27,13 @@ from .bounds import (
     REDIS_MAXMEMORY,
     RETENTION_DAYS,
     ByteSize,
+)
+from .budget import (
+    PROOF_TIMEOUT_CEILING_S,
+    PROOF_TIMEOUT_FACTOR,
+    PROOF_TIMEOUT_FLOOR_S,
+    PROOF_TIMEOUT_MARGIN_S,
+    BudgetRule,
 )
 from .policy import COST_FRACTION, DEADLINE_LEAD_S, DISK_CHECKPOINT_FACTOR, DISK_USED_LIMIT
 from .secrets import PRODUCER_NAME, REDIS_PASSWORD, SecretsDir
@@ -149,6 +156,42 @@ class Settings(BaseSettings):
     def retention_s(self) -> float:
         """[`retention_days`] in seconds."""
         return self.retention_days * 86400.0
+    # --- stop budgets (defaults: schemas.budget) ---------------------------------------
+    proof_timeout_factor: Annotated[float, Field(ge=1, allow_inf_nan=False)] = (
+        PROOF_TIMEOUT_FACTOR
+    )
+    """A proof timeout learned from a run's saves is this many times the longest one
+    (plus the margin); the policies also ask at least this many times the longest
+    save before a run's deadline or the end of its cost budget."""
+    proof_timeout_margin_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = (
+        PROOF_TIMEOUT_MARGIN_S
+    )
+    """Seconds added to the multiple of the longest save."""
+    proof_timeout_floor_s: _Positive = PROOF_TIMEOUT_FLOOR_S
+    """A learned proof timeout is never shorter."""
+    proof_timeout_ceiling_s: _Positive = PROOF_TIMEOUT_CEILING_S
+    """A learned proof timeout is never longer."""
+
+    @model_validator(mode="after")
+    def _budget(self) -> Settings:
+        if self.proof_timeout_floor_s > self.proof_timeout_ceiling_s:
+            raise ValueError(
+                f"RUNWARDEN_PROOF_TIMEOUT_FLOOR_S ({self.proof_timeout_floor_s:g}) is above "
+                f"RUNWARDEN_PROOF_TIMEOUT_CEILING_S ({self.proof_timeout_ceiling_s:g})"
+            )
+        return self
+
+    @property
+    def budget_rule(self) -> BudgetRule:
+        """The knobs of a stop's timeouts (`schemas.budget.stop_budget`)."""
+        return BudgetRule(
+            default_proof_s=self.proof_timeout_s,
+            default_end_s=self.end_timeout_s,
+            factor=self.proof_timeout_factor,
+            margin_s=self.proof_timeout_margin_s,
+            floor_s=self.proof_timeout_floor_s,
+            ceiling_s=self.proof_timeout_ceiling_s,
+        )
 
     @field_validator("producer")
     @classmethod

@@ -26,6 +26,7 @@ from typing import Annotated, Final, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from .budget import StopBudget
 from .ids import RunId
 from .snapshot import SnapshotReason
 
@@ -130,6 +131,9 @@ class StopState(BaseModel):
     cancels: Annotated[int, Field(ge=0)] = 0
     """Cancels tried for this stop: a failed one is retried after a delay that doubles
     with each try."""
+    budget: StopBudget | None = None
+    """The proof and end timeouts this stop got, and why (`schemas.budget`); None in
+    a stop opened without one (the configured timeouts then apply)."""
 
 
 class Deadline(BaseModel):

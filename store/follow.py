@@ -1,21 +1,25 @@
 """The follow in the run store: which runs each target follows, how far the follower
 read each run's files (byte offsets), the log and metrics streams it appended (each
-bounded in entries and bytes, `store.streams`), and the run's progress folded from
-its metrics (`schemas.progress`)."""
+bounded in entries and bytes, `store.streams`), the run's progress folded from its
+metrics (`schemas.progress`), and the periodic saves its metrics report
+(`store.budgets`)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 from redis.exceptions import WatchError
 
 from schemas import Conflict, Progress, StoreError, validate_run_id
+from schemas.budget import save_samples
 from schemas.progress import finite, progress_fields
 
 from .base import text, translated
+from .budgets import queue_saves
 from .runs import RunsMixin
 from .streams import ENTRY_OVERHEAD_BYTES, cut_line
 
@@ -280,6 +284,8 @@ class FollowMixin(RunsMixin):
                 self.keys.progress(run_id),
                 mapping={name: json.dumps(value) for name, value in fields.items()},
             )
+        # The job's periodic saves teach its stops' budgets, counted once with the lines.
+        queue_saves(pipe, self.keys.saves(run_id), save_samples(records, datetime.now(UTC)))
 
     def _queue_stream(
         self, pipe: Any, key: str, counter: str, bounds: list[Any], values: list[bytes]

@@ -25,6 +25,7 @@ key, only `[A-Za-z0-9_.-]` as `schemas.idempotency` checks it; `<target>` a targ
 | `P metrics:<id>` | stream | `m` = one metrics record, JSON (8) (7) |
 | `P streambytes:<id>` | hash | `log`, `metrics`: bytes each stream has taken in (8) (7) |
 | `P progress:<id>` | hash | `Progress` fields, each a JSON value (7) |
+| `P saves:<id>` | list | the run's save times (`SaveSample` JSON), newest first, at most 20 (10) |
 | `P once:<key>` | string | marker of an effect done once (expires) |
 | `P retrievals` | sorted set | ids of runs with `artifacts` pending, score = next attempt |
 | `P continuations` | sorted set | preempted runs whose continuation waits, score = next try (4) |
@@ -67,6 +68,10 @@ in before it (`store.streams`).
 `schemas.health.Heartbeat`);
 unix seconds on Redis's clock. The key lapses `schemas.health.HEARTBEAT_TTL_S` after the
 last heartbeat; a clean shutdown removes both.
+(10) Pushed by the follow (`save` metrics lines, in the transaction that records
+them) and by the end of a stop that proved (`store.budgets`); a resumed run reads
+its resume sources' too, so it is kept as long as the record (at most 20 entries of
+about 100 bytes: it never outgrows the record).
 
 Celery's Redis transport keeps its own keys in the same database, without our
 prefix (`broker_*` below, read by `runwarden status`): each queue is a list named as
@@ -154,6 +159,8 @@ class Keys:
     def progress(self, run_id: str) -> str:
         return self._key("progress", validate_run_id(run_id))
 
+    def saves(self, run_id: str) -> str:
+        return self._key("saves", validate_run_id(run_id))
     def stream_bytes(self, run_id: str) -> str:
         return self._key("streambytes", validate_run_id(run_id))
 

@@ -1,7 +1,7 @@
 """[`RunStore`]: the run store, one object over one Redis client, composed of the
 parts in this package (targets, runs, the follow, stops and deadlines, the end of a
 run, launches, retrievals, continuations, coordination, the ledger and its metrics,
-the webhooks' delivery queue, Redis's memory)."""
+the webhooks' delivery queue, Redis's memory, save samples)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from redis.retry import Retry
 from schemas import Settings
 
 from .base import translated
+from .budgets import BudgetsMixin
 from .continuations import ContinuationsMixin
 from .coordination import CoordinationMixin
 from .ending import EndingMixin
@@ -37,6 +38,7 @@ class RunStore(
     CoordinationMixin,
     LedgerMixin,
     WebhooksMixin,
+    BudgetsMixin,
     MemoryMixin,
     HealthMixin,
 ):

@@ -25,6 +25,7 @@ from schemas import (
     StopState,
     new_stop_id,
 )
+from schemas.budget import StopBudget
 
 from .base import aware, load_model, millis, replace_model, score, seconds, text, translated
 from .runs import RunsMixin
@@ -60,6 +61,7 @@ class StopsMixin(RunsMixin):
         proof_timeout_s: float,
         *,
         replace_reason: bool = False,
+        budget: StopBudget | None = None,
     ) -> tuple[StopState, bool]:
         """Opens the stop of run `run_id`, or finds the one already open; returns it
         and whether this call opened it.
@@ -73,6 +75,9 @@ class StopsMixin(RunsMixin):
           twice), unless `replace_reason` is True, which changes only the reason
           (asking again changes nothing but the reason: pass it for a person's
           explicit `stop --reason`).
+
+        `budget`, when given, is kept in a new stop, saying which timeouts it got and
+        why (`schemas.budget`); its proof deadline is always `proof_timeout_s` from now.
 
         Two callers racing get one stop: exactly one sees True. A new stop is opened
         only for a running run, checked in the same script (a caller's own check may
@@ -97,6 +102,7 @@ class StopsMixin(RunsMixin):
             asked_by=asked_by,
             asked_at=asked_at,
             proof_deadline=asked_at + timedelta(seconds=seconds(proof_timeout_s, "timeout")),
+            budget=budget,
         )
         deadline = Deadline(
             run_id=run_id, stop_id=fresh.stop_id, kind="proof", due=fresh.proof_deadline

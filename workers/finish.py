@@ -19,6 +19,7 @@ from schemas.protocol import PROOF_LIMIT, SNAPSHOT_FILE
 from schemas.snapshot import Proof
 
 from .artifacts import queue_retrieval
+from .budgets import record_stop_save
 from .context import Context, utcnow
 from .executors import ExecError, Executor, ProtocolError
 from .notify import emit
@@ -46,10 +47,12 @@ def finish(ctx: Context, run: RunRecord, status: JobStatus, executor: Executor) 
     """Records how `run` ended (its outcome from `status` and its proof, read once
     from the target: a proof is never thrown away) and, in the same transaction, closes
     its stop (its deadlines cleared) and stops following it; the first to record the
-    end sends the retrieval. A run already ended keeps its state. Returns the stored
-    record."""
+    end sends the retrieval, and records how long a stop that proved took
+    (`workers.budgets.record_stop_save`). A run already ended keeps its state.
+    Returns the stored record."""
     outcome = decide_outcome(status, read_proof(executor, run))
     note = f"the run ended {outcome.state}"
+    stop = ctx.store.get_stop(run.id)  # read before the end closes it: its save time
     try:
         record, changed = ctx.store.end_run(
             run.id, outcome.state, message=outcome.message, snapshot=outcome.snapshot, note=note
@@ -62,6 +65,7 @@ def finish(ctx: Context, run: RunRecord, status: JobStatus, executor: Executor) 
         ctx.store.unfollow(run.id)
     if changed:
         log.info("run %s: %s (%s)", run.id, record.state, record.message or "")
+        record_stop_save(ctx, stop, outcome.snapshot is not None, utcnow())
         emit(ctx, RunEnded.of, record, utcnow())
         queue_retrieval(ctx, record)
     return record

@@ -133,6 +133,7 @@ def _claim(
             snapshots=spec.snapshots,
             command=spec.command,
             limits=spec.limits,
+            timeouts=spec.timeouts,
             name=spec.name,
             upload=None if spec.upload is None else str(spec.upload),
             skip=spec.skip,

@@ -13,6 +13,7 @@ from schemas.events import TASK_SNAPSHOT_REQUEST
 from schemas.ledger import PolicyDecision
 from schemas.policy import PolicyVerdict, disk_verdict, time_verdict
 
+from .budgets import policy_save_lead_s
 from .context import Context
 from .executors import ExecError
 from .notify import emit
@@ -25,7 +26,8 @@ __all__ = ["policy_target"]
 
 def policy_target(ctx: Context, target: str, now: datetime) -> dict[str, int]:
     """Evaluates the policies of every followed, running run of `target` that reads
-    snapshot requests and has no open stop: the time policies from the record alone;
+    snapshot requests and has no open stop: the time policies from the record and
+    the run's save samples (asked early enough for its saves, `workers.budgets`);
     the disk policy from one read-only probe of the target, at most once per
     `disk_probe_s`. Each verdict is published as a `runwarden.snapshot_request` event
     with `only_if_none_open` (an open stop is never asked again, its first reason
@@ -44,7 +46,11 @@ def policy_target(ctx: Context, target: str, now: datetime) -> dict[str, int]:
     verdicts: dict[str, PolicyVerdict] = {}
     for run in runs:
         verdict = time_verdict(
-            run, now, lead_s=settings.deadline_lead_s, cost_fraction=settings.cost_fraction
+            run,
+            now,
+            lead_s=settings.deadline_lead_s,
+            cost_fraction=settings.cost_fraction,
+            save_lead_s=policy_save_lead_s(ctx, run),
         )
         if verdict is not None:
             verdicts[run.id] = verdict

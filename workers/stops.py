@@ -32,6 +32,7 @@ from schemas.run import check_cancel, check_snapshot_request
 from schemas.snapshot import Proof
 
 from .artifacts import resend_due_retrievals
+from .budgets import FOUND_BY, countdown_limit_s, next_budget
 from .context import Context, utcnow
 from .executors import ExecError, ProtocolError, SshError
 from .finish import finish, read_proof
@@ -79,6 +80,9 @@ def _send_deadline(
     *,
     reason: SnapshotReason | None = None,
 ) -> None:
+    if countdown_s > countdown_limit_s(ctx.settings):
+        log.info("run %s: no countdown for its %s deadline: reconcile fires it", run_id, kind)
+        return
     name = TASK_PROOF_TIMEOUT if kind == "proof" else TASK_END_TIMEOUT
     body: dict[str, str] = {"run_id": run_id, "stop_id": stop_id}
     if reason is not None:
@@ -91,9 +95,11 @@ def _send_deadline(
 
 def _armed(ctx: Context, stop: StopState, how: str) -> StopState:
     """A newly opened `stop`: its proof countdown sent, and said in the log."""
-    schedule_deadline(ctx, stop, "proof", ctx.settings.proof_timeout_s)
+    proof_s = (stop.proof_deadline - stop.asked_at).total_seconds()
+    schedule_deadline(ctx, stop, "proof", proof_s)
     emit(ctx, StopOpened.of, stop)
-    log.info("run %s: %s (%s, by %s)", stop.run_id, how, stop.reason, stop.asked_by)
+    budget = "" if stop.budget is None else f", {stop.budget.describe()}: {stop.budget.why}"
+    log.info("run %s: %s (%s, by %s%s)", stop.run_id, how, stop.reason, stop.asked_by, budget)
     return stop
 
 
@@ -132,13 +138,15 @@ def request_snapshot(
             found = ctx.store.get_stop(run_id)
             if found is not None:
                 return found
+    budget = next_budget(ctx, run)
     stop, opened = ctx.store.open_stop(
         run_id,
         reason,
         asked_by,
         now,
-        ctx.settings.proof_timeout_s,
+        budget.proof_timeout_s,
         replace_reason=not only_if_none_open,
+        budget=budget,
     )
     if not opened and only_if_none_open:
         return stop
@@ -172,8 +180,14 @@ def notice_request(ctx: Context, run: RunRecord, reason: str, now: datetime) -> 
     if not run.snapshots:
         return
     try:
+        budget = next_budget(ctx, run)
         stop, opened = ctx.store.open_stop(
-            run.id, SnapshotReason.parse(reason), "watch", now, ctx.settings.proof_timeout_s
+            run.id,
+            SnapshotReason.parse(reason),
+            FOUND_BY,
+            now,
+            budget.proof_timeout_s,
+            budget=budget,
         )
     except NotRunning:
         return  # it ended since this tick read it
@@ -226,8 +240,9 @@ def _proof_deadline(
 ) -> str:
     """The proof deadline of a running job: a valid proof gets the end deadline;
     anything else (no proof, an invalid one, one that cannot be read) cancels it."""
+    end_s = ctx.settings.end_timeout_s if stop.budget is None else stop.budget.end_timeout_s
     if isinstance(proof, ProofSaved):
-        end = now + timedelta(seconds=ctx.settings.end_timeout_s)
+        end = now + timedelta(seconds=end_s)
         moved = ctx.store.advance_stop(
             run.id,
             stop.stop_id,
@@ -237,7 +252,7 @@ def _proof_deadline(
             note=f"proof seen at step {proof.snapshot.step}: waiting for the job to end",
         )
         if moved is not None:
-            schedule_deadline(ctx, moved, "end", ctx.settings.end_timeout_s)
+            schedule_deadline(ctx, moved, "end", end_s)
             emit(ctx, ProofSeen.at_deadline, stop, proof.snapshot, now, end)
         return "proved"
     what = "no snapshot"
@@ -245,7 +260,8 @@ def _proof_deadline(
         what = f"no valid snapshot ({proof.why})"
     elif proof is None:
         what = "no readable snapshot"
-    note = f"{what} {ctx.settings.proof_timeout_s:g} s after it was asked for: cancelling the job"
+    waited = round((stop.proof_deadline - stop.asked_at).total_seconds(), 1)
+    note = f"{what} {waited:g} s after it was asked for: cancelling the job"
     return _escalate(ctx, stop, note, now)
 
 

@@ -13,6 +13,7 @@ import typer
 
 from producers.api import OperationFailed, Runwarden
 from schemas import RunLimits, RunRecord, SnapshotReason
+from schemas.budget import StopTimeouts
 from schemas.chain import DEFAULT_MAX_PREEMPTIONS, OnPreempt
 from schemas.events import LaunchSpec
 from schemas.idempotency import new_launch_key
@@ -128,6 +129,23 @@ def launch(
             show_default=False,
         ),
     ] = True,
+    proof_timeout: Annotated[
+        float | None,
+        typer.Option(
+            metavar="SECONDS",
+            help="How long each stop of the run waits for the job's proof before it "
+            "cancels the job, in seconds (default: learned from how long the run's saves "
+            "take, else RUNWARDEN_PROOF_TIMEOUT_S).",
+        ),
+    ] = None,
+    end_timeout: Annotated[
+        float | None,
+        typer.Option(
+            metavar="SECONDS",
+            help="How long each stop of the run waits for the job's end after its "
+            "proof, in seconds (default: RUNWARDEN_END_TIMEOUT_S).",
+        ),
+    ] = None,
     resume_from: Annotated[
         str | None,
         typer.Option(
@@ -217,6 +235,7 @@ def launch(
                              usd_per_hour=usd_per_hour, disk=disk_policy),
             resume_from=resume_from, snapshots=snapshots,
             key=key or new_launch_key(), on_preempt=plan(),
+            timeouts=StopTimeouts(proof_timeout_s=proof_timeout, end_timeout_s=end_timeout),
         )  # fmt: skip
 
     spec = run_op(build)

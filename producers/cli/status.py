@@ -82,6 +82,11 @@ def status(
     With Redis unreachable: ok false, redis.reachable false with its error, the
     lists empty, unacked and deadlines null. Unknown values are null. Fields may be
     added, never renamed or removed.
+
+    \b
+    Examples:
+      runwarden status
+      runwarden status --json --timeout 2
     """
     try:
         settings = Settings()

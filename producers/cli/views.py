@@ -10,9 +10,11 @@ import typer
 from rich.markup import escape
 from rich.table import Column, Table
 
-from schemas import RunRecord, StoreError
+from schemas import RunRecord, StopState, StoreError
+from schemas.budget import stop_budget
 from schemas.text import clean_text
 
+from ..api import Runwarden
 from .common import (
     RunIdArgument,
     app,
@@ -132,6 +134,9 @@ def show(
     current = run_op(lambda: api.get_stop(run.id))
     if current is not None:
         out.print(f"[bold]{'stop':12}[/] {phase_line(current, datetime.now(UTC))}")
+    timeouts = _timeouts_line(api, run, current)
+    if timeouts is not None:
+        out.print(f"[bold]{timeouts[0]:12}[/] {escape(timeouts[1])}", highlight=False)
     try:
         warning = api.store.memory().warning()
     except StoreError:
@@ -150,6 +155,22 @@ def show(
     if ledger:
         out.print("[bold]ledger[/]")
         out.print(ledger_table(ledger, with_run=False))
+
+
+def _timeouts_line(
+    api: Runwarden, run: RunRecord, current: StopState | None
+) -> tuple[str, str] | None:
+    """What `show` says of a stop's timeouts, and its label: those the open stop got;
+    without one, those a running run's next stop would get (learned from its saves as
+    a worker would, `schemas.budget`); else nothing."""
+    if current is not None:
+        label, budget = "timeout", current.budget
+    elif run.state == "running" and run.snapshots:
+        saves = run_op(lambda: api.store.learned_saves(run))
+        label, budget = "next stop", stop_budget(run.timeouts, saves, api.settings.budget_rule)
+    else:
+        return None
+    return None if budget is None else (label, f"{budget.describe()}: {budget.why}")
 
 
 @app.command()
@@ -209,8 +230,9 @@ def stops(
     ] = 500,
     as_json: Annotated[bool, json_option("the stops' records (or the ledger's entries)")] = False,
 ) -> None:
-    """List the stops in flight: phase, reason, deadlines, time left; with --history,
-    the stop ledger of every run (or of RUN_ID), newest first.
+    """List the stops in flight: phase, reason, deadlines, time left, the proof timeout
+    each got and where it came from (explicit, learned, default); with --history, the
+    stop ledger of every run (or of RUN_ID), newest first.
 
     \b
     Examples:
@@ -225,16 +247,20 @@ def stops(
         fail("a run id goes with --history", 2)
     api = client()
     current = run_op(api.list_stops)
-    fields = ("run_id", "phase", "reason", "asked_at", "proof_deadline", "end_deadline")
+    fields = ("run_id", "phase", "reason", "asked_at", "proof_deadline", "end_deadline", "budget")
     if as_json:
         print_json([{f: s.model_dump(mode="json")[f] for f in fields} for s in current])
         return
     now = datetime.now(UTC)
     table = Table(Column("run", no_wrap=True), "phase", "reason", "asked by", "asked at",
-                  "time left")  # fmt: skip
+                  "time left", "proof timeout")  # fmt: skip
     for s in current:
+        budget = ""
+        if s.budget is not None:
+            budget = f"{round(s.budget.proof_timeout_s, 1):g} s {s.budget.source}"
         table.add_row(s.run_id, str(s.phase), str(s.reason), escape(s.asked_by),
-                      s.asked_at.strftime("%T"), phase_line(s, now).split("; ", 1)[1])  # fmt: skip
+                      s.asked_at.strftime("%T"), phase_line(s, now).split("; ", 1)[1],
+                      budget)  # fmt: skip
     out.print(table)
 
 

@@ -26,6 +26,7 @@ from schemas import (
     StoreError,
     validate_run_id,
 )
+from schemas.budget import stop_budget
 
 from ..api import OperationFailed
 from .render import Web
@@ -97,10 +98,13 @@ def page_router(web: Web) -> APIRouter:
         if form.get("confirmed") != "yes":
             run = await run_in_threadpool(web.api.get_run, run_id)
             progress = await run_in_threadpool(web.api.store.last_metrics, run_id)
+            # The timeouts the stop would get (a stop already open keeps its own).
+            saves = await run_in_threadpool(web.api.store.learned_saves, run)
+            budget = stop_budget(run.timeouts, saves, web.api.settings.budget_rule)
             return web.page(
                 request, "confirm.html", action=action, run=run, progress=progress,
-                reason=reason, proof_timeout_s=web.api.settings.proof_timeout_s,
-                end_timeout_s=web.api.settings.end_timeout_s,
+                reason=reason, proof_timeout_s=budget.proof_timeout_s,
+                end_timeout_s=budget.end_timeout_s, budget=budget,
             )  # fmt: skip
         try:
             if action == "stop":

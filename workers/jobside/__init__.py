@@ -19,6 +19,7 @@ __all__ = ["JOBSIDE_FILES", "jobside_dir", "jobside_files"]
 
 JOBSIDE_FILES: Final[tuple[str, ...]] = (
     "runwarden_job.py",
+    "runwarden_metrics.py",
     "runwarden_preempt.py",
     "runwarden_hf.py",
 )

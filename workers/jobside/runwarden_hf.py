@@ -30,12 +30,14 @@ What the callback does:
   got a signal. A request seen at or after the last step (``global_step >=
   max_steps``) changes nothing: the run ends normally. On a request it sets
   ``control.should_save`` and ``control.should_training_stop``.
-- ``on_save``: the Trainer has saved ``<output_dir>/checkpoint-<global_step>``; after
-  every rank has finished saving, rank 0 flushes the checkpoint to disk and writes
-  the proof ``snapshot.json`` naming ``output/checkpoint-<step>``. This is only
-  possible when ``output_dir`` is the run directory's ``output``; otherwise a
-  warning is logged and no proof is written (runwarden then sees a job that ends
-  without a proof).
+- ``on_save``: the Trainer has saved ``<output_dir>/checkpoint-<global_step>``; a
+  ``save`` metrics line says how long that took (from the step's end) and how long
+  the step before it took, so runwarden learns how long this job's stops may wait
+  for a proof. When a snapshot was requested, after every rank has finished
+  saving, rank 0 flushes the checkpoint to disk and writes the proof
+  ``snapshot.json`` naming ``output/checkpoint-<step>``. This is only possible when
+  ``output_dir`` is the run directory's ``output``; otherwise a warning is logged
+  and no proof is written (runwarden then sees a job that ends without a proof).
 - ``on_train_end``: ``end`` metrics line (with ``reason`` after a snapshot); on every
   rank, the signal handlers from before ``on_train_begin`` are restored.
 
@@ -51,6 +53,7 @@ import numbers
 import os
 import signal
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any, Final, Protocol, cast
 
@@ -71,6 +74,9 @@ _CHECKPOINT_PREFIX: Final = "checkpoint-"
 class _MetricsApi(Protocol):
     def begin(self, max_steps: int, **extra: object) -> None: ...
     def log(self, step: int, **values: object) -> None: ...
+    def save(
+        self, step: int, seconds: float, *, step_seconds: float | None = None, **extra: object
+    ) -> None: ...
     def end(self, step: int, **extra: object) -> None: ...
     def close(self) -> None: ...
 
@@ -269,7 +275,8 @@ class _RunwardenLogic:
       (an epoch-end save) is cancelled, so the proven checkpoint is not rewritten; a
       requested save that the Trainer skipped (``save_strategy="best"``) is asked
       again at the epoch end.
-    - Metrics (``begin``, ``log``, ``end``) are written by world process zero only,
+    - Metrics (``begin``, ``log``, ``save``, ``end``) are written by world process
+      zero only,
       to ``$RUNWARDEN_METRICS`` (nothing when unset). Opening that file at train begin
       may raise ``OSError``; writing a line never does.
     """
@@ -287,6 +294,10 @@ class _RunwardenLogic:
         """The absolute path of the proof once written (rank 0 only)."""
         self._saved_step: int | None = None
         self._metrics: _MetricsApi | None = None
+        self._step_end: float | None = None
+        """When the last step ended (or training began), on the monotonic clock."""
+        self._step_seconds: float | None = None
+        """How long the last step took."""
 
     # Hooks. Their signatures are transformers' (args, state, control, **kwargs); the
     # return value is None: the Trainer keeps its `control`, changed in place.
@@ -297,6 +308,7 @@ class _RunwardenLogic:
         (``max_steps``, ``first_step`` = the step after the resumed one); warns when a
         proof would be impossible. Raises ``ValueError`` for a bad signal name."""
         self.reason = self.stop_step = self.proof_path = self._saved_step = None
+        self._step_end, self._step_seconds = time.monotonic(), None
         try:
             self.installed = _job.install_preemption_signals(self.preempt_signals)
         except RuntimeError as error:
@@ -330,6 +342,10 @@ class _RunwardenLogic:
         """Looks for a request (rank 0: the file or its own signal; other ranks: their
         signal), agrees on the decision (every rank), and on one sets ``should_save``
         and ``should_training_stop``."""
+        now = time.monotonic()
+        if self._step_end is not None:
+            self._step_seconds = now - self._step_end
+        self._step_end = now
         if self.reason is not None:
             return
         dist = _distributed()
@@ -361,9 +377,13 @@ class _RunwardenLogic:
             )
 
     def on_save(self, args: _Args, state: _State, control: _Control, **kwargs: Any) -> None:
-        """After the Trainer saved ``<output_dir>/checkpoint-<global_step>``: when a
-        snapshot was requested, waits for every rank, and rank 0 fsyncs the checkpoint
-        and writes the proof (see the class contracts)."""
+        """After the Trainer saved ``<output_dir>/checkpoint-<global_step>``: world
+        process zero writes a ``save`` line (the seconds since the step ended, and the
+        step's own); when a snapshot was requested, waits for every rank, and rank 0
+        fsyncs the checkpoint and writes the proof (see the class contracts)."""
+        if self._metrics is not None and state.is_world_process_zero and self._step_end is not None:
+            seconds = max(0.0, time.monotonic() - self._step_end)
+            self._metrics.save(state.global_step, seconds, step_seconds=self._step_seconds)
         if self.reason is None or self._saved_step is not None:
             return
         self._saved_step = state.global_step

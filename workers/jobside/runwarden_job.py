@@ -26,10 +26,18 @@ The contract with runwarden (and with overbrainer, whose file names are kept):
   fsync): a reader sees no file or a complete proof, never a part of one, and a
   proof that is seen names a checkpoint that exists. Then the job ends; if it does
   not end in time, runwarden cancels it.
-- **Metrics.** :class:`Metrics` appends one JSON object a line to the file named by
-  ``RUNWARDEN_METRICS``: ``begin`` (``max_steps``), ``log`` (``step`` and values such
-  as ``loss``), ``end`` (``step``). Every line is one ``write`` on an ``O_APPEND``
-  descriptor, so lines of concurrent writers never interleave.
+- **Metrics.** :class:`Metrics` (``runwarden_metrics.py``, shipped next to this
+  file) appends one JSON object a line to the file named by ``RUNWARDEN_METRICS``:
+  ``begin`` (``max_steps``), ``log`` (``step`` and values such as ``loss``),
+  ``save`` (``step``, ``seconds``: how long a checkpoint save took, and
+  ``step_seconds``: how long a step takes), ``end`` (``step``). Every line is one
+  ``write`` on an ``O_APPEND`` descriptor, so lines of concurrent writers never
+  interleave.
+- **Save times.** runwarden learns how long this job's stops may wait for a proof
+  from how long its saves take: the stops it measures itself, and the ``save`` lines
+  (:meth:`Metrics.save`, :meth:`Metrics.saving`). A job that reports its periodic
+  saves is never cancelled for a save slower than the configured proof timeout
+  once one such save was seen.
 
 Everything here is safe to call from a job that was not launched by runwarden: the
 request is then looked for in the current directory and metrics are not written.
@@ -41,16 +49,12 @@ import contextlib
 import errno
 import importlib
 import json
-import math
-import numbers
 import os
 import secrets
 import signal
 import sys
-import threading
 import time
 from collections.abc import Sequence
-from types import TracebackType
 from typing import Final, cast
 
 __all__ = [
@@ -105,10 +109,15 @@ PREEMPTED: Final = "preempted"
 _DEFAULT_REASON: Final = REASONS[0]
 _REQUEST_LIMIT: Final = 4 * 1024
 _STEP_MAX: Final = 2**64 - 1
-_RESERVED_KEYS: Final = frozenset({"event", "time"})
 # The signal half of the job side, shipped next to this file: a sibling in this
 # package when imported as part of one, else a top-level module on PYTHONPATH.
 _PREEMPT_MODULE: Final = f"{__package__}.runwarden_preempt" if __package__ else "runwarden_preempt"
+# The metrics half, shipped next to this file the same way.
+_METRICS_MODULE: Final = f"{__package__}.runwarden_metrics" if __package__ else "runwarden_metrics"
+
+Metrics = importlib.import_module(_METRICS_MODULE).Metrics
+"""Appends metrics lines (``begin``, ``log``, ``save``, ``end``): the class of
+``runwarden_metrics.py``, shipped next to this file."""
 
 
 def request_path() -> str:
@@ -375,125 +384,3 @@ def write_proof(step: int, reason: str, *, directory: str | None = None) -> str:
         raise
     _fsync_directory(base)
     return final
-
-
-def _json_value(key: str, value: object) -> object:
-    """``value`` as written to a metrics line: ``None``, ``bool``, ``str``, ``int`` or a
-    finite ``float`` (NaN and infinities become ``None``). Numbers of other types
-    (numpy scalars, ``Fraction``, ...) are converted through the ``numbers`` ABCs.
-    Anything else raises ``TypeError`` naming ``key``."""
-    if value is None or isinstance(value, (bool, str)):
-        return value
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    if isinstance(value, numbers.Real):
-        number = float(value)
-        return number if math.isfinite(number) else None
-    raise TypeError(
-        f"metric {key!r} must be a number, a string, a bool or None, not {type(value).__name__}"
-    )
-
-
-class Metrics:
-    """Appends metrics lines, one JSON object each, to ``path`` (default
-    ``$RUNWARDEN_METRICS``). When neither is given, every method does nothing, so a
-    trainer can always use one.
-
-    Every record has ``"event"`` (``"begin"``, ``"log"`` or ``"end"``) and ``"time"``
-    (unix seconds, float), then the event's own keys and the caller's values. A line
-    is ASCII JSON with no raw newline, ends with ``"\\n"``, and is written with a
-    single ``os.write`` on a descriptor opened ``O_APPEND | O_CREAT``: lines of
-    concurrent writers (threads or processes) never interleave.
-
-    Failure modes: opening the file raises ``OSError`` from the constructor (a
-    misconfiguration, seen before training starts). Writing a line never raises
-    ``OSError``: metrics must not kill a training whose disk is full; a line that
-    cannot be written is lost, counted in :attr:`dropped`, and the error kept in
-    :attr:`last_error`. Bad values raise ``TypeError``/``ValueError``. After
-    :meth:`close`, writes are ignored.
-    """
-
-    def __init__(self, path: str | None = None) -> None:
-        """Opens ``path``, else ``$RUNWARDEN_METRICS`` when set and not empty, for
-        appending (created with mode 0o644 if missing). Raises ``OSError`` when it
-        cannot be opened."""
-        chosen = path if path is not None else (os.environ.get(METRICS_ENV) or None)
-        self.path: str | None = os.path.abspath(chosen) if chosen is not None else None
-        """The file written, or ``None`` when this object writes nothing."""
-        self.dropped: int = 0
-        """Lines that could not be written."""
-        self.last_error: OSError | None = None
-        """The error of the last line that could not be written."""
-        self._lock = threading.Lock()
-        self._fd: int | None = None
-        if self.path is not None:
-            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
-            self._fd = os.open(self.path, flags, 0o644)
-
-    @property
-    def enabled(self) -> bool:
-        """Whether lines are written: a file is open and not closed."""
-        return self._fd is not None
-
-    def begin(self, max_steps: int, **extra: object) -> None:
-        """Records the start of training: ``{"event": "begin", "time": T, "max_steps":
-        max_steps, **extra}``. Raises ``ValueError`` for a negative or non-int
-        ``max_steps`` or a reserved key (``event``, ``time``), ``TypeError`` for a value
-        that is not a JSON scalar."""
-        self._emit("begin", {"max_steps": _check_step(max_steps, "max_steps")}, extra)
-
-    def log(self, step: int, **values: object) -> None:
-        """Records values at ``step`` (e.g. ``loss``, ``learning_rate``): ``{"event":
-        "log", "time": T, "step": step, **values}``. NaN and infinities are written as
-        ``null``. Raises like :meth:`begin`."""
-        self._emit("log", {"step": _check_step(step)}, values)
-
-    def end(self, step: int, **extra: object) -> None:
-        """Records the end of training at ``step`` (e.g. ``reason=...`` after a
-        snapshot): ``{"event": "end", "time": T, "step": step, **extra}``. Raises like
-        :meth:`begin`."""
-        self._emit("end", {"step": _check_step(step)}, extra)
-
-    def _emit(self, event: str, fixed: dict[str, object], values: dict[str, object]) -> None:
-        # Values are checked even when disabled, so a mistake shows without a file.
-        record: dict[str, object] = {"event": event, "time": time.time(), **fixed}
-        for key, value in values.items():
-            if key in _RESERVED_KEYS or key in fixed:
-                raise ValueError(f"metric key {key!r} is reserved")
-            record[key] = _json_value(key, value)
-        if self._fd is None:
-            return
-        # ensure_ascii and allow_nan=False: the line is plain JSON without a raw
-        # newline, whatever the strings hold.
-        line = (json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n").encode()
-        with self._lock:
-            if self._fd is None:
-                return
-            try:
-                written = os.write(self._fd, line)
-                if written < len(line):
-                    # Only a full disk or a quota cuts a regular-file append short;
-                    # finishing the line keeps the file one record a line.
-                    _write_all(self._fd, line[written:])
-            except OSError as error:
-                self.dropped += 1
-                self.last_error = error
-
-    def close(self) -> None:
-        """Closes the file; later writes are ignored. Idempotent; never raises."""
-        with self._lock:
-            fd, self._fd = self._fd, None
-        if fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-
-    def __enter__(self) -> Metrics:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()

@@ -52,7 +52,9 @@ NARROW = {"COLUMNS": "80"}
 """rich's width when stdout is not a terminal (a pipe, a file) and COLUMNS is unset.
 Every command runs with COLUMNS=200 (a wide terminal: tables and paths stay on one
 line) unless a test passes this."""
-STOP_FIELDS = {"run_id", "phase", "reason", "asked_at", "proof_deadline", "end_deadline"}
+STOP_FIELDS = {
+    "run_id", "phase", "reason", "asked_at", "proof_deadline", "end_deadline", "budget"
+}  # fmt: skip
 
 
 # --- running the CLI ----------------------------------------------------------------
@@ -296,10 +298,14 @@ def test_launch_with_a_name_puts_its_slug_in_the_run_id(pipeline: Pipeline) -> N
         (["--target", "local", "--secret", "BAD-NAME", "--", "true"], "BAD-NAME"),
         (["--target", "local", "--resume-from", "../x", "--", "true"], "invalid run id"),
         (["--target", "bad name", "--", "true"], "target"),
+        (["--target", "local", "--proof-timeout", "0", "--", "true"], "proof_timeout_s"),
+        (["--target", "local", "--end-timeout", "-5", "--", "true"], "end_timeout_s"),
+        (["--target", "local", "--proof-timeout", "inf", "--", "true"], "proof_timeout_s"),
     ],
     ids=[
         "no-command", "empty-command", "no-target", "unknown-target", "cost-without-rate",
         "max-hours-0", "max-hours-negative", "bad-secret-name", "bad-resume-id", "bad-target-name",
+        "proof-timeout-0", "end-timeout-negative", "proof-timeout-inf",
     ],
 )  # fmt: skip
 def test_launch_refuses_bad_input(pipeline: Pipeline, args: list[str], needle: str) -> None:
@@ -578,8 +584,14 @@ def test_stop_a_job_without_snapshots_fails(pipeline: Pipeline) -> None:
 
 
 def test_stops_in_flight(pipeline: Pipeline) -> None:
-    run_id = launch(pipeline, "--target", "local", "--", *TOY, "--ignore-requests")
+    # Its own proof timeout, far longer than the pipeline's: the checks of the stop in
+    # flight below run several commands, and none of them may race the cancel.
+    run_id = launch(
+        pipeline, "--target", "local", "--proof-timeout", "30", "--", *TOY, "--ignore-requests"
+    )
     pipeline.wait_step(run_id, 2)
+    shown = ok(rw(pipeline, "show", run_id))
+    assert "next stop    proof timeout 30 s (explicit): the run's own, 30 s" in shown, shown
     assert ok(rw(pipeline, "stop", run_id, "--reason", "cost")) == (
         f"{run_id}: snapshot asked (cost)\n"
     )
@@ -590,7 +602,14 @@ def test_stops_in_flight(pipeline: Pipeline) -> None:
     assert (item["phase"], item["reason"], item["end_deadline"]) == ("waiting_proof", "cost", None)
     asked = datetime.fromisoformat(item["asked_at"])
     proof = datetime.fromisoformat(item["proof_deadline"])
-    assert proof - asked == timedelta(seconds=float(CLOCKS["RUNWARDEN_PROOF_TIMEOUT_S"]))
+    assert proof - asked == timedelta(seconds=30)
+    assert float(CLOCKS["RUNWARDEN_PROOF_TIMEOUT_S"]) < 30
+    assert item["budget"] == {
+        "proof_timeout_s": 30.0,
+        "end_timeout_s": float(CLOCKS["RUNWARDEN_END_TIMEOUT_S"]),
+        "source": "explicit",
+        "why": "the run's own, 30 s (--proof-timeout)",
+    }
     stop = pipeline.api.get_stop(run_id)
     assert stop is not None
     assert {k: v for k, v in stop.model_dump(mode="json").items() if k in STOP_FIELDS} == item
@@ -598,10 +617,12 @@ def test_stops_in_flight(pipeline: Pipeline) -> None:
 
     table = ok(rw(pipeline, "stops"))
     [row] = [line for line in table.splitlines() if run_id in line]
-    for word in ("waiting_proof", "cost", "cli", "proof deadline in"):
+    for word in ("waiting_proof", "cost", "cli", "proof deadline in", "30 s explicit"):
         assert word in row, table
     shown = ok(rw(pipeline, "show", run_id))
     assert "waiting_proof, reason cost; proof deadline in " in shown, shown
+    assert "timeout      proof timeout 30 s (explicit)" in shown, shown
+    assert "next stop" not in shown, shown
 
     # --wait gives up at its timeout: the stop is still in flight.
     result = rw(pipeline, "stop", run_id, "--reason", "cost", "--wait", "--timeout", "0.5")

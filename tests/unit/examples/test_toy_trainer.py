@@ -152,6 +152,42 @@ def test_trainer_stops_at_a_request(trainer_run: Path, processes: list[Any]) -> 
     assert f"snapshot saved at step {step} (cost)" in stdout
 
 
+def test_trainer_reports_its_periodic_saves_and_their_time(trainer_run: Path) -> None:
+    result = run_trainer(trainer_run, "--steps", "9", "--step-time", "0.05", "--save-every", "3",
+                         "--save-time", "0.4")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    lines = read_jsonl(trainer_run / job.METRICS_FILE)
+    saves = [line for line in lines if line["event"] == "save"]
+    # One line a periodic save; the final save (of step 9, already there) writes none.
+    assert [line["step"] for line in saves] == [3, 6, 9]
+    for line in saves:
+        assert 0.4 <= line["seconds"] < 5, line
+        assert 0.05 <= line["step_seconds"] < 5, line
+    assert [line["event"] for line in lines][-1] == "end"
+
+
+def test_a_requested_save_takes_the_save_time_and_is_no_save_line(
+    trainer_run: Path, processes: list[Any]
+) -> None:
+    process = start_trainer(trainer_run, "--steps", "300", "--step-time", "0.02",
+                            "--save-time", "1.5")  # fmt: skip
+    processes.append(process)
+    wait_for(lambda: len(logged_steps(trainer_run)) >= 3)
+    asked = time.monotonic()
+    put(trainer_run / job.SNAPSHOT_REQUEST, "cost\n")
+    wait_for((trainer_run / job.SNAPSHOT_FILE).exists)
+    assert time.monotonic() - asked >= 1.5
+    assert process.wait(timeout=10) == 0
+    events = [line["event"] for line in read_jsonl(trainer_run / job.METRICS_FILE)]
+    assert "save" not in events
+
+
+def test_trainer_refuses_a_negative_save_time(trainer_run: Path) -> None:
+    result = run_trainer(trainer_run, "--save-time", "-1")
+    assert result.returncode == 2
+    assert "--save-time" in result.stderr
+
+
 def test_trainer_ignoring_requests_runs_all_steps(trainer_run: Path) -> None:
     put(trainer_run / job.SNAPSHOT_REQUEST, "deadline")
     result = run_trainer(trainer_run, "--steps", "8", "--step-time", "0.01", "--ignore-requests")

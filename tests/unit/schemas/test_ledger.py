@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from schemas import Artifacts, ArtifactsPhase, RunState, Snapshot, SnapshotReason, StopPhase
+from schemas.budget import StopBudget, TimeoutSource
 from schemas.ledger import (
     LEDGER_EVENT,
     TEXT_MAX,
@@ -63,6 +64,17 @@ def test_a_stop_opened_carries_who_asked_why_when_and_its_deadline() -> None:
     assert (event.reason, event.asked_by, event.at) == ("disk", "policy:disk", T0)
     assert event.proof_deadline == T0 + timedelta(seconds=60)
     assert "asked by policy:disk" in event.describe()
+    assert (event.proof_timeout_s, event.timeout_source) == (None, None)
+
+
+def test_a_stop_opened_says_which_proof_timeout_it_got() -> None:
+    budget = StopBudget(proof_timeout_s=8.46, end_timeout_s=4, source=TimeoutSource.LEARNED,
+                        why="3 x 2.5 s (the longest of 1 save) + 1 s")  # fmt: skip
+    event = StopOpened.of(stop(proof_deadline=T0 + timedelta(seconds=8.46), budget=budget))
+    assert (event.proof_timeout_s, event.timeout_source) == (8.46, "learned")
+    assert event.describe().endswith(" (8.5 s, learned)")
+    again = StopOpened.model_validate_json(event.model_dump_json())
+    assert again == event
 
 
 @pytest.mark.parametrize(

@@ -152,3 +152,41 @@ def test_the_used_rule_comes_first() -> None:
 def test_bad_limits_are_refused(used_limit: float, factor: float) -> None:
     with pytest.raises(ValueError, match=r"used_limit|checkpoint_factor"):
         disk_verdict(DiskSample(1, 1, 1, 1), used_limit, factor)
+
+
+# --- the saves' lead ------------------------------------------------------------------
+
+
+def test_the_deadline_is_asked_the_saves_lead_before_when_it_is_longer() -> None:
+    run = record(limits=RunLimits(max_hours=2))
+    lead, saves = 15 * 60, 40 * 60.0  # 3 x a save of 13 min 20 s
+    assert deadline_request_after_s(run.limits, lead, saves) == 2 * 3600 - saves
+    assert deadline_request_after_s(run.limits, lead, 60.0) == 2 * 3600 - lead  # shorter
+    at = T0 + timedelta(hours=2) - timedelta(seconds=saves)
+    assert time_verdict(run, at - timedelta(seconds=1), lead_s=lead, cost_fraction=0.95,
+                        save_lead_s=saves) is None  # fmt: skip
+    verdict = time_verdict(run, at, lead_s=lead, cost_fraction=0.95, save_lead_s=saves)
+    assert verdict is not None
+    assert verdict.reason is SnapshotReason.DEADLINE
+    assert "40.0 min away or past (its saves' lead)" in verdict.why
+    # Without the saves' lead, the same moment asks nothing yet.
+    assert time_verdict(run, at, lead_s=lead, cost_fraction=0.95) is None
+
+
+def test_the_cost_is_asked_the_saves_lead_before_the_cap_is_spent() -> None:
+    run = record(limits=RunLimits(max_cost_usd=10, usd_per_hour=10))  # the cap: 1 h
+    assert cost_request_after_s(run.limits, 0.95) == pytest.approx(0.95 * 3600)
+    saves = 600.0  # more than the last 5 % (180 s)
+    assert cost_request_after_s(run.limits, 0.95, saves) == pytest.approx(3600 - saves)
+    assert cost_request_after_s(run.limits, 0.95, 60.0) == pytest.approx(0.95 * 3600)
+    assert cost_request_after_s(run.limits, 0.95, 7200.0) == 0  # asked at once
+    at = T0 + timedelta(seconds=3600 - saves)
+    assert time_verdict(run, at - timedelta(seconds=1), lead_s=900, cost_fraction=0.95,
+                        save_lead_s=saves) is None  # fmt: skip
+    verdict = time_verdict(run, at, lead_s=900, cost_fraction=0.95, save_lead_s=saves)
+    assert verdict is not None
+    assert verdict.reason is SnapshotReason.COST
+    assert verdict.why == (
+        "cost 8.33 USD of the cap 10 USD: the rest lasts less than its saves need (10.0 min)"
+    )
+    assert time_verdict(run, at, lead_s=900, cost_fraction=0.95) is None

@@ -22,12 +22,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from schemas.budget import save_samples
 from schemas.snapshot import ProofSaved, parse_proof
 from workers import jobside
 from workers.jobside import runwarden_hf as hf
@@ -282,6 +284,27 @@ def test_without_a_request_the_run_ends_normally(
     assert (lines[-1]["step"], "reason" in lines[-1]) == (steps, False)
 
 
+def test_periodic_saves_say_how_long_they_took(
+    tmp_path: Path, processes: list[subprocess.Popen[bytes]]
+) -> None:
+    process = start_trainer(tmp_path, "--steps", "6", "--save-every", "2",
+                            "--step-delay", STEP_DELAY_S)  # fmt: skip
+    processes.append(process)
+    finish(process, tmp_path)
+    saved = sorted(int(p.name.removeprefix("checkpoint-")) for p in (tmp_path / "output").iterdir())
+    lines = [r for r in metrics(tmp_path) if r["event"] == "save"]
+    assert [r["step"] for r in lines] == saved == [2, 4, 6]
+    for line in lines:
+        # From the step's end to `on_save`: the save (and the other callbacks' work).
+        assert 0 <= line["seconds"] < 60, line
+        assert float(STEP_DELAY_S) <= line["step_seconds"] < 60, line
+    # The follower learns one sample a save, each the save plus a step.
+    found = save_samples(lines, datetime.now(UTC))
+    assert [s.seconds for s in found] == [
+        pytest.approx(r["seconds"] + r["step_seconds"]) for r in lines
+    ]
+
+
 def test_every_rank_stops_at_the_step_of_the_proof(
     tmp_path: Path, processes: list[subprocess.Popen[bytes]]
 ) -> None:
@@ -385,14 +408,15 @@ def test_a_request_saves_stops_and_proves_once(run: Path) -> None:
     assert control.should_save is False
     logic.on_train_end(args, state, control)
     lines = metrics(run)
-    assert [r["event"] for r in lines] == ["begin", "log", "end"]
+    assert [r["event"] for r in lines] == ["begin", "log", "save", "end"]
+    assert (lines[2]["step"], lines[2]["step_seconds"] >= 0) == (2, True)
     assert {k: lines[1][k] for k in ("step", "loss", "epoch")} == {
         "step": 1,
         "loss": 2.5,
         "epoch": 0.1,
     }
     assert "note" not in lines[1]
-    assert (lines[2]["step"], lines[2]["reason"]) == (2, "disk")
+    assert (lines[3]["step"], lines[3]["reason"]) == (2, "disk")
 
 
 def test_a_skipped_save_is_asked_again_at_the_epoch_end(run: Path) -> None:
@@ -487,7 +511,7 @@ def test_the_declared_job_api_matches_runwarden_job() -> None:
             inspect.signature(getattr(job, name)).return_annotation
         ), name
     assert params(api.Metrics) == params(job.Metrics)
-    for name in ("begin", "log", "end", "close"):
+    for name in ("begin", "log", "save", "end", "close"):
         assert params(getattr(hf._MetricsApi, name)) == params(getattr(job.Metrics, name)), name
     for name in ("OUTPUT_DIR", "RESUME_ENV", "REQUEST_ENV", "REASONS", "PREEMPTED"):
         assert hasattr(job, name), name

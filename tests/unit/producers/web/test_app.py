@@ -23,6 +23,7 @@ from producers.web import create_app, make_server
 from producers.web.server import is_loopback
 from producers.web.text import left_text
 from schemas import JobId, RunRecord, RunState, Settings, SnapshotReason
+from schemas.budget import SaveSample, StopBudget, StopTimeouts, TimeoutSource
 from schemas.events import TASK_CANCEL, TASK_SNAPSHOT_REQUEST, SnapshotRequestBody
 from schemas.text import clean_text as clean
 from store import RunStore
@@ -240,6 +241,46 @@ def test_stops_page_has_live_countdowns(api: RecordingRunwarden, client: TestCli
     assert client.get("/api/stops").json() == [ended.model_dump(mode="json")]
     api.store.close_stop("r1")
     assert "No stop in flight." in client.get("/stops").text
+
+
+def test_pages_say_which_proof_timeout_a_stop_got_and_why(
+    api: RecordingRunwarden, client: TestClient
+) -> None:
+    make_run(api, "r1")
+    learned = StopBudget(proof_timeout_s=8.46, end_timeout_s=30, source=TimeoutSource.LEARNED,
+                         why="3 x 2.5 s (the longest of 2 saves) + 1 s")  # fmt: skip
+    first, _ = api.store.open_stop("r1", SnapshotReason.DISK, "cli", NOW, 8.46, budget=learned)
+    api.store.close_stop("r1", first.stop_id, note="stopped", now=NOW)
+    explicit = StopBudget(proof_timeout_s=30, end_timeout_s=30, source=TimeoutSource.EXPLICIT,
+                          why="the run's own, 30 s (--proof-timeout)")  # fmt: skip
+    api.store.open_stop("r1", SnapshotReason.COST, "cli", NOW, 30, budget=explicit)
+    page = client.get("/runs/r1").text
+    assert "proof timeout 30 s (explicit): the run&#39;s own, 30 s (--proof-timeout)" in page
+    assert "8.5 s, learned" in page  # the history's
+    assert 'title="3 x 2.5 s (the longest of 2 saves) + 1 s"' in page
+    assert "30.0 s, explicit" in client.get("/stops").text
+
+
+def test_the_confirmation_says_the_timeouts_the_stop_would_get(
+    api: RecordingRunwarden, client: TestClient
+) -> None:
+    make_run(api, "quick")
+    api.store.record_save("quick", SaveSample(kind="stop", seconds=4, at=NOW))
+    make_run(api, "own", timeouts=StopTimeouts(proof_timeout_s=5400, end_timeout_s=90))
+    make_run(api, "new")
+    token = csrf_of(client.get("/runs/quick").text)
+    pages = {r: post(client, f"/runs/{r}/stop", {"csrf": token, "reason": "cost"}).text
+             for r in ("quick", "own", "new")}  # fmt: skip
+    # Learned: 3 x 4 s + 30 s (floor 60 s): 1 min.
+    assert "Without a proof within 1 min 00 s (" in pages["quick"], pages["quick"]
+    assert '<span class="budget" title="3 x 4 s (the longest of 1 save) + 30 s, raised to' in (
+        pages["quick"]
+    )
+    assert ">learned</span>" in pages["quick"]
+    assert ">explicit</span>" in pages["own"]
+    assert "an end within 1 min 30 s" in pages["own"], pages["own"]
+    assert ">default</span>" in pages["new"]
+    assert api.sent == []
 
 
 def test_json_twins_are_the_records(api: RecordingRunwarden, client: TestClient) -> None:

@@ -144,12 +144,19 @@ def mentions(node: ast.AST, name: str) -> bool:
 
 def floors() -> dict[str, tuple[Version, list[str]]]:
     job, hf, preempt = parse("runwarden_job"), parse("runwarden_hf"), parse("runwarden_preempt")
+    metrics = parse("runwarden_metrics")
+    assert any(
+        isinstance(n, ast.Constant) and isinstance(n.value, str) and "runwarden_metrics" in n.value
+        for n in ast.walk(job)
+    ), "runwarden_job no longer loads runwarden_metrics: revise this test"
+    metrics_floor = needs(metrics.body, metrics, "runwarden_metrics: ")
     preempting = [
         n for n in job.body if isinstance(n, ast.FunctionDef) and mentions(n, PREEMPT_MARK)
     ]
     assert preempting, "runwarden_job no longer loads runwarden_preempt: revise this test"
     rest = [n for n in job.body if n not in preempting]
-    job_floor = needs(rest, job, "runwarden_job: ")
+    # runwarden_job loads runwarden_metrics when it is imported: its floor is both's.
+    job_floor = max(needs(rest, job, "runwarden_job: "), metrics_floor)
     preempt_floor = max(
         needs(preempt.body, preempt, "runwarden_preempt: "),
         needs(preempting, job, "runwarden_job: "),
@@ -161,6 +168,7 @@ def floors() -> dict[str, tuple[Version, list[str]]]:
         "runwarden_job": job_floor,
         "runwarden_hf": hf_floor,
         "runwarden_preempt": preempt_floor,
+        "runwarden_metrics": metrics_floor,
     }
 
 

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import UTC, datetime
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from schemas import protocol
+from schemas.budget import save_samples
 from schemas.snapshot import ProofNone, ProofSaved, SnapshotReason, expected_checkpoint, parse_proof
 from workers import jobside
 from workers.jobside import runwarden_job as job
@@ -335,6 +337,40 @@ def test_metrics_lines(run: Path) -> None:
     assert lines[2]["fraction"] == 0.25
     assert lines[3]["step"] == 2
     assert lines[3]["reason"] == "cost"
+
+
+def test_save_lines_say_how_long_a_save_took(run: Path) -> None:
+    with job.Metrics() as metrics:
+        metrics.save(5, 6.5, step_seconds=0.25, path="output/checkpoint-5")
+        metrics.save(10, 2)
+        with metrics.saving(15, step_seconds=0.1):
+            time.sleep(0.2)
+        with pytest.raises(RuntimeError), metrics.saving(20):
+            raise RuntimeError("the save failed")  # no line for a save that failed
+    lines = read_jsonl(run / job.METRICS_FILE)
+    assert [line["event"] for line in lines] == ["save", "save", "save"]
+    assert lines[0] == {"event": "save", "time": lines[0]["time"], "step": 5, "seconds": 6.5,
+                        "step_seconds": 0.25, "path": "output/checkpoint-5"}  # fmt: skip
+    assert "step_seconds" not in lines[1]
+    assert lines[1]["seconds"] == 2.0
+    assert isinstance(lines[1]["seconds"], float)
+    assert (lines[2]["step"], lines[2]["step_seconds"]) == (15, 0.1)
+    assert 0.2 <= lines[2]["seconds"] < 5
+    # What the follower makes of them (schemas.budget): one sample each.
+    found = save_samples(lines, datetime.now(UTC))
+    assert [s.seconds for s in found] == [6.75, 2.0, pytest.approx(lines[2]["seconds"] + 0.1)]
+
+
+@pytest.mark.parametrize("bad", [-1, math.nan, math.inf, "2", True, None])
+def test_save_lines_refuse_bad_seconds(tmp_path: Path, bad: Any) -> None:
+    with job.Metrics(str(tmp_path / "m.jsonl")) as metrics:
+        with pytest.raises(ValueError, match="seconds"):
+            metrics.save(1, bad)
+        with pytest.raises(ValueError, match="step_seconds"):
+            metrics.save(1, 1.0, step_seconds=bad if bad is not None else -1)
+        with pytest.raises(ValueError, match="reserved"):
+            metrics.save(1, 1.0, event="x")
+    assert (tmp_path / "m.jsonl").read_bytes() == b""
 
 
 def test_metrics_append_to_an_existing_file(tmp_path: Path) -> None:

@@ -1,0 +1,86 @@
+"""Stop budgets at work: the timeouts a run's next stop gets (`schemas.budget`, from
+the run's own timeouts, its save samples and the settings), the sample a stop that
+proved leaves, how early the policies must ask, and the longest countdown a deadline
+task may be sent with."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+from schemas import RunRecord, Settings, StopPhase, StopState
+from schemas.budget import SaveSample, StopBudget, save_lead_s, stop_budget
+
+from .context import Context
+
+log = logging.getLogger("runwarden")
+
+__all__ = [
+    "FOUND_BY",
+    "countdown_limit_s",
+    "next_budget",
+    "policy_save_lead_s",
+    "record_stop_save",
+]
+
+FOUND_BY = "watch"
+"""`asked_by` of a stop opened for a request someone else wrote in the run directory:
+its request was written before the stop was opened, at a time no worker knows, so
+such a stop is no sample (it would be shorter than the save took)."""
+
+
+def next_budget(ctx: Context, run: RunRecord) -> StopBudget:
+    """The timeouts of `run`'s next stop: its own, else learned from its save samples
+    and its resume sources' (`store.budgets`), else the configured ones.
+
+    Raises:
+        StoreError.
+    """
+    return stop_budget(run.timeouts, ctx.store.learned_saves(run), ctx.settings.budget_rule)
+
+
+def policy_save_lead_s(ctx: Context, run: RunRecord) -> float:
+    """How long before `run`'s deadline or the end of its cost budget its snapshot must
+    be asked at the latest (`schemas.budget.save_lead_s`), in seconds; 0 for a run
+    with neither limit (nothing read).
+
+    Raises:
+        StoreError.
+    """
+    if run.limits.max_hours is None and run.limits.max_cost_usd is None:
+        return 0.0
+    return save_lead_s(ctx.store.learned_saves(run), ctx.settings.proof_timeout_factor)
+
+
+def record_stop_save(ctx: Context, stop: StopState | None, proved: bool, now: datetime) -> None:
+    """Records how long `stop` took from its request to the proof, when the run it
+    belongs to has just ended (`now`) with a valid proof (`proved`) while the stop
+    still waited for it: `now - asked_at`, both read on the workers' clock. That is at
+    least the true time (the job wrote its proof, then ended, then a worker saw it),
+    so a budget learned from it is never too short by a target's clock. Nothing is
+    recorded for a stop whose proof was first seen at its proof deadline (it only
+    says "less than the timeout"), nor for one opened for a request found in the run
+    directory (`FOUND_BY`). A failure to record is logged only: a sample is advice."""
+    if stop is None or not proved or stop.phase is not StopPhase.WAITING_PROOF:
+        return
+    if stop.asked_by == FOUND_BY:
+        return
+    seconds = (now - stop.asked_at).total_seconds()
+    if seconds < 0:
+        return
+    try:
+        ctx.store.record_save(stop.run_id, SaveSample(kind="stop", seconds=seconds, at=now))
+    except Exception:  # noqa: BLE001 - advice only: the run's end is recorded
+        log.warning("run %s: cannot record how long its stop took", stop.run_id)
+        return
+    log.info("run %s: its stop took %.1f s from request to proof", stop.run_id, seconds)
+
+
+def countdown_limit_s(settings: Settings) -> float:
+    """The longest countdown a deadline task is sent with, in seconds: a worker holds
+    such a message unacknowledged until its time, and one held past the broker's
+    visibility timeout would be delivered twice (`Settings.visibility_timeout_s`
+    covers the configured timeouts plus a task's run time). A longer deadline (a
+    run's own or learned timeout) gets no countdown: `reconcile` fires it from the
+    deadline table, at most one reconcile period late."""
+    return settings.visibility_timeout_s - settings.task_max_runtime_s - 60.0
