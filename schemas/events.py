@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from .idempotency import LaunchKey
 from .ids import RunId
 from .job import ENV_NAME, check_absolute_path
+from .preemption import PreemptionMode
 from .run import RunLimits
 from .settings import Settings
 from .snapshot import SnapshotReason
@@ -138,6 +139,10 @@ class LaunchSpec(_Body):
     the CLI) picks a random one when none is given; a message without one gets a key
     derived from its own task id on the worker, so a redelivered message still finds
     its run."""
+    preemption: PreemptionMode | None = None
+    """Whose preemption notices to watch on the target (`aws`, `gcp`, `azure`,
+    `auto`) or `off`; None: the target's setting (`TargetConfig.preemption`). A run
+    that reads snapshot requests then gets the notice watcher beside its job."""
 
     @field_validator("secrets")
     @classmethod

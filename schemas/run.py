@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from .errors import Conflict, NoSnapshots, NotResumable, NotRunning, NotStarted
 from .ids import RunId
 from .job import WATCHDOG_MAX_S, JobId, JobStatus, check_absolute_path
+from .preemption import Preemption
 from .snapshot import ProofInvalid, ProofNone, ProofSaved, Snapshot
 
 __all__ = [
@@ -150,6 +151,9 @@ class RunRecord(BaseModel):
     """When the run became running (the policies' clock starts here)."""
     ended: datetime | None = None
     artifacts: Artifacts | None = None
+    preemption: Preemption | None = None
+    """The run's preemption-notice watch (which cloud, the watcher's last state, the
+    notice); None when no watcher was started."""
 
     @field_validator("remote_dir")
     @classmethod
