@@ -56,6 +56,7 @@ from .executors import ExecError, Executor, FileDigest, InvalidArgument, Invalid
 from .jobside import jobside_dir
 from .lease import Lease, leased
 from .permits import check_launch
+from .preemption import notice_command, watched
 from .retrieval import check_stored
 from .settle import (
     LAUNCH_LEASE_S,
@@ -136,6 +137,7 @@ def _claim(
             skip=spec.skip,
             secrets=spec.secrets,
             resumed_from=resumed,
+            preemption=watched(ctx, spec),
         )
         if ctx.store.create_run(record, key=key, replaces=replaces):
             try:
@@ -273,6 +275,7 @@ def _prepare(
                 None if after_s is None or not spec.snapshots else max(after_s, 0.001)
             ),
             watchdog_poll_s=ctx.settings.watchdog_poll_s,
+            **notice_command(ctx, run),
         )
     except Exception as error:
         # Also the task's soft time limit (an Exception): a run never stays `preparing`.

@@ -163,14 +163,16 @@ def request_snapshot(
     return _armed(ctx, stop, "snapshot asked") if opened else stop
 
 
-def notice_request(ctx: Context, run: RunRecord, reason: str, now: datetime) -> None:
+def notice_request(
+    ctx: Context, run: RunRecord, reason: str, now: datetime, *, asked_by: str = "watch"
+) -> None:
     """A request someone else wrote in the run directory: opens a stop for it, as if
-    asked here (the first reason stays)."""
+    asked here by `asked_by` (the first reason stays)."""
     if not run.snapshots:
         return
     try:
         stop, opened = ctx.store.open_stop(
-            run.id, SnapshotReason.parse(reason), "watch", now, ctx.settings.proof_timeout_s
+            run.id, SnapshotReason.parse(reason), asked_by, now, ctx.settings.proof_timeout_s
         )
     except NotRunning:
         return  # it ended since this tick read it
