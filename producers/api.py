@@ -148,8 +148,9 @@ class Runwarden:
         self, run_id: str, *, target: str | None = None, command: str | None = None
     ) -> LaunchSpec:
         """The launch that continues the stopped run `run_id`: its target, command,
-        upload, skip list, secret names, limits and name, unless overridden, with
-        `resume_from` set.
+        upload, skip list, secret names, limits, name and the cloud whose preemption
+        notices it watched (a run that watched none: its target's setting), unless
+        overridden, with `resume_from` set.
 
         Raises:
             NotFound, NotResumable.
@@ -168,6 +169,7 @@ class Runwarden:
             limits=run.limits,
             resume_from=run.id,
             snapshots=run.snapshots,
+            preemption=None if run.preemption is None else run.preemption.cloud,
         )
 
     def retrieve(self, run_id: str, *, force: bool = True, wait_s: float | None = None) -> Any:

@@ -51,6 +51,13 @@ def launch(
         str | None,
         typer.Option(help="Idempotency key: a launch with a used key returns that run."),
     ] = None,
+    preemption: Annotated[
+        str | None,
+        typer.Option(
+            help="Watch the cloud's preemption notices: aws, gcp, azure, auto or off "
+            "(default: the target's)."
+        ),
+    ] = None,
 ) -> None:
     """Launch a job: runwarden launch --target T [options] -- CMD ARGS..."""
     if not command:
@@ -68,7 +75,7 @@ def launch(
             limits=RunLimits(max_hours=max_hours, max_cost_usd=max_cost_usd,
                              usd_per_hour=usd_per_hour, disk=not no_disk_policy),
             resume_from=resume_from, snapshots=not no_snapshots,
-            key=key or new_launch_key(),
+            key=key or new_launch_key(), preemption=preemption,
         )  # fmt: skip
 
     spec = run_op(build)

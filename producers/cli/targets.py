@@ -44,6 +44,13 @@ def targets_add(
         str | None,
         typer.Option(help="Local targets: the user the jobs run as (README: run as)."),
     ] = None,
+    preemption: Annotated[
+        str,
+        typer.Option(
+            help="Whose preemption notices its runs watch by default: aws, gcp, azure, "
+            "auto or off (README: preemption)."
+        ),
+    ] = "off",
 ) -> None:
     """Add (or replace) a target, signed with the operator's key: only the operator
     defines targets, and says which secrets their runs may receive and which
@@ -68,12 +75,15 @@ def targets_add(
             allow_secrets=tuple(allow_secret or ()),
             upload_roots=tuple(str(p.expanduser().absolute()) for p in upload_root or ()),
             run_as=run_as,
+            preemption=preemption,
         )
 
     config = run_op(build)
     api = client()
     run_op(lambda: api.add_target(config))
     as_user = f", jobs run as {config.run_as}" if config.run_as else ""
+    if config.preemption != "off":
+        as_user += f", {config.preemption} preemption notices watched"
     out.print(
         f"target {name}: {config.kind}, {config.workdir}{as_user}", markup=False, soft_wrap=True
     )
@@ -87,10 +97,10 @@ def targets_ls(as_json: Annotated[bool, typer.Option("--json")] = False) -> None
     if as_json:
         print_json([t.model_dump(mode="json") for t in targets])
         return
-    table = Table("name", "kind", "workdir", "ssh", "run as")
+    table = Table("name", "kind", "workdir", "ssh", "run as", "preemption")
     for t in targets:
         ssh = escape(t.ssh.destination) if t.ssh else ""
-        table.add_row(t.name, t.kind, escape(t.workdir), ssh, t.run_as or "")
+        table.add_row(t.name, t.kind, escape(t.workdir), ssh, t.run_as or "", t.preemption)
     out.print(table)
 
 

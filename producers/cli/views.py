@@ -55,7 +55,7 @@ def show(run_id: str, as_json: Annotated[bool, typer.Option("--json")] = False) 
         print_json(run.model_dump(mode="json"))
         return
     for key, value in run.model_dump(mode="json").items():
-        if key == "artifacts":
+        if key in ("artifacts", "preemption"):
             continue
         out.print(
             f"[bold]{key:12}[/] {escape(clean_text(str(value)))}", highlight=False, soft_wrap=True
@@ -63,6 +63,12 @@ def show(run_id: str, as_json: Annotated[bool, typer.Option("--json")] = False) 
     if run.artifacts is not None:
         line = artifacts_line(run.artifacts)
         out.print(f"[bold]{'artifacts':12}[/] {escape(line)}", highlight=False, soft_wrap=True)
+    if run.preemption is not None:
+        watch = clean_text(run.preemption.said(ended=run.state.is_terminal))
+        out.print(f"[bold]{'preemption':12}[/] {escape(watch)}", highlight=False, soft_wrap=True)
+        if run.preemption.notice is not None:
+            notice = clean_text(run.preemption.notice.said())
+            out.print(f"[bold]{'notice':12}[/] {escape(notice)}", highlight=False, soft_wrap=True)
     progress = run_op(lambda: api.store.last_metrics(run.id))
     if progress is not None:
         out.print(f"[bold]{'progress':12}[/] {progress_bar(progress)}")
