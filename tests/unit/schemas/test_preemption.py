@@ -113,7 +113,7 @@ def test_a_target_watches_nothing_by_default() -> None:
     assert target.preemption == "off"
     assert TargetConfig(name="t", kind="local", workdir="/w", preemption="gcp").preemption == "gcp"
     with pytest.raises(ValidationError, match="preemption"):
-        TargetConfig(name="t", kind="local", workdir="/w", preemption="oracle")  # type: ignore[arg-type]
+        TargetConfig(name="t", kind="local", workdir="/w", preemption="oracle")
 
 
 def test_a_launch_takes_its_target_s_setting_unless_it_gives_one() -> None:
@@ -136,7 +136,7 @@ def test_a_job_command_checks_its_watcher() -> None:
         with pytest.raises(ValidationError, match="is not http://host"):
             JobCommand(dir="/w/r", script="x", metadata_urls={"gcp": url})
     with pytest.raises(ValidationError, match="preemption"):
-        JobCommand(dir="/w/r", script="x", preemption="off")  # type: ignore[arg-type]
+        JobCommand(dir="/w/r", script="x", preemption="off")
     with pytest.raises(ValidationError, match="notice_poll_s"):
         JobCommand(dir="/w/r", script="x", notice_poll_s=0)
 
