@@ -161,7 +161,8 @@ class Runwarden:
     ) -> LaunchSpec:
         """The launch that continues the stopped run `run_id`: its target, command,
         upload, skip list, secret names, limits, stop timeouts, name and on-preempt
-        plan, unless overridden, with `resume_from` set.
+        plan, and the cloud whose notices it watched (`schemas.events.resume_spec`),
+        unless overridden, with `resume_from` set.
 
         Raises:
             NotFound, NotResumable.

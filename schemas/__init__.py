@@ -43,6 +43,7 @@ from .job import (
     check_secret_value,
 )
 from .paths import join_run_path, safe_relpath
+from .preemption import Preemption, PreemptionMode, RunNotice, WatchedCloud, WatcherState
 from .progress import Progress
 from .run import (
     TERMINAL_STATES,
@@ -107,6 +108,8 @@ __all__ = [
     "NotStarted",
     "Outcome",
     "Pid",
+    "Preemption",
+    "PreemptionMode",
     "Progress",
     "Proof",
     "ProofInvalid",
@@ -115,6 +118,7 @@ __all__ = [
     "RunError",
     "RunId",
     "RunLimits",
+    "RunNotice",
     "RunRecord",
     "RunState",
     "RunwardenError",
@@ -131,6 +135,8 @@ __all__ = [
     "TargetName",
     "UnknownTarget",
     "UtcDatetime",
+    "WatchedCloud",
+    "WatcherState",
     "check_absolute_path",
     "check_env_name",
     "check_pid",

@@ -16,6 +16,7 @@ from .chain import OnPreempt
 from .idempotency import LaunchKey
 from .ids import RunId
 from .job import ENV_NAME, check_absolute_path
+from .preemption import PreemptionMode
 from .run import RunLimits, RunRecord
 from .settings import Settings
 from .snapshot import SnapshotReason
@@ -159,6 +160,10 @@ class LaunchSpec(_Body):
     the CLI) picks a random one when none is given; a message without one gets a key
     derived from its own task id on the worker, so a redelivered message still finds
     its run."""
+    preemption: PreemptionMode | None = None
+    """Whose preemption notices to watch on the target (`aws`, `gcp`, `azure`,
+    `auto`) or `off`; None: the target's setting (`TargetConfig.preemption`). A run
+    that reads snapshot requests then gets the notice watcher beside its job."""
 
     @field_validator("secrets")
     @classmethod
@@ -190,7 +195,13 @@ def resume_spec(
 ) -> LaunchSpec:
     """The launch that continues `run` from its snapshot: its target, command, upload,
     skip list, secret names, limits, stop timeouts, name and on-preempt plan, unless
-    overridden, with `resume_from` set (the worker checks that it can be resumed)."""
+    overridden, with `resume_from` set (the worker checks that it can be resumed).
+
+    On the run's own target it watches the cloud whose preemption notices the run
+    watched; on another target (or when the run watched none) the target's setting
+    applies, since a cloud is a property of where the job runs."""
+    same_target = target is None or target == run.target
+    watched = run.preemption.cloud if run.preemption is not None else None
     return LaunchSpec(
         target=target or run.target,
         command=command or run.command,
@@ -203,6 +214,7 @@ def resume_spec(
         resume_from=run.id,
         snapshots=run.snapshots,
         on_preempt=run.on_preempt,
+        preemption=watched if same_target else None,
         key=key,
     )
 

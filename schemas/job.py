@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 from .ids import Pid
+from .preemption import WatchedCloud, check_metadata_url
 
 __all__ = [
     "ENV_NAME",
@@ -138,6 +139,12 @@ class JobCommand(BaseModel):
     the job (plain `sh`, in a session of its own, see
     `workers.executors.scripts.watchdog_script`): it asks for the `deadline` snapshot
     by itself, even when Redis and every worker are gone, and exits with the job.
+
+    With `preemption`, spawn also starts the preemption-notice watcher beside the job
+    (plain `sh`, in a session of its own, see
+    `workers.executors.notices.notice_watch_script`): when the cloud announces the
+    machine's end, it writes `notice.json` and asks for the `preempted` snapshot by
+    itself, and exits with the job.
     """
 
     # A rejected secret must not appear in the error pydantic raises (it would be
@@ -160,6 +167,14 @@ class JobCommand(BaseModel):
     watchdog_poll_s: float = Field(default=5.0, gt=0, le=WATCHDOG_MAX_S, allow_inf_nan=False)
     """How often the watchdog checks whether the job ended, in seconds (at least
     0.01 s is used): it exits within about this long of the job's end."""
+    preemption: WatchedCloud | None = None
+    """Whose preemption notices the watcher watches; None: no watcher."""
+    metadata_urls: dict[str, str] = Field(default_factory=dict)
+    """The metadata base URLs by cloud (`aws`, `gcp`, `azure`; `http://host[:port]`);
+    a cloud left out is asked at its documented address."""
+    notice_poll_s: float = Field(default=1.0, gt=0, le=3600, allow_inf_nan=False)
+    """How often the watcher asks AWS and Azure and checks the job's end, in seconds
+    (at least 0.1 s is used)."""
 
     @field_validator("dir")
     @classmethod
@@ -181,6 +196,14 @@ class JobCommand(BaseModel):
             if "\0" in value:
                 raise ValueError(f"{name} cannot hold a NUL byte")
         return env
+
+    @field_validator("metadata_urls")
+    @classmethod
+    def _metadata_urls(cls, urls: dict[str, str]) -> dict[str, str]:
+        for cloud in urls:
+            if cloud not in ("aws", "gcp", "azure"):
+                raise ValueError(f"no metadata service is named {cloud[:40]!r}")
+        return {cloud: check_metadata_url(url) for cloud, url in urls.items()}
 
     @model_validator(mode="before")
     @classmethod

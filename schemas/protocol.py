@@ -21,6 +21,9 @@ __all__ = [
     "MAX_TAIL_READ",
     "METRICS_ENV",
     "METRICS_FILE",
+    "NOTICE_FILE",
+    "NOTICE_PID_FILE",
+    "NOTICE_STATE_FILE",
     "OUTPUT_DIR",
     "PID_FILE",
     "PROOF_LIMIT",
@@ -54,6 +57,14 @@ METRICS_FILE: Final = "metrics.jsonl"
 """One JSON object a line, written by the job's plugin: `begin`, `log`, `end`."""
 JOBSIDE_DIR: Final = ".runwarden"
 """Where launch ships the stdlib-only job-side files; on the job's `PYTHONPATH`."""
+NOTICE_FILE: Final = "notice.json"
+"""The cloud's preemption notice, written by the on-target notice watcher (runwarden
+adds; `workers/executors/notices.py`) before it writes `snapshot.request`."""
+NOTICE_STATE_FILE: Final = f"{JOBSIDE_DIR}/notice.state"
+"""One line: what the notice watcher does (`watching ...`, `unavailable: ...`,
+`done: ...`)."""
+NOTICE_PID_FILE: Final = f"{JOBSIDE_DIR}/notice.pid"
+"""The notice watcher's pid (like `watchdog.pid`)."""
 
 # --- the job's environment -------------------------------------------------------------
 # The job side (`workers/jobside/runwarden_job.py`, stdlib only) repeats these names;

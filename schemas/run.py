@@ -14,6 +14,7 @@ from .chain import Continuation, OnPreempt, is_preempted
 from .errors import Conflict, NoSnapshots, NotResumable, NotRunning, NotStarted
 from .ids import RunId
 from .job import WATCHDOG_MAX_S, JobId, JobStatus, check_absolute_path
+from .preemption import Preemption
 from .snapshot import ProofInvalid, ProofNone, ProofSaved, Snapshot
 
 __all__ = [
@@ -164,6 +165,9 @@ class RunRecord(BaseModel):
     continuation: Continuation | None = None
     """Where the continuation of this preempted run stands (set when it ends
     preempted with `on_preempt`)."""
+    preemption: Preemption | None = None
+    """The run's preemption-notice watch (which cloud, the watcher's last state, the
+    notice); None when no watcher was started."""
 
     @field_validator("remote_dir")
     @classmethod

@@ -36,6 +36,7 @@ from .budget import (
     BudgetRule,
 )
 from .policy import COST_FRACTION, DEADLINE_LEAD_S, DISK_CHECKPOINT_FACTOR, DISK_USED_LIMIT
+from .preemption import DEFAULT_METADATA_URLS, check_metadata_url
 from .secrets import PRODUCER_NAME, REDIS_PASSWORD, SecretsDir
 from .snapshot import END_TIMEOUT_S, PROOF_TIMEOUT_S, REQUEST_POLL_S
 
@@ -109,6 +110,18 @@ class Settings(BaseSettings):
     """Least time between two disk probes of one target."""
     watchdog_poll_s: _Positive = 5.0
     """How often the on-target watchdog checks whether its job ended."""
+
+    # --- preemption notices (schemas.preemption) --------------------------------------
+    metadata_aws_url: str = DEFAULT_METADATA_URLS["aws"]
+    """AWS's instance metadata service (IMDSv2), as the notice watcher on a target
+    reaches it: `http://host[:port]`."""
+    metadata_gcp_url: str = DEFAULT_METADATA_URLS["gcp"]
+    """GCP's metadata server, `http://host[:port]`."""
+    metadata_azure_url: str = DEFAULT_METADATA_URLS["azure"]
+    """Azure's instance metadata service (Scheduled Events), `http://host[:port]`."""
+    notice_poll_s: Annotated[float, Field(gt=0, le=3600, allow_inf_nan=False)] = 1.0
+    """How often the notice watcher asks AWS and Azure (GCP answers a long poll as
+    soon as its value changes), and checks whether its job ended."""
 
     # --- artifacts ------------------------------------------------------------------
     artifact_dir: Path | None = None
@@ -192,6 +205,19 @@ class Settings(BaseSettings):
             floor_s=self.proof_timeout_floor_s,
             ceiling_s=self.proof_timeout_ceiling_s,
         )
+    @field_validator("metadata_aws_url", "metadata_gcp_url", "metadata_azure_url")
+    @classmethod
+    def _metadata_url(cls, value: str) -> str:
+        return check_metadata_url(value)
+
+    @property
+    def metadata_urls(self) -> dict[str, str]:
+        """The metadata base URLs by cloud (`aws`, `gcp`, `azure`)."""
+        return {
+            "aws": self.metadata_aws_url,
+            "gcp": self.metadata_gcp_url,
+            "azure": self.metadata_azure_url,
+        }
 
     @field_validator("producer")
     @classmethod

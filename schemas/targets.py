@@ -11,6 +11,7 @@ from typing import Annotated, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .job import check_absolute_path, check_env_name
+from .preemption import PreemptionMode
 
 __all__ = ["SshOptions", "TargetConfig", "TargetName", "check_user_name"]
 
@@ -74,6 +75,9 @@ class TargetConfig(BaseModel):
     must be one of them or below one); none: no upload is allowed."""
     run_as: str | None = None
     """Local targets only: the user this machine runs the target's jobs as."""
+    preemption: PreemptionMode = "off"
+    """Whose preemption notices the target's runs watch by default (a run's own
+    `LaunchSpec.preemption` wins): the machine's cloud, `auto`, or `off`."""
 
     @field_validator("workdir")
     @classmethod

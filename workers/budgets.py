@@ -60,10 +60,12 @@ def record_stop_save(ctx: Context, stop: StopState | None, proved: bool, now: da
     so a budget learned from it is never too short by a target's clock. Nothing is
     recorded for a stop whose proof was first seen at its proof deadline (it only
     says "less than the timeout"), nor for one opened for a request found in the run
-    directory (`FOUND_BY`). A failure to record is logged only: a sample is advice."""
+    directory (`FOUND_BY`, or `notice:<source>` for a preemption notice's): it was
+    written before a worker saw it, so the time would be short. A failure to record is
+    logged only: a sample is advice."""
     if stop is None or not proved or stop.phase is not StopPhase.WAITING_PROOF:
         return
-    if stop.asked_by == FOUND_BY:
+    if stop.asked_by == FOUND_BY or stop.asked_by.startswith("notice:"):
         return
     seconds = (now - stop.asked_at).total_seconds()
     if seconds < 0:

@@ -57,6 +57,7 @@ from .executors import ExecError, Executor, FileDigest, InvalidArgument, Invalid
 from .jobside import jobside_dir
 from .lease import Lease, leased
 from .permits import check_launch
+from .preemption import notice_command, watched
 from .retrieval import check_stored
 from .settle import (
     LAUNCH_LEASE_S,
@@ -143,6 +144,7 @@ def _claim(
             chain_preemptions=0
             if source is None
             else source.chain_preemptions + is_preempted(source.snapshot),
+            preemption=watched(ctx, spec),
         )
         if ctx.store.create_run(record, key=key, replaces=replaces):
             try:
@@ -280,6 +282,7 @@ def _prepare(
                 None if after_s is None or not spec.snapshots else max(after_s, 0.001)
             ),
             watchdog_poll_s=ctx.settings.watchdog_poll_s,
+            **notice_command(ctx, run),
         )
     except Exception as error:
         # Also the task's soft time limit (an Exception): a run never stays `preparing`.

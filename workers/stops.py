@@ -174,9 +174,11 @@ def request_snapshot(
     return _armed(ctx, stop, "snapshot asked") if opened else stop
 
 
-def notice_request(ctx: Context, run: RunRecord, reason: str, now: datetime) -> None:
+def notice_request(
+    ctx: Context, run: RunRecord, reason: str, now: datetime, *, asked_by: str = FOUND_BY
+) -> None:
     """A request someone else wrote in the run directory: opens a stop for it, as if
-    asked here (the first reason stays)."""
+    asked here by `asked_by` (the first reason stays)."""
     if not run.snapshots:
         return
     try:
@@ -184,7 +186,7 @@ def notice_request(ctx: Context, run: RunRecord, reason: str, now: datetime) -> 
         stop, opened = ctx.store.open_stop(
             run.id,
             SnapshotReason.parse(reason),
-            FOUND_BY,
+            asked_by,
             now,
             budget.proof_timeout_s,
             budget=budget,

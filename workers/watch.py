@@ -15,6 +15,7 @@ from store import Offsets
 from .context import Context
 from .executors import ExecError, Executor, FollowEntry, FollowUpdate
 from .finish import finish
+from .notice_watch import observe_notices
 from .stops import notice_request
 
 log = logging.getLogger("runwarden")
@@ -109,6 +110,7 @@ def _one(
             from_offsets=offset,
             to_offsets=Offsets(offset.log + used_log, offset.metrics + used_metrics),
         )
+    observe_notices(ctx, run, update, now)  # a cloud's notice opens its stop first
     if update.request is not None and ctx.store.get_stop(run.id) is None:
         notice_request(ctx, run, update.request, now)
     if isinstance(update.status, JobStatus) and update.status.is_finished:

@@ -192,6 +192,15 @@ def launch(
             show_default=False,
         ),
     ] = None,
+    preemption: Annotated[
+        str | None,
+        typer.Option(
+            metavar="CLOUD",
+            help="Watch the cloud's preemption notices: aws, gcp, azure, auto or off "
+            "(default: the target's setting).",
+            show_default=False,
+        ),
+    ] = None,
     as_json: Annotated[bool, json_option("the run's record (in place of its id)")] = False,
 ) -> None:
     """Launch a job on a target; prints its run id once the job runs. The options
@@ -234,7 +243,7 @@ def launch(
             limits=RunLimits(max_hours=max_hours, max_cost_usd=max_cost_usd,
                              usd_per_hour=usd_per_hour, disk=disk_policy),
             resume_from=resume_from, snapshots=snapshots,
-            key=key or new_launch_key(), on_preempt=plan(),
+            key=key or new_launch_key(), on_preempt=plan(), preemption=preemption,
             timeouts=StopTimeouts(proof_timeout_s=proof_timeout, end_timeout_s=end_timeout),
         )  # fmt: skip
 

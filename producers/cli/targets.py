@@ -94,6 +94,14 @@ def targets_add(
             "(README: running jobs as another user) (default: the worker's).",
         ),
     ] = None,
+    preemption: Annotated[
+        str,
+        typer.Option(
+            metavar="CLOUD",
+            help="Whose preemption notices its runs watch by default: aws, gcp, azure, "
+            "auto or off (README: preemption).",
+        ),
+    ] = "off",
     as_json: Annotated[bool, json_option("the target's record")] = False,
 ) -> None:
     """Add (or replace) a target, signed with the operator's key: only the operator
@@ -125,6 +133,7 @@ def targets_add(
             allow_secrets=tuple(allow_secret or ()),
             upload_roots=tuple(str(p.expanduser().absolute()) for p in upload_root or ()),
             run_as=run_as,
+            preemption=preemption,
         )
 
     config = run_op(build)
@@ -134,6 +143,8 @@ def targets_add(
         print_json(config.model_dump(mode="json"))
         return
     as_user = f", jobs run as {config.run_as}" if config.run_as else ""
+    if config.preemption != "off":
+        as_user += f", {config.preemption} preemption notices watched"
     say(f"target {name}: {config.kind}, {config.workdir}{as_user}")
 
 
@@ -151,10 +162,10 @@ def targets_ls(as_json: Annotated[bool, json_option("the targets' records")] = F
     if as_json:
         print_json([t.model_dump(mode="json") for t in targets])
         return
-    table = Table("name", "kind", "workdir", "ssh", "run as")
+    table = Table("name", "kind", "workdir", "ssh", "run as", "preemption")
     for t in targets:
         ssh = escape(t.ssh.destination) if t.ssh else ""
-        table.add_row(t.name, t.kind, escape(t.workdir), ssh, t.run_as or "")
+        table.add_row(t.name, t.kind, escape(t.workdir), ssh, t.run_as or "", t.preemption)
     print_table(table)
 
 

@@ -120,7 +120,7 @@ def show(
         print_json({**run.model_dump(mode="json"), "ledger": entries})
         return
     for key, value in run.model_dump(mode="json").items():
-        if key == "artifacts":
+        if key in ("artifacts", "preemption"):
             continue
         out.print(
             f"[bold]{key:12}[/] {escape(clean_text(str(value)))}", highlight=False, soft_wrap=True
@@ -128,6 +128,8 @@ def show(
     if run.artifacts is not None:
         line = artifacts_line(run.artifacts)
         out.print(f"[bold]{'artifacts':12}[/] {escape(line)}", highlight=False, soft_wrap=True)
+    for label, text in _preemption_lines(run):
+        out.print(f"[bold]{label:12}[/] {escape(text)}", highlight=False, soft_wrap=True)
     progress = run_op(lambda: api.store.last_metrics(run.id))
     if progress is not None:
         out.print(f"[bold]{'progress':12}[/] {progress_bar(progress)}")
@@ -143,18 +145,33 @@ def show(
         warning = None  # a Redis that does not answer INFO: the run is shown all the same
     if warning is not None:
         out.print(f"[bold]{'redis':12}[/] {escape(warning)}", highlight=False, soft_wrap=True)
-    chain = run_op(lambda: api.chain(run.id))
-    if len(chain) > 1 or run.continuation is not None:
-        out.print(f"[bold]{'chain':12}[/] {escape(chain_line(chain, run.id))}", soft_wrap=True)
-    if run.continuation is not None:
-        out.print(
-            f"[bold]{'continued':12}[/] {escape(continuation_line(run.continuation))}",
-            highlight=False,
-            soft_wrap=True,
-        )
+    for label, text in _chain_lines(api, run):
+        out.print(f"[bold]{label:12}[/] {escape(text)}", highlight=False, soft_wrap=True)
     if ledger:
         out.print("[bold]ledger[/]")
         out.print(ledger_table(ledger, with_run=False))
+
+
+def _preemption_lines(run: RunRecord) -> list[tuple[str, str]]:
+    """What `show` says of the run's preemption watch and its notice, with labels."""
+    if run.preemption is None:
+        return []
+    lines = [("preemption", clean_text(run.preemption.said(ended=run.state.is_terminal)))]
+    if run.preemption.notice is not None:
+        lines.append(("notice", clean_text(run.preemption.notice.said())))
+    return lines
+
+
+def _chain_lines(api: Runwarden, run: RunRecord) -> list[tuple[str, str]]:
+    """What `show` says of the chain of preempted runs this run belongs to, and of its
+    own continuation, with labels; nothing for a run alone."""
+    chain = run_op(lambda: api.chain(run.id))
+    lines = []
+    if len(chain) > 1 or run.continuation is not None:
+        lines.append(("chain", chain_line(chain, run.id)))
+    if run.continuation is not None:
+        lines.append(("continued", continuation_line(run.continuation)))
+    return lines
 
 
 def _timeouts_line(

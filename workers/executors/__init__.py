@@ -25,6 +25,7 @@ from .errors import (
 from .lines import LineStream, complete_lines
 from .local import LocalExecutor, job_environment
 from .localtree import local_manifest
+from .notices import Notice, NoticeState, parse_notice, parse_notice_state
 from .runas import RunAsExecutor, run_as_environment
 from .safetree import Downloaded, Link
 from .scripts import FOLLOW_TIMEOUT_S, FollowEntry, FollowUpdate, parse_status, quote
@@ -51,6 +52,8 @@ __all__ = [
     "Link",
     "LocalExecutor",
     "LocalTransport",
+    "Notice",
+    "NoticeState",
     "ProtocolError",
     "RunAsExecutor",
     "ScriptExecutor",
@@ -64,6 +67,8 @@ __all__ = [
     "job_environment",
     "local_manifest",
     "parse_manifest",
+    "parse_notice",
+    "parse_notice_state",
     "parse_status",
     "quote",
     "run_as_environment",

@@ -58,8 +58,11 @@ class Executor(Protocol):
         """Starts `job` in the background and returns its handle. The job keeps running
         when this process exits or loses its connection to the target. Stale
         `exit_code`, `cancelling`, `cancelled` and `job.pid` are cleared first, and
-        `snapshot.request` and `snapshot.json` too: a new job never inherits a
-        request or a proof (from an uploaded directory, an earlier job).
+        `snapshot.request`, `snapshot.json` and the notice watcher's files too: a new
+        job never inherits a request, a proof or a notice (from an uploaded
+        directory, an earlier job). With `job.deadline_request_after_s` the on-target
+        watchdog starts beside it, with `job.preemption` the preemption-notice
+        watcher (both in sessions of their own, outliving this process).
 
         A local job inherits this process's environment minus every variable whose
         name starts with `RUNWARDEN_`, `OVERBRAINER_` or `VAULT_`; a remote job gets
@@ -185,8 +188,10 @@ class Executor(Protocol):
         bounded by `timeout_s` seconds:
         for each, in order, its status (as [`status`] decides it, or a
         `ProtocolError` for that run alone), the reason in `snapshot.request` (None
-        without one), and the bytes of `job.log` and `metrics.jsonl` past its offsets
-        (at most `scripts.FOLLOW_CHUNK_BYTES` of each) with the files' sizes.
+        without one), the first bytes of the notice watcher's `notice.json` and
+        `.runwarden/notice.state` (None without them; read after the request), and
+        the bytes of `job.log` and `metrics.jsonl` past its offsets (at most
+        `scripts.FOLLOW_CHUNK_BYTES` of each) with the files' sizes.
 
         Raises:
             CommandError: (action `follow`) when the script fails or times out.

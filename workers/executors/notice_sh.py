@@ -21,8 +21,10 @@ rw_aws=@AWS@
 rw_gcp=@GCP@
 rw_azure=@AZURE@
 rw_poll=@POLL_MS@
-rw_pid=
-IFS= read -r rw_pid < "$rw_dir/@PID_FILE@" || :
+rw_pid=${1-}
+rw_begun=${2-}
+if [ -z "$rw_pid" ]; then IFS= read -r rw_pid < "$rw_dir/@PID_FILE@" || :; fi
+case $rw_begun in *[!0-9]*) rw_begun= ;; esac
 case $rw_pid in ''|*[!0-9]*) exit 3 ;; esac
 if [ "${#rw_pid}" -gt 9 ] || [ "$rw_pid" -le 1 ]; then exit 3; fi
 cd / || :
@@ -60,7 +62,7 @@ rw_pace() {
 }
 rw_ended() {
   [ -e "$rw_dir/@EXIT_FILE@" ] || [ -e "$rw_dir/@CANCEL_FILE@" ] || [ ! -d "$rw_dir" ] ||
-    ! rw_alive "$rw_pid"
+    ! rw_ours "$rw_pid" "$rw_begun"
 }
 rw_go() {
   # A child goes on while the job runs and its supervisor lives.

@@ -44,10 +44,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, Literal, get_args
 
+from schemas.preemption import DEFAULT_METADATA_URLS, METADATA_URL, NoticeSource
 from schemas.protocol import (
     CANCEL_FILE,
     EXIT_FILE,
     JOBSIDE_DIR,
+    NOTICE_FILE,
+    NOTICE_PID_FILE,
+    NOTICE_STATE_FILE,
     PID_FILE,
     SNAPSHOT_REQUEST,
 )
@@ -79,29 +83,19 @@ __all__ = [
 Provider = Literal["aws", "gcp", "azure", "auto"]
 """Which cloud to watch; `auto` probes each and watches those that answer."""
 
-NOTICE_FILE: Final = "notice.json"
-"""The notice the watcher saw, relative to the run directory: one JSON object (see
-[`Notice`]), replaced atomically; written before `snapshot.request`."""
-NOTICE_STATE_FILE: Final = f"{JOBSIDE_DIR}/notice.state"
-"""One line saying what the watcher does (see [`parse_notice_state`])."""
-NOTICE_PID_FILE: Final = f"{JOBSIDE_DIR}/notice.pid"
-"""The watcher's pid (its supervisor), like `watchdog.pid`; it stays after the end."""
+# The file names are the protocol's (`schemas.protocol`): `notice.json`, the notice
+# the watcher saw, relative to the run directory, one JSON object (see [`Notice`])
+# replaced atomically and written before `snapshot.request`; `.runwarden/notice.state`,
+# one line saying what the watcher does (see [`parse_notice_state`]);
+# `.runwarden/notice.pid`, the watcher's pid (its supervisor), like `watchdog.pid`,
+# which stays after the end.
 NOTICE_REASON: Final = "preempted"
 """The reason the watcher writes to `snapshot.request`."""
-NOTICE_SOURCES: Final = (
-    "aws-spot",
-    "aws-rebalance",
-    "gcp-preempted",
-    "gcp-maintenance",
-    "azure-preempt",
-)
-DEFAULT_BASE_URLS: Final[Mapping[str, str]] = {
-    "aws": "http://169.254.169.254",
-    "gcp": "http://169.254.169.254",
-    "azure": "http://169.254.169.254",
-}
-"""Each cloud's documented metadata address (GCP's `metadata.google.internal`
-resolves to it; the address needs no DNS)."""
+NOTICE_SOURCES: Final[tuple[str, ...]] = get_args(NoticeSource)
+DEFAULT_BASE_URLS: Final[Mapping[str, str]] = DEFAULT_METADATA_URLS
+"""Each cloud's documented metadata service: `http://169.254.169.254` for AWS and
+Azure, `http://metadata.google.internal` for GCP (which resolves to that address on
+GCP; the service's settings `RUNWARDEN_METADATA_*_URL` override each)."""
 NOTICE_TOOLS: Final = ("sh", "head", "sed", "tr", "date", "sleep", "mv", "ln", "rm", "mkdir")
 """What the script needs on the PATH besides the shell's builtins (`kill`, `read`,
 `printf`, `command`), plus an HTTP client: `curl`, or `wget` with `timeout`."""
@@ -122,7 +116,7 @@ _AWS_TOKEN_TTL_S: Final = 21600  # the longest IMDSv2 session AWS documents
 _AZURE_API: Final = "2020-07-01"
 _MIN_POLL_MS: Final = 100
 _MAX_POLL_S: Final = 3600.0
-_BASE_URL = re.compile(r"http://(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?")
+_BASE_URL = METADATA_URL
 
 
 def _base_urls(base_urls: Mapping[str, str]) -> dict[str, str]:
@@ -148,8 +142,11 @@ def notice_watch_script(
     (as the launcher starts the watchdog: `setsid`, stdio on /dev/null).
 
     Start:
-    - reads the job's pid from `job.pid` (exit 3 when that is not a pid above 1),
-      records its own in `.runwarden/notice.pid`, moves to `/`;
+    - takes the job's pid and its leader's start time from its arguments (`sh -c
+      WATCHER rw-notice PID START`, as the launcher starts it: never from a file the
+      job could rewrite); started without them, it reads the pid from `job.pid`.
+      Exit 3 when that is not a pid above 1. It records its own pid in
+      `.runwarden/notice.pid` and moves to `/`;
     - picks its HTTP client: `curl` where present; else `wget` run under `timeout`
       (GNU wget; or busybox wget, which cannot PUT, so AWS is then unavailable);
     - with `auto`, probes GCP, Azure, then AWS (each request at most
@@ -195,7 +192,8 @@ def notice_watch_script(
 
     End: the supervisor checks every `poll_s` that the job still runs (no
     `exit_code` nor `cancelled`, the run directory there, a process left in the
-    job's group: `kill -0`, as status decides "running") and whether a loop
+    job's group: `kill -0`, as status decides "running", and, with the start time
+    given, a leader that started then: a reused pid is not the job) and whether a loop
     recorded a notice; then (about 0.1 s) it ends its loops and their requests
     under way (their pids are recorded in its scratch directory, renamed first so
     that no request starts after), removes the scratch directory (`$TMPDIR` or

@@ -42,6 +42,7 @@ from .errors import (
 )
 from .lines import LineStream
 from .localtree import check_entries
+from .notices import notice_watch_script
 from .probe import disk_probe_script, parse_disk_probe
 from .safetree import Downloaded, SafeTree
 from .scripts import FollowEntry, FollowUpdate
@@ -96,17 +97,24 @@ def checked_secrets(job: JobCommand) -> list[tuple[str, str]]:
 
 def launcher_for(job: JobCommand, secret_names: Sequence[str]) -> str:
     """The [`scripts.launcher_script`] of `job`, reading `secret_names` from its
-    stdin, with the on-target watchdog when `job.deadline_request_after_s` is set.
+    stdin, with the on-target watchdog when `job.deadline_request_after_s` is set,
+    and the preemption-notice watcher when `job.preemption` is.
 
     Raises:
-        InvalidArgument: for a run directory that is not absolute, or watchdog times
-            out of range (a `JobCommand` built without validation).
+        InvalidArgument: for a run directory that is not absolute, watchdog times
+            out of range, or a watcher that cannot be made (an unknown cloud, a base
+            URL that is not `http://host[:port]`, a poll out of range: a
+            `JobCommand` built without validation).
     """
+    dir = check_remote(job.dir)
     watchdog = None
     if job.deadline_request_after_s is not None:
         watchdog = (job.deadline_request_after_s, job.watchdog_poll_s)
+    watcher = None
+    if job.preemption is not None:
+        watcher = notice_watch_script(dir, job.preemption, job.metadata_urls, job.notice_poll_s)
     return scripts.launcher_script(
-        check_remote(job.dir), job.script, job.env, secret_names, watchdog
+        dir, job.script, job.env, secret_names, watchdog, notice_watcher=watcher
     )
 
 

@@ -190,6 +190,8 @@ def test_targets_add_ls_rm(pipeline: Pipeline, tmp_path: Path) -> None:
     assert out.strip() == "target gpu: ssh, /srv/runs"
     out = ok(rw(pipeline, "targets", "add", "mine", "--workdir", "/srv/mine", "--run-as", "nobody"))
     assert out.strip() == "target mine: local, /srv/mine, jobs run as nobody"
+    out = ok(rw(pipeline, "targets", "add", "spot", "--workdir", "/srv/s", "--preemption", "aws"))
+    assert out.strip() == "target spot: local, /srv/s, aws preemption notices watched"
 
     table = ok(rw(pipeline, "targets", "ls"))
     rows = {line.split()[1]: line for line in table.splitlines() if line.startswith("│")}
@@ -199,6 +201,7 @@ def test_targets_add_ls_rm(pipeline: Pipeline, tmp_path: Path) -> None:
     assert str(scratch) in rows["scratch"]
     assert " local " in rows["scratch"]
     assert " nobody " in rows["mine"]
+    assert rows["spot"].split("│")[-2].strip() == "aws"
 
     listed = as_json(rw(pipeline, "targets", "ls", "--json"))
     assert isinstance(listed, list)
@@ -208,9 +211,10 @@ def test_targets_add_ls_rm(pipeline: Pipeline, tmp_path: Path) -> None:
     by_name = {item["name"]: item for item in listed}
     assert by_name["scratch"] == {
         "name": "scratch", "kind": "local", "workdir": str(scratch), "ssh": None,
-        "allow_secrets": [], "upload_roots": [], "run_as": None,
+        "allow_secrets": [], "upload_roots": [], "run_as": None, "preemption": "off",
     }  # fmt: skip
     assert by_name["mine"]["run_as"] == "nobody"
+    assert by_name["spot"]["preemption"] == "aws"
     gpu = by_name["gpu"]
     assert (gpu["kind"], gpu["workdir"]) == ("ssh", "/srv/runs")
     assert set(gpu["ssh"]) == set(SshOptions.model_fields)
@@ -224,12 +228,12 @@ def test_targets_add_ls_rm(pipeline: Pipeline, tmp_path: Path) -> None:
     ssh2 = pipeline.api.store.get_target("gpu2")["ssh"]
     assert (ssh2["destination"], ssh2["port"]) == ("u@h", 22)
 
-    for name in ("gpu", "gpu2", "scratch", "mine"):
+    for name in ("gpu", "gpu2", "scratch", "mine", "spot"):
         assert ok(rw(pipeline, "targets", "rm", name)).strip() == f"removed target {name}"
     refused(rw(pipeline, "targets", "rm", "gpu"), 2, "no target 'gpu'")
     names = {t["name"] for t in as_json(rw(pipeline, "targets", "ls", "--json"))}  # type: ignore[attr-defined]
     assert "local" in names
-    assert not names & {"gpu", "gpu2", "scratch", "mine"}
+    assert not names & {"gpu", "gpu2", "scratch", "mine", "spot"}
 
 
 @pytest.mark.parametrize(
@@ -242,6 +246,8 @@ def test_targets_add_ls_rm(pipeline: Pipeline, tmp_path: Path) -> None:
         (["--workdir", "/srv", "--ssh", "u@h", "--run-as", "rwjob"], "run_as is for local"),
         (["--workdir", "/srv", "--run-as", "$(touch PWNED)"], "is not a user name"),
         (["--workdir", "/srv", "--run-as", "root"], "run_as root protects nothing"),
+        (["--workdir", "/srv", "--preemption", "oracle"], "preemption"),
+        (["--workdir", "/srv", "--preemption", "$(touch PWNED)"], "preemption"),
     ],
     ids=[
         "port-without-ssh",
@@ -251,6 +257,8 @@ def test_targets_add_ls_rm(pipeline: Pipeline, tmp_path: Path) -> None:
         "run-as-with-ssh",
         "run-as-hostile",
         "run-as-root",
+        "preemption-unknown",
+        "preemption-hostile",
     ],
 )
 def test_targets_add_refuses_bad_input(pipeline: Pipeline, args: list[str], needle: str) -> None:
@@ -301,11 +309,14 @@ def test_launch_with_a_name_puts_its_slug_in_the_run_id(pipeline: Pipeline) -> N
         (["--target", "local", "--proof-timeout", "0", "--", "true"], "proof_timeout_s"),
         (["--target", "local", "--end-timeout", "-5", "--", "true"], "end_timeout_s"),
         (["--target", "local", "--proof-timeout", "inf", "--", "true"], "proof_timeout_s"),
+        (["--target", "local", "--preemption", "AWS", "--", "true"], "preemption"),
+        (["--target", "local", "--preemption", "'; x", "--", "true"], "preemption"),
     ],
     ids=[
         "no-command", "empty-command", "no-target", "unknown-target", "cost-without-rate",
         "max-hours-0", "max-hours-negative", "bad-secret-name", "bad-resume-id", "bad-target-name",
         "proof-timeout-0", "end-timeout-negative", "proof-timeout-inf",
+        "preemption-unknown", "preemption-hostile",
     ],
 )  # fmt: skip
 def test_launch_refuses_bad_input(pipeline: Pipeline, args: list[str], needle: str) -> None:

@@ -8,7 +8,13 @@ from dataclasses import dataclass
 from typing import Final, NamedTuple
 
 from schemas import JobId, JobStatus
-from schemas.protocol import JOB_LOG, METRICS_FILE, SNAPSHOT_REQUEST
+from schemas.protocol import (
+    JOB_LOG,
+    METRICS_FILE,
+    NOTICE_FILE,
+    NOTICE_STATE_FILE,
+    SNAPSHOT_REQUEST,
+)
 
 from ..errors import InvalidArgument, ProtocolError
 from ..lines import complete_lines
@@ -19,6 +25,8 @@ __all__ = [
     "CUT_MARK",
     "FOLLOW_CHUNK_BYTES",
     "FOLLOW_TIMEOUT_S",
+    "NOTICE_READ_BYTES",
+    "NOTICE_STATE_READ_BYTES",
     "FollowEntry",
     "FollowUpdate",
     "chunk_lines",
@@ -32,6 +40,11 @@ an unreachable or overloaded target takes this long."""
 FOLLOW_CHUNK_BYTES: Final = 256 * 1024
 """Most new bytes of one file a follow tick reads for one run; the rest comes next
 tick."""
+NOTICE_READ_BYTES: Final = 4097
+"""Most bytes of `notice.json` a tick reads: one more than a notice may hold
+(`notices.NOTICE_FILE_LIMIT`), so a larger file is seen as too large."""
+NOTICE_STATE_READ_BYTES: Final = 200
+"""Most bytes of `.runwarden/notice.state` a tick reads (its first line counts)."""
 
 
 class FollowEntry(NamedTuple):
@@ -53,6 +66,11 @@ def follow_script(
     - `Q <i> <reason>` when `snapshot.request` is a regular file that is not empty
       (the first line of its first 64 bytes, at most 32 bytes of it; `requested`
       when that line is empty), `Q <i>` with nothing when there is no request;
+    - `N <i>` then the first [`NOTICE_READ_BYTES`] of `notice.json`, and `W <i>`
+      then the first [`NOTICE_STATE_READ_BYTES`] of `.runwarden/notice.state` (the
+      preemption-notice watcher's files), each only when it is a regular file; the
+      notice is read after the request, and the watcher writes it before the
+      request, so a request it wrote always comes with its notice;
     - `L <i> <n>` then the bytes of `job.log` from its offset, and `M <i> <n>` then
       those of `metrics.jsonl`, at most `chunk` bytes each, only for files that grew
       past their offset (`n` is the file's size).
@@ -115,6 +133,12 @@ rw_part() {{
   printf '%s %s %s %s\\n' "$rw_t" "$1" "$2" "$rw_n"
   rw_read "$3" "$rw_chunk" "$4" || :
 }}
+rw_file() {{
+  # $1 tag, $2 index, $3 file, $4 most bytes: the record, only for a regular file.
+  [ -f "$3" ] && [ ! -h "$3" ] || return 0
+  printf '%s %s %s\\n' "$rw_t" "$1" "$2"
+  rw_read "$3" "$4" || :
+}}
 rw_nl='
 '
 rw_one() {{
@@ -128,6 +152,8 @@ rw_one() {{
     [ -n "$rw_q" ] || rw_q=requested
   fi
   printf '%s Q %s %.32s\\n' "$rw_t" "$1" "$rw_q"
+  rw_file N "$1" "$2/{NOTICE_FILE}" {NOTICE_READ_BYTES}
+  rw_file W "$1" "$2/{NOTICE_STATE_FILE}" {NOTICE_STATE_READ_BYTES}
   rw_part L "$1" "$2/{JOB_LOG}" "$5"
   rw_part M "$1" "$2/{METRICS_FILE}" "$6"
 }}
@@ -148,6 +174,13 @@ class FollowUpdate:
     log_size: int = 0
     metrics: bytes = b""
     metrics_size: int = 0
+    notice: bytes | None = None
+    """The first bytes of `notice.json` (at most [`NOTICE_READ_BYTES`]), None when
+    it is not there (parse with `notices.parse_notice`)."""
+    notice_state: bytes | None = None
+    """The first bytes of `.runwarden/notice.state` (at most
+    [`NOTICE_STATE_READ_BYTES`]), None when it is not there (parse with
+    `notices.parse_notice_state`)."""
 
     def log_lines(self) -> tuple[list[str], int]:
         """The complete lines of [`log`] and how many of its bytes they used (the
@@ -209,8 +242,9 @@ def parse_follow(output: bytes, token: str, count: int) -> list[FollowUpdate]:
             elif kind == "Q":
                 reason = " ".join(words[3:]).strip()
                 request[index] = reason or None
-            elif kind in ("L", "M"):
-                files[(kind, index)] = (payload, int(words[3]))
+            elif kind in ("L", "M", "N", "W"):
+                size = int(words[3]) if kind in ("L", "M") else len(payload)
+                files[(kind, index)] = (payload, size)
             else:
                 raise ProtocolError(f"follow record {kind!r}")
         except (IndexError, ValueError) as error:
@@ -221,7 +255,18 @@ def parse_follow(output: bytes, token: str, count: int) -> list[FollowUpdate]:
     for index in range(count):
         log, log_size = files.get(("L", index), (b"", 0))
         metrics, metrics_size = files.get(("M", index), (b"", 0))
+        notice = files.get(("N", index))
+        state = files.get(("W", index))
         updates.append(
-            FollowUpdate(status[index], request.get(index), log, log_size, metrics, metrics_size)
+            FollowUpdate(
+                status[index],
+                request.get(index),
+                log,
+                log_size,
+                metrics,
+                metrics_size,
+                notice=None if notice is None else notice[0],
+                notice_state=None if state is None else state[0],
+            )
         )
     return updates

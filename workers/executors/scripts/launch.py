@@ -15,6 +15,9 @@ from schemas.protocol import (
     EXIT_FILE,
     JOB_LOG,
     JOBSIDE_DIR,
+    NOTICE_FILE,
+    NOTICE_PID_FILE,
+    NOTICE_STATE_FILE,
     PID_FILE,
     SNAPSHOT_FILE,
     SNAPSHOT_REQUEST,
@@ -191,10 +194,14 @@ def launcher_script(
     env: Mapping[str, str],
     secret_names: Sequence[str],
     watchdog: tuple[float, float] | None = None,
+    *,
+    notice_watcher: str | None = None,
 ) -> str:
     """The launcher of a job: enters `dir` (created when missing), clears stale
     `exit_code`, `cancelling`, `cancelled`, `job.pid`, `.runwarden/watchdog.pid`,
-    `snapshot.request` and `snapshot.json`, and starts the [`wrapper_script`] with
+    `snapshot.request`, `snapshot.json`, and the notice watcher's `notice.json`,
+    `.runwarden/notice.state` and `.runwarden/notice.pid` (a new job never inherits
+    a notice), and starts the [`wrapper_script`] with
     `setsid` in its own session, stdin from /dev/null, stdout and stderr appended to
     `job.log`, SIGHUP ignored (like `nohup`).
 
@@ -223,6 +230,13 @@ def launcher_script(
     arguments; its stdin, stdout and stderr are /dev/null, and it never has the job's
     variables or secrets.
 
+    With `notice_watcher` (the text of `notices.notice_watch_script` for `dir`), it
+    starts that preemption-notice watcher exactly as the watchdog: its own session,
+    SIGHUP ignored, a waiting parent `sh`, the job's pid and start time as
+    arguments, stdio on /dev/null, none of the job's variables or secrets. Like the
+    job, it outlives whoever started it (the worker, Redis, every Celery process),
+    and it ends with the job's process group or the run directory.
+
     The caller validates names and values (`schemas.check_env_name`,
     `check_secret_value`).
     """
@@ -237,12 +251,19 @@ def launcher_script(
         + JOB_LOG
         + ' 2>&1 & printf "%s\\n" "$!"; exec >/dev/null 2>&1; wait $!'
     )
-    start_watchdog = ""
+    companions = ""
     if watchdog is not None:
-        start_watchdog = (
+        companions = (
             """"$rw_sh" -c 'trap "" HUP; "$1" "$2" -c "$3" rw-watchdog "$4" "$5" \\
   </dev/null >/dev/null 2>&1 & wait $!' rw-watchdog-parent "$rw_setsid" "$rw_sh" """
             + quote(watchdog_script(dir, *watchdog))
+            + ' "$rw_pid" "$rw_st" </dev/null >/dev/null 2>&1 &\n'
+        )
+    if notice_watcher is not None:
+        companions += (
+            """"$rw_sh" -c 'trap "" HUP; "$1" "$2" -c "$3" rw-notice "$4" "$5" \\
+  </dev/null >/dev/null 2>&1 & wait $!' rw-notice-parent "$rw_setsid" "$rw_sh" """
+            + quote(notice_watcher)
             + ' "$rw_pid" "$rw_st" </dev/null >/dev/null 2>&1 &\n'
         )
     return (
@@ -252,7 +273,8 @@ rw_setsid=$(command -v setsid) || {{ echo 'setsid is not installed on the target
 rw_mv=$(command -v mv) || exit 5
 mkdir -p -- {quote(dir)} && cd -- {quote(dir)} || exit 3
 rm -f -- {EXIT_FILE} {CANCELLING_FILE} {CANCEL_FILE} {PID_FILE} {WATCHDOG_PID_FILE} \\
-  {SNAPSHOT_REQUEST} {SNAPSHOT_FILE} || exit 3
+  {SNAPSHOT_REQUEST} {SNAPSHOT_FILE} {NOTICE_FILE} {NOTICE_STATE_FILE} {NOTICE_PID_FILE} \\
+  || exit 3
 rw_pid=$(
   set -- "$rw_sh" "$rw_setsid" "$rw_mv"
 {exports}{reads}  "$1" -c {quote(reaper)} rw-job-parent "$2" "$1" \\
@@ -267,6 +289,6 @@ while [ ! -s {PID_FILE} ] && [ -d {quote(dir)} ]; do
   sleep 0.05 2>/dev/null || sleep 1
 done
 rw_start "$rw_pid"
-{start_watchdog}printf '%s %s\\n' "$rw_pid" "$rw_st"
+{companions}printf '%s %s\\n' "$rw_pid" "$rw_st"
 """
     )

@@ -22,9 +22,19 @@ from producers.api import Runwarden
 from producers.web import create_app, make_server
 from producers.web.server import is_loopback
 from producers.web.text import left_text
-from schemas import JobId, RunRecord, RunState, Settings, SnapshotReason
+from schemas import (
+    JobId,
+    Preemption,
+    RunNotice,
+    RunRecord,
+    RunState,
+    Settings,
+    SnapshotReason,
+    WatcherState,
+)
 from schemas.budget import SaveSample, StopBudget, StopTimeouts, TimeoutSource
 from schemas.events import TASK_CANCEL, TASK_SNAPSHOT_REQUEST, SnapshotRequestBody
+from schemas.preemption import NO_CLIENT
 from schemas.text import clean_text as clean
 from store import RunStore
 
@@ -223,6 +233,33 @@ def test_run_page_shows_the_record_the_open_stop_and_the_history(
     assert 'id="stop-button"' not in page
     assert "A stop is in flight" in page
     assert 'id="cancel-button"' in page
+
+
+def test_run_page_shows_the_preemption_watch_and_its_notice(
+    api: RecordingRunwarden, client: TestClient
+) -> None:
+    make_run(api, "plain")
+    assert 'id="preemption"' not in client.get("/runs/plain").text
+    watcher = WatcherState(kind="unavailable", text="neither curl nor wget is installed")
+    make_run(api, "bare", preemption=Preemption(cloud="aws", watcher=watcher))
+    assert NO_CLIENT in client.get("/runs/bare").text
+    notice = RunNotice(
+        source="azure-preempt",
+        seen_at=NOW,
+        not_after=HOSTILE[:60],
+        detail="Preempt Scheduled",
+        recorded_at=NOW,
+    )
+    watching = WatcherState(kind="watching", text="azure with curl")
+    make_run(api, "r1", preemption=Preemption(cloud="azure", watcher=watching, notice=notice))
+    page = client.get("/runs/r1").text
+    assert "azure: watching azure with curl" in page
+    assert 'id="preemption-notice"' in page
+    assert "azure-preempt (Preempt Scheduled)" in page
+    assert "&lt;script&gt;" in page
+    assert "<script>alert" not in page
+    api.store.transition("r1", RunState.STOPPED)
+    assert "watched azure with curl until the run ended" in client.get("/runs/r1").text
 
 
 def test_stops_page_has_live_countdowns(api: RecordingRunwarden, client: TestClient) -> None:

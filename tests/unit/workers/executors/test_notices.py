@@ -92,7 +92,7 @@ def test_values_reach_the_script_quoted_and_rounded() -> None:
     assert "rw_dir='/w/r '\\''x'\\'' $(y)'\n" in script
     assert "rw_azure='http://[::1]:8080'\n" in script  # the trailing slash dropped
     assert "rw_aws='http://a:1'\n" in script
-    assert "rw_gcp='http://169.254.169.254'\n" in script  # the default kept
+    assert "rw_gcp='http://metadata.google.internal'\n" in script  # the default kept
     assert "rw_mode='azure'\n" in script
     assert "rw_poll=100\n" in script  # at least 0.1 s
     assert "rw_poll=2500\n" in notice_watch_script("/w/r", "aws", {}, 2.5)

@@ -1,14 +1,19 @@
 """The batched follow script of a target's tick, on every executor (one script for
-all followed runs: status, snapshot request, new log and metrics bytes)."""
+all followed runs: status, snapshot request, new log and metrics bytes, the notice
+watcher's files)."""
 
 from __future__ import annotations
 
+import os
 import secrets
+import time
 from pathlib import Path
 
 from schemas import JobCommand, JobId, JobStatus
+from schemas.protocol import NOTICE_FILE, NOTICE_STATE_FILE
 from workers.executors import quote
 from workers.executors.scripts import follow_script, parse_follow
+from workers.executors.scripts.follow import NOTICE_READ_BYTES, NOTICE_STATE_READ_BYTES
 
 from .....conftest import Target, wait_for
 
@@ -89,3 +94,32 @@ def test_many_runs_in_one_script(target: Target) -> None:
     updates = tick(target, jobs)
     assert [u.status for u in updates] == [JobStatus.exited(i % 7) for i in range(150)]
     assert [u.log for u in updates] == [f"run {i}\n".encode() for i in range(150)]
+
+
+def test_the_notice_watcher_s_files_are_read_bounded(target: Target) -> None:
+    notice = b'{"source": "aws-spot", "seen_at": 1.5, "not_after": null, "detail": "stop"}\n'
+    state = b"watching aws with curl\nS 0 cancelled\nQ 0 disk\nL 0 5\n"  # forges nothing
+    runs = {}
+    for name in ("plain", "big", "fifo", "link", "none"):
+        run = target.workdir / name
+        (run / ".runwarden").mkdir(parents=True)
+        runs[name] = run
+    (runs["plain"] / NOTICE_FILE).write_bytes(notice)
+    (runs["plain"] / NOTICE_STATE_FILE).write_bytes(state)
+    (runs["big"] / NOTICE_FILE).write_bytes(b"{" * 100_000)
+    (runs["big"] / NOTICE_STATE_FILE).write_bytes(b"done: " + b"x" * 10_000)
+    os.mkfifo(runs["fifo"] / NOTICE_FILE)  # a read would block: never opened
+    os.mkfifo(runs["fifo"] / NOTICE_STATE_FILE)
+    (runs["link"] / NOTICE_FILE).symlink_to(runs["plain"] / NOTICE_FILE)
+    (runs["link"] / NOTICE_STATE_FILE).symlink_to(runs["plain"] / NOTICE_STATE_FILE)
+    (runs["plain"] / "snapshot.request").write_text("preempted")
+    jobs = [(JobId(dir=str(run), pid=999_999), 0, 0) for run in runs.values()]
+    started = time.monotonic()
+    plain, big, fifo, link, none = tick(target, jobs)
+    assert time.monotonic() - started < 10
+    assert (plain.notice, plain.notice_state, plain.request) == (notice, state, "preempted")
+    assert big.notice == b"{" * NOTICE_READ_BYTES
+    assert big.notice_state == (b"done: " + b"x" * 10_000)[:NOTICE_STATE_READ_BYTES]
+    for update in (fifo, link, none):
+        assert (update.notice, update.notice_state) == (None, None)
+    assert [u.status for u in (plain, big, fifo, link, none)] == [JobStatus.LOST] * 5

@@ -15,8 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from schemas.protocol import CANCEL_FILE, EXIT_FILE, PID_FILE, SNAPSHOT_REQUEST
-from workers.executors import InvalidArgument
+from schemas.protocol import (
+    CANCEL_FILE,
+    EXIT_FILE,
+    NOTICE_FILE,
+    NOTICE_PID_FILE,
+    NOTICE_STATE_FILE,
+    PID_FILE,
+    SNAPSHOT_REQUEST,
+)
+from workers.executors import InvalidArgument, quote
 from workers.executors.scripts import WATCHDOG_PID_FILE, launcher_script, watchdog_script
 
 from .....conftest import wait_for
@@ -229,3 +237,29 @@ def test_the_launcher_starts_a_watchdog_only_when_asked() -> None:
     subshell_end = with_dog.index(") || exit 4")
     assert with_dog.index("IFS= read -r TOKEN") < subshell_end
     assert with_dog.index("rw-watchdog") > subshell_end
+
+
+def test_the_launcher_starts_a_notice_watcher_only_when_asked() -> None:
+    watcher = "rw_mode='gcp'  # the notice watcher"
+    plain = launcher_script("/w/r", "true", {}, ["TOKEN"], (10.0, 1.0))
+    assert "rw-notice" not in plain
+    script = launcher_script("/w/r", "true", {}, ["TOKEN"], notice_watcher=watcher)
+    assert "rw-watchdog" not in script
+    # Its own session (setsid), the job's pid and start time as arguments, after the
+    # subshell that reads the secrets: it never has them.
+    start = script.index("rw-notice-parent")
+    assert script.index(") || exit 4") < start
+    assert '"$rw_setsid" "$rw_sh" ' + quote(watcher) + ' "$rw_pid" "$rw_st"' in script[start:]
+    both = launcher_script("/w/r", "true", {}, [], (10.0, 1.0), notice_watcher=watcher)
+    assert both.index("rw-watchdog-parent") < both.index("rw-notice-parent")
+
+
+def test_the_launcher_clears_a_stale_notice() -> None:
+    for script in (
+        launcher_script("/w/r", "true", {}, []),
+        launcher_script("/w/r", "true", {}, [], notice_watcher="true"),
+    ):
+        begin = script.index("rm -f --")
+        clearing = script[begin : script.index("|| exit 3", begin)]
+        for name in (NOTICE_FILE, NOTICE_STATE_FILE, NOTICE_PID_FILE, SNAPSHOT_REQUEST):
+            assert f" {name} " in clearing.replace("\\\n", " ")
