@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from .idempotency import LaunchKey
 from .ids import RunId
-from .job import ENV_NAME, check_absolute_path
+from .job import check_absolute_path, check_secret_name
 from .run import RunLimits
 from .settings import Settings
 from .snapshot import SnapshotReason
@@ -137,8 +137,7 @@ class LaunchSpec(_Body):
     @classmethod
     def _names(cls, names: tuple[str, ...]) -> tuple[str, ...]:
         for name in names:
-            if ENV_NAME.fullmatch(name) is None:
-                raise ValueError(f"{name[:80]!r} is not an environment variable name")
+            check_secret_name(name)
         return names
 
     @field_validator("command")

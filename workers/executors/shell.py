@@ -22,6 +22,7 @@ from schemas import (
     JobStatus,
     check_absolute_path,
     check_env_name,
+    check_secret_name,
     check_secret_value,
 )
 from schemas.policy import DiskSample
@@ -77,7 +78,7 @@ def checked_secrets(job: JobCommand) -> list[tuple[str, str]]:
     for name, secret in job.secrets.items():
         value = secret.get_secret_value()
         try:
-            check_env_name(name)
+            check_secret_name(name)
             check_secret_value(name, value)
         except ValueError as error:
             raise InvalidSecret(name) from error
