@@ -16,6 +16,8 @@ asked number would take at the measured rate.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import random
 import shutil
@@ -42,13 +44,35 @@ from tests.chaos import (  # noqa: E402
 )
 
 
-def _affected(campaign: Campaign) -> list[float]:
+def _affected(campaign: Campaign, after_s: float = RECOVERY_WINDOW_S) -> list[float]:
     """Lateness of the deadlines due while a faulted component was down, or within
-    `RECOVERY_WINDOW_S` after it came back (messages excluded: nothing was down)."""
-    windows = [
-        (f.began, f.ended + RECOVERY_WINDOW_S) for f in campaign.faults if f.kind != "messages"
-    ]
+    `after_s` after it came back (messages excluded: nothing was down)."""
+    windows = [(f.began, f.ended + after_s) for f in campaign.faults if f.kind != "messages"]
     return [d.lateness_s for d in campaign.deadlines if any(a <= d.due <= b for a, b in windows)]
+
+
+def _dump(campaign: Campaign, path: Path) -> None:
+    """The campaign's raw figures as JSON: runs, faults, deadlines."""
+    data = {
+        "seed": campaign.seed,
+        "runs": [
+            {
+                "plan": r.plan.name,
+                "target": r.plan.target,
+                "run_id": r.run_id,
+                "state": str(r.state),
+                "expect": str(r.plan.expect),
+                "terms": r.terms,
+                "cancels": r.cancels,
+                "seconds": r.seconds,
+                "violations": r.violations,
+            }
+            for r in campaign.results
+        ],
+        "faults": [dataclasses.asdict(f) for f in campaign.faults],
+        "deadlines": [dataclasses.asdict(d) for d in campaign.deadlines],
+    }
+    path.write_text(json.dumps(data, indent=1))
 
 
 def _load() -> str:
@@ -90,6 +114,7 @@ def report(campaign: Campaign, plans: list[Plan], asked: int, elapsed_s: float,
     print("\ndeadline lateness (due -> the stop left its phase, polled every 50 ms):")
     print(f"  every deadline that fired: {summary(every)}")
     print(f"  due during an outage or within {RECOVERY_WINDOW_S:g} s after: {summary(affected)}")
+    print(f"  due during an outage: {summary(_affected(campaign, 0.0))}")
     late = sorted(campaign.deadlines, key=lambda d: -d.lateness_s)[:5]
     for event in late:
         near = [
@@ -131,6 +156,7 @@ def main() -> None:
     parser.add_argument("--in-flight", type=int, default=16, help="runs at once")
     parser.add_argument("--fault-every", type=float, default=6.0, help="mean s between faults")
     parser.add_argument("--minutes", type=float, default=None, help="stop drawing runs after")
+    parser.add_argument("--json", type=Path, default=None, help="write the raw figures here")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="rw-bench-chaos-"))
     faults = tuple(f for f in FAULTS if args.ssh or f != "kill-sshd")
@@ -158,6 +184,8 @@ def main() -> None:
             elapsed = time.monotonic() - started
             violations = campaign.finish()
             report(campaign, plans, args.runs, elapsed, violations)
+            if args.json is not None:
+                _dump(campaign, args.json)
             kept = bool(violations) or any(r.violations for r in campaign.results)
     finally:
         if kept:
