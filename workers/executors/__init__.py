@@ -25,6 +25,7 @@ from .errors import (
 from .lines import LineStream, complete_lines
 from .local import LocalExecutor, job_environment
 from .localtree import local_manifest
+from .marked import find_marked_job
 from .safetree import Downloaded, Link
 from .scripts import FOLLOW_TIMEOUT_S, FollowEntry, FollowUpdate, parse_status, quote
 from .shell import ScriptExecutor
@@ -57,6 +58,7 @@ __all__ = [
     "Transport",
     "UnsafeArchive",
     "complete_lines",
+    "find_marked_job",
     "glob_match",
     "job_environment",
     "local_manifest",
