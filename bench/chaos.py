@@ -66,6 +66,7 @@ def _dump(campaign: Campaign, path: Path) -> None:
                 "cancels": r.cancels,
                 "seconds": r.seconds,
                 "violations": r.violations,
+                "launch_failed": r.launch_failed,
             }
             for r in campaign.results
         ],
@@ -130,6 +131,12 @@ def report(campaign: Campaign, plans: list[Plan], asked: int, elapsed_s: float,
     print(
         "SIGTERMs per cancelled job: "
         + ", ".join(f"{k}: {v} runs" for k, v in sorted(terms.items()))
+    )
+    failed = [r for r in results if r.launch_failed]
+    print(
+        f"launches that failed under a fault (no job started, nothing left running): "
+        f"{len(failed)}"
+        + "".join(f"\n  {r.plan.name}: {r.launch_failed[:140]}" for r in failed[:10])
     )
     broken = [r for r in results if r.violations]
     total = sum(len(r.violations) for r in broken) + len(violations)

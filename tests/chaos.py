@@ -68,6 +68,7 @@ from schemas.events import (
     LaunchSpec,
 )
 from workers.executors import quote
+from workers.settle import DIED_MESSAGE
 
 from .conftest import TOY_TRAINER
 from .hostile import CASES, SHADOW, Case, file_digest, worker_secret_env
@@ -177,6 +178,17 @@ class Result:
     cancels: int = 0
     seconds: float = 0.0
     violations: list[str] = field(default_factory=list)
+    launch_failed: str = ""
+    """Why its launch failed and no job started (a fault: the target out of reach,
+    the launch's worker killed before the spawn); such a run is no violation."""
+
+
+LAUNCH_CANCELLED = "its launch could not record its job and cancelled it"
+
+
+def _launch_failed(run: RunRecord) -> bool:
+    message = run.message or ""
+    return message.startswith("launch failed") or message.startswith(DIED_MESSAGE)
 
 
 @dataclass(frozen=True)
@@ -390,10 +402,20 @@ class Campaign:
             result.run_id = run.id
             with self._lock:
                 self.specs[run.id] = spec
-            self._act(plan, run)
+            run = self._wait_started(run.id)
+            if run.state is RunState.RUNNING:
+                self._act(plan, run)
             ended = self._wait_end(run.id)
             result.state = ended.state
-            if ended.state is not plan.expect:
+            if ended.job is None and ended.state is RunState.FAILED and _launch_failed(ended):
+                # The target was out of reach, or the launch's worker died before the
+                # spawn: no job started, and none may be running (checked below).
+                result.launch_failed = ended.message or ""
+            elif ended.state is RunState.CANCELLED and self._launch_cancelled(run.id):
+                # Its launch started the job but could not record it (Redis restarting)
+                # and cancelled it, by design; a later delivery followed it to its end.
+                result.launch_failed = LAUNCH_CANCELLED
+            elif ended.state is not plan.expect:
                 result.violations.append(
                     f"ended {ended.state} ({ended.message}), not {plan.expect}"
                 )
@@ -405,21 +427,35 @@ class Campaign:
             self.results.append(result)
         return result
 
+    def _launch_cancelled(self, run_id: str) -> bool:
+        """Whether a launch of `run_id` cancelled the job it could not record."""
+        line = f"run {run_id}: cannot record its job; cancelling it"
+        return any(line in self.pipeline.worker_log(n) for n in ("w1", "w2"))
+
+    def _wait_started(self, run_id: str) -> RunRecord:
+        """The run once it is no longer `preparing` (a launch answered while its first
+        delivery was still at work, or left for `reconcile` to settle)."""
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while True:
+            run = _retry(lambda: self.api.get_run(run_id), "get run")
+            if run.state is not RunState.PREPARING or time.monotonic() > deadline:
+                return run
+            time.sleep(0.2)
+
     def _act(self, plan: Plan, run: RunRecord) -> None:
         if plan.action in ("finish", "deadline"):
             return
         # Past its start: an honest job has logged a step or two.
         pause = random.Random(self.seed * 100_003 + plan.index).uniform(1.0, 2.0)
         time.sleep(pause)
-        try:
+        with contextlib.suppress(NotRunning):
+            # NotRunning: it ended first (an answer lost to a fault and the call sent
+            # again after it worked; a hostile job's own request came first). Its
+            # final state tells whether that was right.
             if plan.action == "cancel":
                 _retry(lambda: self.api.cancel(run.id, wait_s=60), "cancel")
             else:
                 _retry(lambda: self.api.stop(run.id, asked_by="chaos", wait_s=20), "stop")
-        except NotRunning:
-            # A hostile job's own request (a huge `snapshot.request`) came first.
-            if plan.case is None or not self._stops_of(run.id):
-                raise
 
     def _stops_of(self, run_id: str) -> list[Any]:
         return _retry(lambda: self.api.store.stop_history(run_id), "stop history")
@@ -449,8 +485,13 @@ class Campaign:
             result.violations.append(f"processes alive after its end: {alive}")
         with contextlib.suppress(OSError, ValueError):
             result.terms = len(read_small(run_dir / TERMS_FILE, 4096).splitlines())
-        stops = self._stops_of(run.id)
+        # The stop is archived a moment after the run's end is recorded.
+        closed_by = time.monotonic() + 15
+        while self.api.get_stop(run.id) is not None and time.monotonic() < closed_by:
+            time.sleep(0.2)
+        stops = [*self._stops_of(run.id), *filter(None, [self.api.get_stop(run.id)])]
         result.cancels = sum(s.cancels for s in stops) + (result.plan.action == "cancel")
+        result.cancels += result.launch_failed == LAUNCH_CANCELLED
         if result.terms > result.cancels:
             result.violations.append(f"{result.terms} SIGTERMs for {result.cancels} cancel(s)")
 
@@ -617,10 +658,11 @@ class Campaign:
             thread.join(5)
         after = self._watched()
         runs = {r.run_id for r in self.results if r.run_id}
+        known = runs | {r.id for r in _retry(self.api.list_runs, "list runs")}
         found = []
         for name in sorted(set(after) - set(self._before)):
             target, _, entry = name.partition(":")
-            if target in self.targets and entry in runs:
+            if target in self.targets and entry in known:
                 continue  # a run directory of the campaign
             found.append(f"written outside a run or artifact directory: {name}")
         for name in sorted(set(self._before) & set(after)):
