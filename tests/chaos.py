@@ -398,7 +398,7 @@ class Campaign:
         began = time.monotonic()
         spec = self._spec(plan)
         try:
-            run = _retry(lambda: self.api.launch(spec, wait_s=30), "launch", 180)
+            run = self._launch(spec)
             result.run_id = run.id
             with self._lock:
                 self.specs[run.id] = spec
@@ -427,6 +427,19 @@ class Campaign:
             self.results.append(result)
         return result
 
+    def _launch(self, spec: LaunchSpec) -> RunRecord:
+        """The run of `spec`, launched once for its key. A producer whose wait ran out
+        (workers overloaded, or down) sends it again; past 3 min, the run its key
+        started is looked up in the store and taken as it stands."""
+        try:
+            return _retry(lambda: self.api.launch(spec, wait_s=30), "launch", 180)
+        except AssertionError:
+            assert spec.key is not None
+            run_id = _retry(lambda: self.api.store.launch_run(spec.key or ""), "key")
+            if run_id is None:
+                raise
+            return _retry(lambda: self.api.get_run(run_id), "get run")
+
     def _launch_cancelled(self, run_id: str) -> bool:
         """Whether a launch of `run_id` cancelled the job it could not record."""
         line = f"run {run_id}: cannot record its job; cancelling it"
@@ -448,14 +461,16 @@ class Campaign:
         # Past its start: an honest job has logged a step or two.
         pause = random.Random(self.seed * 100_003 + plan.index).uniform(1.0, 2.0)
         time.sleep(pause)
-        with contextlib.suppress(NotRunning):
-            # NotRunning: it ended first (an answer lost to a fault and the call sent
-            # again after it worked; a hostile job's own request came first). Its
-            # final state tells whether that was right.
+        # NotRunning: it ended first (an answer lost to a fault and the call sent
+        # again after it worked; a hostile job's own request came first). A call whose
+        # answers all timed out (AssertionError from `_retry`) may still be carried
+        # out. Either way its final state tells: a stop never carried out leaves it
+        # running (`_wait_end`).
+        with contextlib.suppress(NotRunning, AssertionError):
             if plan.action == "cancel":
-                _retry(lambda: self.api.cancel(run.id, wait_s=60), "cancel")
+                _retry(lambda: self.api.cancel(run.id, wait_s=60), "cancel", 240)
             else:
-                _retry(lambda: self.api.stop(run.id, asked_by="chaos", wait_s=20), "stop")
+                _retry(lambda: self.api.stop(run.id, asked_by="chaos", wait_s=20), "stop", 240)
 
     def _stops_of(self, run_id: str) -> list[Any]:
         return _retry(lambda: self.api.store.stop_history(run_id), "stop history")
