@@ -106,7 +106,6 @@ class Campaign:
     long_active: list[str] = field(default_factory=list)
     failed_tasks: list[str] = field(default_factory=list)
     shadow_changed: bool = False
-    shadow_leaks: list[str] = field(default_factory=list)
     pwned: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
 
