@@ -40,6 +40,7 @@ from .job import (
     JobStatus,
     check_absolute_path,
     check_env_name,
+    check_secret_name,
     check_secret_value,
 )
 from .paths import join_run_path, safe_relpath
@@ -140,6 +141,7 @@ __all__ = [
     "check_absolute_path",
     "check_env_name",
     "check_pid",
+    "check_secret_name",
     "check_secret_value",
     "check_user_name",
     "decide_outcome",

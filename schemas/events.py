@@ -15,7 +15,7 @@ from .budget import StopTimeouts
 from .chain import OnPreempt
 from .idempotency import LaunchKey
 from .ids import RunId
-from .job import ENV_NAME, check_absolute_path
+from .job import check_absolute_path, check_secret_name
 from .preemption import PreemptionMode
 from .run import RunLimits, RunRecord
 from .settings import Settings
@@ -169,8 +169,7 @@ class LaunchSpec(_Body):
     @classmethod
     def _names(cls, names: tuple[str, ...]) -> tuple[str, ...]:
         for name in names:
-            if ENV_NAME.fullmatch(name) is None:
-                raise ValueError(f"{name[:80]!r} is not an environment variable name")
+            check_secret_name(name)
         return names
 
     @field_validator("command")

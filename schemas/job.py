@@ -27,6 +27,7 @@ from .preemption import WatchedCloud, check_metadata_url
 
 __all__ = [
     "ENV_NAME",
+    "SHELL_NAMES",
     "WATCHDOG_MAX_S",
     "Container",
     "JobCommand",
@@ -34,6 +35,7 @@ __all__ = [
     "JobStatus",
     "check_absolute_path",
     "check_env_name",
+    "check_secret_name",
     "check_secret_value",
 ]
 
@@ -60,6 +62,25 @@ def check_env_name(name: str) -> str:
     `_`, not starting with a digit, not empty), else raises `ValueError` naming it."""
     if ENV_NAME.fullmatch(name) is None:
         raise ValueError(f"{name[:80]!r} is not an environment variable name")
+    return name
+
+
+SHELL_NAMES: Final = frozenset({"IFS", "OLDPWD", "OPTIND", "PPID", "PWD"})
+"""Variables that every POSIX shell on a job's way (the launcher, the job wrapper, the
+job's own `sh -c`) sets by itself (`IFS`, `PPID`, `PWD`, and `OLDPWD` at each `cd`) or
+refuses a value of (`OPTIND`): a secret of one of these names would never reach the
+job as given."""
+
+
+def check_secret_name(name: str) -> str:
+    """Returns `name` when a secret may have it: an environment variable name
+    ([`check_env_name`]) that no shell sets by itself (not in [`SHELL_NAMES`]); else
+    raises `ValueError` naming it."""
+    check_env_name(name)
+    if name in SHELL_NAMES:
+        raise ValueError(
+            f"a secret cannot be named {name}: the shells that start the job set it themselves"
+        )
     return name
 
 
@@ -226,7 +247,7 @@ class JobCommand(BaseModel):
     @classmethod
     def _secrets(cls, secrets: dict[str, SecretStr]) -> dict[str, SecretStr]:
         for name, value in secrets.items():
-            check_env_name(name)
+            check_secret_name(name)
             check_secret_value(name, value.get_secret_value())
         return secrets
 

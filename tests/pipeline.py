@@ -8,6 +8,7 @@ import contextlib
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -51,6 +52,22 @@ def signed(settings: Settings, task: str, body: Any, producer: str = OPERATOR) -
     (its key created in the secrets directory when missing)."""
     key, _ = settings.secrets.ensure(producer_key_file(producer))
     return {"body": body, "auth": sign(task, body, producer, key, time.time())}
+
+
+def read_small(path: Path, limit: int = 64) -> str:
+    """At most `limit` bytes of the regular file `path`, as a job may have written it:
+    a link is never followed and a FIFO never blocks (a hostile job puts either in
+    place of `job.pid`, tests/hostile.py).
+
+    Raises:
+        OSError: for a missing file, a link, or anything but a regular file."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        return os.read(fd, limit).decode("ascii", "replace").strip()
+    finally:
+        os.close(fd)
 
 
 def toy(*args: str) -> str:
@@ -227,7 +244,7 @@ class Pipeline:
         groups = []
         for path in self.workdir.glob("*/job.pid"):
             with contextlib.suppress(OSError, ValueError):
-                pgid = int(path.read_text().strip())
+                pgid = int(read_small(path))
                 if pgid > 1:
                     groups.append(pgid)
         return groups
@@ -279,8 +296,14 @@ class Pipeline:
 
 @contextmanager
 def running_pipeline(
-    tmp: Path, workers: int = 1, beat: bool = True, extra_env: Mapping[str, str] | None = None
+    tmp: Path,
+    workers: int = 1,
+    beat: bool = True,
+    extra_env: Mapping[str, str] | None = None,
+    concurrency: int = 2,
 ) -> Iterator[Pipeline]:
+    """The whole service in `tmp`: `workers` workers of `concurrency` processes each,
+    beat unless told not to, the clocks of [`CLOCKS`] with `extra_env` on top."""
     redis = RedisServer(tmp / "redis")
     redis.start()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RUNWARDEN_")}
@@ -316,7 +339,7 @@ def running_pipeline(
     reaper.start()
     try:
         for i in range(workers):
-            pipeline.start_worker(f"w{i + 1}")
+            pipeline.start_worker(f"w{i + 1}", concurrency)
         if beat:
             pipeline.start_beat()
         pipeline.wait_ready()

@@ -223,7 +223,7 @@ def _launch(ctx: Context, spec: LaunchSpec, now: datetime, key: str, lease: Leas
             message = f"the run directory {run.remote_dir} is claimed by another"
             _record_failed(ctx, run.id, f"launch failed: {message}")
             raise LaunchError(message)
-        job = find_job(executor, run.remote_dir)
+        job = find_job(executor, run.remote_dir, run.id)
         if job is not None:
             return follow_found(ctx, executor, run, job, "its launch came again")
         log.warning("run %s: its launch came again before its job started: going on", run.id)
@@ -309,7 +309,7 @@ def _spawn(ctx: Context, executor: Executor, run: RunRecord, command: JobCommand
         raise
     except ExecError as error:
         try:
-            job = _job_after_spawn(executor, run.remote_dir, began)
+            job = _job_after_spawn(executor, run.remote_dir, began, run.id)
         except ExecError as unread:
             log.error(
                 "run %s: spawn failed (%s) and the run directory cannot be read (%s): left "
@@ -325,7 +325,7 @@ def _spawn(ctx: Context, executor: Executor, run: RunRecord, command: JobCommand
     except Exception as error:
         text = str(error) or type(error).__name__
         try:
-            job = find_job(executor, run.remote_dir)
+            job = find_job(executor, run.remote_dir, run.id)
             if job is not None:
                 executor.cancel(job)
         except ExecError:
@@ -336,8 +336,9 @@ def _spawn(ctx: Context, executor: Executor, run: RunRecord, command: JobCommand
         raise
 
 
-def _job_after_spawn(executor: Executor, run_dir: str, began: float) -> JobId | None:
-    """The job a spawn that began at `began` (monotonic) started, looked for until
+def _job_after_spawn(executor: Executor, run_dir: str, began: float, mark: str) -> JobId | None:
+    """The job a spawn that began at `began` (monotonic) started (marked `mark`: see
+    `find_job`), looked for until
     `SPAWN_WINDOW_S` after it (a broken connection may come back meanwhile); None
     when none started.
 
@@ -348,7 +349,7 @@ def _job_after_spawn(executor: Executor, run_dir: str, began: float) -> JobId | 
     while True:
         failure: ExecError | None = None
         try:
-            job = find_job(executor, run_dir)
+            job = find_job(executor, run_dir, mark)
             if job is not None:
                 return job
         except ExecError as error:

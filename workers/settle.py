@@ -21,7 +21,7 @@ from schemas import JobId, NotFound, RunRecord, RunState, UnknownTarget
 from schemas.protocol import CANCEL_FILE, CANCELLING_FILE, CLAIM_FILE, EXIT_FILE, PID_FILE
 
 from .context import Context
-from .executors import ExecError, Executor
+from .executors import ExecError, Executor, find_marked_job
 from .lease import leased
 
 log = logging.getLogger("runwarden")
@@ -63,16 +63,29 @@ def owner_of(run_id: str, key: str) -> str:
     return f"{run_id} {key}"
 
 
-def find_job(executor: Executor, run_dir: str) -> JobId | None:
-    """The job started in `run_dir`, from its `job.pid` (at most 32 bytes read), or
-    None when there is none (or it holds no valid pid).
+def find_job(executor: Executor, run_dir: str, mark: str | None = None) -> JobId | None:
+    """The job started in `run_dir`, or None when there is none (or its `job.pid`
+    holds no valid pid).
+
+    With the run's `mark` (its id: every process of the job carries
+    `RUNWARDEN_RUN_ID=<id>`), the job is first looked for among the target's
+    processes (`find_marked_job`): found so, it has its leader's start time and its
+    mark, as the spawn would have answered, so its status and cancel never trust its
+    files (a job may rewrite `job.pid`, forge `exit_code`, put a link in place of
+    `cancelled`). Only when no such process lives (the job ended, or the target has
+    no `/proc`) is `job.pid` read (at most 32 bytes); that job keeps the mark.
 
     Raises:
         ExecError: the target cannot be read.
     """
+    if mark is not None:
+        found = find_marked_job(executor, mark)
+        if found is not None:
+            return JobId(dir=run_dir, pid=found[0], start=found[1], mark=mark)
     raw = executor.read_from(f"{run_dir}/{PID_FILE}", 0, _PID_LIMIT)
     try:
-        return JobId(dir=run_dir, pid=int(raw.decode("ascii", "replace").strip()))
+        pid = int(raw.decode("ascii", "replace").strip())
+        return JobId(dir=run_dir, pid=pid, mark=mark)
     except (ValueError, ValidationError):
         return None
 
@@ -154,7 +167,9 @@ def _settle(ctx: Context, run_id: str, key: str | None, unreachable: set[str]) -
             return False
         try:
             executor = ctx.executor(run.target)
-            job = find_job(executor, run.remote_dir) if claimed(executor, run, key) else None
+            job = None
+            if claimed(executor, run, key):
+                job = find_job(executor, run.remote_dir, run.id)
             if job is not None:
                 follow_found(ctx, executor, run, job, "its launch's worker died after the spawn")
                 return True

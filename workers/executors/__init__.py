@@ -25,6 +25,7 @@ from .errors import (
 from .lines import LineStream, complete_lines
 from .local import LocalExecutor, job_environment
 from .localtree import local_manifest
+from .marked import find_marked_job
 from .notices import Notice, NoticeState, parse_notice, parse_notice_state
 from .runas import RunAsExecutor, run_as_environment
 from .safetree import Downloaded, Link
@@ -63,6 +64,7 @@ __all__ = [
     "Transport",
     "UnsafeArchive",
     "complete_lines",
+    "find_marked_job",
     "glob_match",
     "job_environment",
     "local_manifest",

@@ -24,6 +24,7 @@ from schemas import (
     JobStatus,
     check_absolute_path,
     check_env_name,
+    check_secret_name,
     check_secret_value,
 )
 from schemas.doctor import CLOCK_SKEW_WARN_S
@@ -82,7 +83,7 @@ def checked_secrets(job: JobCommand) -> list[tuple[str, str]]:
     for name, secret in job.secrets.items():
         value = secret.get_secret_value()
         try:
-            check_env_name(name)
+            check_secret_name(name)
             check_secret_value(name, value)
         except ValueError as error:
             raise InvalidSecret(name) from error

@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 from pydantic import SecretStr, ValidationError
 
-from schemas import Container, JobCommand, JobId, JobStatus, check_pid
+from schemas import Container, JobCommand, JobId, JobStatus, check_pid, check_secret_name
+from schemas.events import LaunchSpec
+from schemas.job import SHELL_NAMES
 
 # --- JobId and Container, shared with overbrainer's serde types -------------------
 
@@ -235,3 +237,18 @@ def test_job_command_fields() -> None:
                 {"watchdog_poll_s": float("inf")}):  # fmt: skip
         with pytest.raises(ValueError, match=next(iter(bad))):
             JobCommand(dir="/w/r", script="true", **bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", sorted(SHELL_NAMES))
+def test_a_secret_a_shell_sets_by_itself_is_refused_naming_why(name: str) -> None:
+    """Every shell on a job's way resets `IFS` (and `PWD`, `PPID`; `cd` sets `OLDPWD`;
+    `OPTIND` must be a number): such a secret would reach the job changed or not at
+    all, so the launch and the job are refused with the reason. An env variable of
+    that name (runwarden's own) is left alone."""
+    message = f"a secret cannot be named {name}: the shells that start the job set it"
+    with pytest.raises(ValidationError, match=message):
+        JobCommand(dir="/w/r", script="true", secrets={name: SecretStr("x")})
+    with pytest.raises(ValidationError, match=message):
+        LaunchSpec(target="t", command="true", secrets=(name,))
+    assert JobCommand(dir="/w/r", script="true", env={name: "x"}).env == {name: "x"}
+    assert check_secret_name(f"{name}_") == f"{name}_"

@@ -49,15 +49,20 @@ rw_status() {{
   elif [ -e "$1/{CANCEL_FILE}" ] || [ -h "$1/{CANCEL_FILE}" ]; then echo cancelled
   elif [ "$rw_a" = 1 ] && {{ [ -e "$1/{CANCELLING_FILE}" ] || [ -h "$1/{CANCELLING_FILE}" ]; }}
   then echo running
-  elif [ -f "$1/{EXIT_FILE}" ] && [ ! -h "$1/{EXIT_FILE}" ]; then
-    rw_c=$(rw_read "$1/{EXIT_FILE}" 32) || rw_c=
+  else
+    rw_c=
+    if [ -f "$1/{EXIT_FILE}" ] && [ ! -h "$1/{EXIT_FILE}" ]; then
+      rw_c=$(rw_read "$1/{EXIT_FILE}" 32) || rw_c=
+    fi
     case $rw_c in
-    ''|-|*[!0-9-]*|?*-*) echo lost ;;
-    *) if [ "${{#rw_c}}" -le 11 ]; then printf 'exited %s\\n' "$rw_c"; else echo lost; fi ;;
+    ''|-|*[!0-9-]*|?*-*) rw_c= ;;
+    *) [ "${{#rw_c}}" -le 11 ] || rw_c= ;;
     esac
-  elif [ -e "$1/{CANCELLING_FILE}" ] || [ -h "$1/{CANCELLING_FILE}" ]; then echo cancelled
-  elif [ "$rw_a" = 1 ]; then echo running
-  else echo lost
+    if [ -n "$rw_c" ]; then printf 'exited %s\\n' "$rw_c"
+    elif [ -e "$1/{CANCELLING_FILE}" ] || [ -h "$1/{CANCELLING_FILE}" ]; then echo cancelled
+    elif [ "$rw_a" = 1 ]; then echo running
+    else echo lost
+    fi
   fi
 }}
 """
@@ -76,8 +81,9 @@ def status_script(jobs: Sequence[JobId]) -> str:
     3. `cancelled` exists -> cancelled;
     4. `exit_code` is a regular file holding one integer of at most 11 characters
        (a line end after it allowed) -> exited(code); an `exit_code` that is anything
-       else (a directory, a link, garbage) is no exit code;
-    5. `cancelling` exists -> cancelled; otherwise lost.
+       else (a directory, a link, garbage) is no exit code, and the next rule decides;
+    5. `cancelling` exists -> cancelled (a cancel killed it: a garbage `exit_code`
+       the job left never turns that into lost); otherwise lost.
 
     Any other job (adopted, or a target without `/proc`), in overbrainer's order, the
     group's liveness sampled once before any marker is read: the directory is

@@ -356,9 +356,41 @@ def test_secrets_reach_the_env_only(target: Target) -> None:
     assert not list(target.workdir.rglob("PWNED"))
 
 
+def test_secrets_named_like_the_launcher_s_own_reach_the_job_exactly(target: Target) -> None:
+    """Secrets named `PATH`, `HOME` and the launcher's own `rw_*` names, with values
+    that quote, substitute and start and end with blanks, reach the job as they are
+    (read from its leader's environment) and change nothing the launcher does (the
+    job started, its leader's start time known). Names a shell sets by itself (`IFS`)
+    are refused: test_invalid_secrets_start_nothing."""
+    names = ["PATH", "HOME", "rw_setsid", "rw_sh", "rw_mv", "rw_pid", "rw_st", "rw_i"]
+    values = {n: f" \t{n}'\"$(touch PWNED)`id`\\ ; " for n in names}
+    job = spawn(
+        target,
+        "PATH=/usr/bin:/bin; sleep 30",
+        secrets={n: SecretStr(v) for n, v in values.items()},
+    )
+    entries = Path(f"/proc/{job.pid}/environ").read_bytes().split(b"\0")
+    environ = dict(e.decode().partition("=")[::2] for e in entries if b"=" in e)
+    assert {n: environ.get(n) for n in names} == values
+    assert job.start is not None
+    assert target.executor.status(job) is JobStatus.RUNNING
+    target.executor.cancel(job)
+    assert not list(target.workdir.rglob("PWNED"))
+
+
 @pytest.mark.parametrize(
     ("name", "value"),
-    [("1BAD", "x"), ("A-B", "x"), ("", "x"), ("OK", "a\nb"), ("OK", "a\rb"), ("OK", "a\0b")],
+    [
+        ("1BAD", "x"),
+        ("A-B", "x"),
+        ("", "x"),
+        ("OK", "a\nb"),
+        ("OK", "a\rb"),
+        ("OK", "a\0b"),
+        ("IFS", "x"),
+        ("PWD", "x"),
+        ("OPTIND", "x"),
+    ],
 )
 def test_invalid_secrets_start_nothing(target: Target, name: str, value: str) -> None:
     # Built without validation, as a careless caller could: the executor checks again.
@@ -403,9 +435,7 @@ def test_a_local_job_does_not_inherit_service_variables(
     )
     job = executor.spawn(command)
     wait_for(lambda: executor.status(job).is_finished)
-    names = {
-        line.split("=", 1)[0] for line in (Path(job.dir) / "env.txt").read_text().splitlines()
-    }
+    names = {line.split("=", 1)[0] for line in (Path(job.dir) / "env.txt").read_text().splitlines()}
     assert "KEEP_ME" in names
     assert "RUNWARDEN_METRICS" in names
     assert not names & {"RUNWARDEN_REDIS_URL", "OVERBRAINER_TOKEN", "VAULT_TOKEN"}

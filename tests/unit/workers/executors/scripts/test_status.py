@@ -99,6 +99,21 @@ def test_a_garbled_exit_code_is_no_exit_code(sh: Shell) -> None:
     assert sh.executor.status(job) == JobStatus.LOST
 
 
+# Regression (found by the chaos campaign, bench/chaos.py, failed before its fix): a job
+# that put garbage in `exit_code` (a 100 MiB file) and was then cancelled read as lost
+# (so its run ended failed) between the kill and the `cancelled` marker, and for ever
+# when its cancel died there.
+def test_a_garbled_exit_code_of_a_cancelled_job_is_cancelled(sh: Shell) -> None:
+    for i, content in enumerate(["\0" * 64, "abc\n", "", "99999999999999\n"]):
+        job = crafted(sh, f"c{i}", {EXIT_FILE: content, CANCELLING_FILE: ""})
+        assert sh.executor.status(job) == JobStatus.CANCELLED, content
+        known = job.model_copy(update={"start": 12345})
+        assert sh.executor.status(known) == JobStatus.CANCELLED, content
+    job = crafted(sh, "cdir", {CANCELLING_FILE: ""})
+    (Path(job.dir) / EXIT_FILE).mkdir()
+    assert sh.executor.status(job) == JobStatus.CANCELLED
+
+
 def test_status_of_dirs_with_shell_metacharacters(sh: Shell) -> None:
     names = [HOSTILE_DIR, *HOSTILE_NAMES, "-n", "*", "--", "-e"]
     jobs = [crafted(sh, name, {EXIT_FILE: f"{i}\n"}) for i, name in enumerate(names)]
