@@ -7,6 +7,7 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY schemas ./schemas
 COPY producers ./producers
+COPY store ./store
 COPY workers ./workers
 COPY examples ./examples
 RUN pip install --no-cache-dir . flower
