@@ -2,7 +2,8 @@
 ([`notices`](notices.py)) so each stays short. `@NAME@` marks a value the generator
 puts in (always a quoted word or a number it computed); nothing else is substituted.
 
-Shell names start with `rw_`, as in the other on-target scripts. The functions
+Shell names start with `rw_`, as in the other on-target scripts; the generator puts
+the shared functions of `scripts.common` (`GROUP_SIGNAL`, `CLOCK`) before this text. The functions
 before `# --- main` are shared by the supervisor and its children (subshells:
 they inherit functions and variables).
 """
@@ -34,24 +35,6 @@ mkdir -p -- "$rw_j" 2>/dev/null || :
 rw_w="$rw_dir/@PID_RECORD@"
 if printf '%s\n' "$$" > "$rw_w.tmp.$$"; then mv -f -- "$rw_w.tmp.$$" "$rw_w" || :; fi
 rm -f -- "$rw_w.tmp.$$" 2>/dev/null || :
-rw_ms=0
-rw_now() {
-  # rw_ms: the clock in ms; when `date` fails, the last reading plus the $1 ms slept.
-  rw_x=$(date +%s%N 2>/dev/null) || rw_x=
-  case $rw_x in
-  ''|*[!0-9]*)
-    rw_x=$(date +%s 2>/dev/null) || rw_x=
-    case $rw_x in
-    ''|*[!0-9]*) rw_ms=$((rw_ms + $1)) ;;
-    *) rw_ms=$((rw_x * 1000)) ;;
-    esac ;;
-  *) rw_ms=${rw_x%??????} ;;
-  esac
-}
-rw_sleep() {
-  rw_f=$((1000 + $1 % 1000))
-  sleep "$(($1 / 1000)).${rw_f#1}" 2>/dev/null || sleep $((($1 + 999) / 1000))
-}
 rw_pace() {
   # Sleeps what is left of one poll period begun at $1 (ms): at most one turn a
   # period, however fast the server answers or fails.

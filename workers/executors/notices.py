@@ -58,7 +58,7 @@ from schemas.protocol import (
 
 from .errors import InvalidArgument, ProtocolError
 from .notice_sh import NOTICE_SH
-from .scripts import GROUP_SIGNAL, quote
+from .scripts import CLOCK, GROUP_SIGNAL, quote
 
 __all__ = [
     "DEFAULT_BASE_URLS",
@@ -246,7 +246,7 @@ def notice_watch_script(
         "AZURE_API": _AZURE_API,
     }
     text = re.sub(r"@([A-Z_]+)@", lambda m: values[m[1]], NOTICE_SH)
-    return GROUP_SIGNAL + text
+    return GROUP_SIGNAL + CLOCK + text
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ utilities plus `setsid`, `head -c`, `find -print0`, `xargs -0` (and GNU `tar` an
 
 from __future__ import annotations
 
-from .common import GROUP_SIGNAL, quote
+from .common import CLOCK, GROUP_SIGNAL, quote
 from .files import (
     MANIFEST_OPENSSL_ABOVE,
     archive_script,
@@ -52,6 +52,7 @@ from .status import (
 __all__ = [
     "CANCEL_KILL_WAIT_S",
     "CANCEL_TERM_WAIT_S",
+    "CLOCK",
     "FOLLOW_CHUNK_BYTES",
     "FOLLOW_TIMEOUT_S",
     "GROUP_SIGNAL",

@@ -10,6 +10,7 @@ from schemas import JobId, check_pid
 from ..errors import InvalidArgument
 
 __all__ = [
+    "CLOCK",
     "GROUP_SIGNAL",
     "READ_FILE",
     "TICKS_PER_S",
@@ -51,6 +52,35 @@ rw_ours() {
   START is known and a process PGID exists, it must have started at START. A pid is
   never reused while a process group of that id exists, so a leader that started at
   another time means the job's group is gone and the pid went to another process."""
+
+CLOCK: Final = r"""
+rw_ms=0
+rw_now() {
+  # rw_ms: the clock in ms; when `date` fails, the last reading plus the $1 ms slept.
+  rw_x=$(date +%s%N 2>/dev/null) || rw_x=
+  case $rw_x in
+  ''|*[!0-9]*)
+    rw_x=$(date +%s 2>/dev/null) || rw_x=
+    case $rw_x in
+    ''|*[!0-9]*) rw_ms=$((rw_ms + $1)) ;;
+    *) rw_ms=$((rw_x * 1000)) ;;
+    esac ;;
+  *) rw_ms=${rw_x%??????} ;;
+  esac
+}
+rw_sleep() {
+  rw_f=$((1000 + $1 % 1000))
+  sleep "$(($1 / 1000)).${rw_f#1}" 2>/dev/null || sleep $((($1 + 999) / 1000))
+}
+"""
+"""Shell functions on the target's clock, for the watchers that outlive a worker (the
+`--max-hours` watchdog, the preemption-notice watcher):
+
+- `rw_now MS` sets `rw_ms` to the clock in milliseconds: `date +%s%N` where that gives
+  nanoseconds (GNU), else `date +%s` (whole seconds); when `date` fails, the last
+  reading plus MS (the time the caller slept since) stands in for it.
+- `rw_sleep MS` sleeps MS milliseconds where `sleep` takes fractions, else the whole
+  seconds rounded up."""
 
 READ_FILE: Final = r"""
 rw_read() {

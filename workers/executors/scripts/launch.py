@@ -24,7 +24,7 @@ from schemas.protocol import (
 )
 
 from ..errors import InvalidArgument
-from .common import GROUP_SIGNAL, quote
+from .common import CLOCK, GROUP_SIGNAL, quote
 
 __all__ = ["WATCHDOG_PID_FILE", "launcher_script", "watchdog_script", "wrapper_script"]
 
@@ -119,6 +119,7 @@ def watchdog_script(dir: str, after_s: float, poll_s: float) -> str:
     token = _secrets.token_hex(6)
     return (
         GROUP_SIGNAL
+        + CLOCK
         + f"""
 rw_dir={quote(dir)}
 rw_after={after_ms}
@@ -134,24 +135,6 @@ rw_w="$rw_dir/{WATCHDOG_PID_FILE}"
 mkdir -p -- "$rw_dir/{JOBSIDE_DIR}" 2>/dev/null || :
 if printf '%s\n' "$$" > "$rw_w.tmp.$$"; then mv -f -- "$rw_w.tmp.$$" "$rw_w" || :; fi
 rm -f -- "$rw_w.tmp.$$" 2>/dev/null || :
-rw_ms=0
-rw_now() {{
-  # rw_ms: the clock in ms; when `date` fails, the last reading plus the $1 ms slept.
-  rw_x=$(date +%s%N 2>/dev/null) || rw_x=
-  case $rw_x in
-  ''|*[!0-9]*)
-    rw_x=$(date +%s 2>/dev/null) || rw_x=
-    case $rw_x in
-    ''|*[!0-9]*) rw_ms=$((rw_ms + $1)) ;;
-    *) rw_ms=$((rw_x * 1000)) ;;
-    esac ;;
-  *) rw_ms=${{rw_x%??????}} ;;
-  esac
-}}
-rw_sleep() {{
-  rw_f=$((1000 + $1 % 1000))
-  sleep "$(($1 / 1000)).${{rw_f#1}}" 2>/dev/null || sleep $((($1 + 999) / 1000))
-}}
 rw_ended() {{
   [ ! -d "$rw_dir" ] || ! rw_ours "$rw_pid" "$rw_begun"
 }}
