@@ -71,7 +71,7 @@ from workers.executors import quote
 from workers.settle import DIED_MESSAGE
 
 from .conftest import TOY_TRAINER
-from .hostile import CASES, SHADOW, Case, file_digest, worker_secret_env
+from .hostile import CASES, SHADOW, Case, file_digest, provide_secrets
 from .pipeline import Pipeline, read_small, running_pipeline
 from .processes import job_processes
 from .sshd import SshServer, running_sshd
@@ -698,7 +698,7 @@ def running_campaign(tmp: Path, seed: int, ssh: bool = False) -> Iterator[Campai
     """A campaign's service (2 workers of 3 processes, beat, Redis; an sshd with
     `ssh`), with the hostile cases' secrets on the workers."""
     secrets = sorted({name for case in CASES for name in case.secrets})
-    env = {**CLOCKS, **worker_secret_env(secrets)}
+    env = dict(CLOCKS)
     with contextlib.ExitStack() as stack:
         sshd = stack.enter_context(running_sshd(tmp / "sshd")) if ssh else None
         pipeline = stack.enter_context(
@@ -706,6 +706,7 @@ def running_campaign(tmp: Path, seed: int, ssh: bool = False) -> Iterator[Campai
         )
         campaign = Campaign(pipeline, tmp / "service", seed, sshd)
         try:
+            provide_secrets(pipeline.api, secrets, campaign.targets)
             yield campaign
         finally:
             campaign._done.set()

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from producers.api import Runwarden
+from schemas import TargetConfig
 from workers.executors import quote
 
 __all__ = [
@@ -28,9 +31,9 @@ __all__ = [
     "Case",
     "file_digest",
     "job_environ",
+    "provide_secrets",
     "script_names",
     "secret_values",
-    "worker_secret_env",
 ]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -120,9 +123,16 @@ def secret_values(names: list[str]) -> dict[str, str]:
     return {name: f" \t{name}'\"$(touch /tmp/rw-pwned-{name})`id`\\ ;{name} " for name in names}
 
 
-def worker_secret_env(names: list[str]) -> dict[str, str]:
-    """The worker's `RUNWARDEN_SECRET_<NAME>` variables for `names`."""
-    return {f"RUNWARDEN_SECRET_{name}": value for name, value in secret_values(names).items()}
+def provide_secrets(api: Runwarden, names: Iterable[str], targets: Iterable[str]) -> None:
+    """As an operator would for the hostile cases: the hostile value of each secret
+    of `names` in the workers' secrets directory (the one of `api`'s settings), and
+    each of `targets` allowing them all."""
+    allowed = tuple(sorted(set(names)))
+    for name, value in secret_values(list(allowed)).items():
+        api.settings.secrets.ensure(name, make=value)
+    for target in targets:
+        config = TargetConfig.model_validate(api.store.get_target(target))
+        api.add_target(config.model_copy(update={"allow_secrets": allowed}))
 
 
 @dataclass(frozen=True)

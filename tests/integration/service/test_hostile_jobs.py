@@ -49,8 +49,7 @@ import pytest
 from schemas import NotRunning, RunLimits, RunRecord, RunState, SshOptions, StopState, TargetConfig
 from schemas.events import LaunchSpec
 
-from ...hostile import CASES, SHADOW, Case, file_digest, job_environ, secret_values
-from ...hostile import worker_secret_env as hostile_secret_env
+from ...hostile import CASES, SHADOW, Case, file_digest, job_environ, provide_secrets, secret_values
 from ...pipeline import CLOCKS, Pipeline, running_pipeline, toy
 from ...processes import job_processes
 
@@ -417,8 +416,7 @@ def campaign(
     target: str = request.param
     tmp = tmp_path_factory.mktemp(f"hostile-{target}")
     every = sorted({name for case in CASES for name in case.secrets})
-    env = {**EXTRA, **hostile_secret_env(every)}
-    with running_pipeline(tmp, workers=2, extra_env=env, concurrency=3) as pipeline:
+    with running_pipeline(tmp, workers=2, extra_env=EXTRA, concurrency=3) as pipeline:
         try:
             if target == "ssh":
                 server = request.getfixturevalue("sshd")
@@ -436,6 +434,7 @@ def campaign(
                         ),
                     )
                 )
+            provide_secrets(pipeline.api, every, [target])
             yield run_campaign(pipeline, target)
         finally:
             pipeline.kill_jobs()
