@@ -11,7 +11,7 @@ __all__ = ["CoordinationMixin"]
 
 
 class CoordinationMixin(StoreBase):
-    """`once` / `forget` markers and token locks."""
+    """`once` / `marked` / `forget` markers and token locks."""
 
     @translated
     def once(self, key: str, ttl_s: float) -> bool:
@@ -29,6 +29,11 @@ class CoordinationMixin(StoreBase):
         """Removes the marker of [`once`] `key` (so the effect may happen again, e.g.
         after it failed); whether it existed."""
         return bool(self._r.delete(self.keys.once(key)))
+
+    @translated
+    def marked(self, key: str) -> bool:
+        """Whether the marker of [`once`] `key` is held now."""
+        return bool(self._r.exists(self.keys.once(key)))
 
     @translated
     def lock(self, key: str, token: str, ttl_s: float) -> bool:

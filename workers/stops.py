@@ -45,6 +45,8 @@ __all__ = [
     "CANCEL_RETRY_MAX_S",
     "CANCEL_RETRY_S",
     "cancel",
+    "cancel_key",
+    "cancelling_now",
     "notice_request",
     "on_deadline",
     "reconcile",
@@ -301,6 +303,18 @@ def _escalate(ctx: Context, stop: StopState, note: str, now: datetime) -> str:
     return "cancelled" if record.state.is_terminal else "cancelling"
 
 
+def cancel_key(run_id: str) -> str:
+    """The once-marker held while a cancel of the run is under way (`_cancel_once`),
+    for `CANCEL_RETRY_S` from its start."""
+    return f"cancel:{run_id}"
+
+
+def cancelling_now(ctx: Context, run_id: str) -> bool:
+    """Whether a cancel of the run is under way (or began less than `CANCEL_RETRY_S`
+    ago): its task records the run's end itself."""
+    return ctx.store.marked(cancel_key(run_id))
+
+
 def _cancel_once(ctx: Context, run: RunRecord, job: JobId) -> RunRecord:
     """Cancels the run's job unless another task is cancelling it right now (one marker
     per run in the store, for as long as a cancel may take), so the job is signalled
@@ -309,7 +323,7 @@ def _cancel_once(ctx: Context, run: RunRecord, job: JobId) -> RunRecord:
     Raises:
         ExecError: the cancel failed (the marker is dropped: a retry may try).
     """
-    key = f"cancel:{run.id}"
+    key = cancel_key(run.id)
     if not ctx.store.once(key, ttl_s=CANCEL_RETRY_S):
         deadline = time.monotonic() + CANCEL_RETRY_S
         record = ctx.store.get_run(run.id)

@@ -16,7 +16,7 @@ from .context import Context
 from .executors import ExecError, Executor, FollowEntry, FollowUpdate
 from .finish import finish
 from .notice_watch import observe_notices
-from .stops import notice_request
+from .stops import cancelling_now, notice_request
 
 log = logging.getLogger("runwarden")
 
@@ -114,6 +114,11 @@ def _one(
     if update.request is not None and ctx.store.get_stop(run.id) is None:
         notice_request(ctx, run, update.request, now)
     if isinstance(update.status, JobStatus) and update.status.is_finished:
+        if update.status.kind == "exited" and cancelling_now(ctx, run.id):
+            # Between the kill and the `cancelled` marker a dead job's `exit_code` may be
+            # one it forged before the kill: the cancel records the end from its own
+            # reading, after the marker (a cancel that dies lapses in CANCEL_RETRY_S).
+            return 0
         finish(ctx, run, update.status, executor)
         return 1
     if not isinstance(update.status, JobStatus):
