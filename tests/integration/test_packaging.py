@@ -6,6 +6,7 @@ side), and the image of `Dockerfile` copies every package the wheel is built fro
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -29,9 +30,16 @@ def test_the_image_copies_every_package() -> None:
 
 
 def test_the_wheel_holds_every_file_the_code_loads(tmp_path: Path) -> None:
+    # Built from a copy: setuptools leaves a build/ folder beside the sources.
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, source / name)
+    for root in packaged_roots():
+        shutil.copytree(ROOT / root, source / root, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "-w", str(tmp_path), str(ROOT)],
+         "-w", str(tmp_path), str(source)],
         check=True, capture_output=True, timeout=300,
     )  # fmt: skip
     (wheel,) = tmp_path.glob("runwarden-*.whl")
