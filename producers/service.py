@@ -19,7 +19,7 @@ from typing import Final
 
 from schemas import Settings
 from schemas.auth import OPERATOR, WORKER
-from schemas.events import DEFAULT_QUEUE, QUEUE, QUEUE_RETRIEVE
+from schemas.events import DEFAULT_QUEUE, QUEUE, QUEUE_RETRIEVE, QUEUE_WATCH
 from schemas.secrets import FLOWER_AUTH, producer_key_file
 
 from .api import Runwarden
@@ -117,6 +117,11 @@ class Service:
             [python, "-m", "workers.reaper", "--restart", "--",
              python, "-m", "celery", "-A", "workers.app", "worker", "-Q", QUEUE_RETRIEVE,
              "-c", "1", "-E", "-n", "retrieve@%h", "--loglevel", "INFO"],
+            # The follow ticks, on a worker of their own: a storm of cancels (each holds
+            # a process while its job dies) never holds back the reading of other runs.
+            [python, "-m", "workers.reaper", "--restart", "--",
+             python, "-m", "celery", "-A", "workers.app", "worker", "-Q", QUEUE_WATCH,
+             "-c", "2", "-E", "-n", "watch@%h", "--loglevel", "INFO"],
             [python, "-m", "celery", "-A", "workers.app", "beat", "--loglevel", "INFO",
              "-s", str(self.settings.state_dir / "beat-schedule")],
         ]  # fmt: skip
@@ -137,7 +142,12 @@ class Service:
                 procs.append(subprocess.Popen(command, env=self.env, start_new_session=True))
             if self._web is not None:
                 self._web.start()
-            shown = [f"worker (concurrency {self.options.concurrency})", "retrieval worker", "beat"]
+            shown = [
+                f"worker (concurrency {self.options.concurrency})",
+                "retrieval worker",
+                "watch worker",
+                "beat",
+            ]
             if self.options.flower:
                 shown.append(f"flower on http://127.0.0.1:{self.options.flower_port}")
             if self.options.web:

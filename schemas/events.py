@@ -27,6 +27,7 @@ __all__ = [
     "DEFAULT_QUEUE",
     "QUEUE",
     "QUEUE_RETRIEVE",
+    "QUEUE_WATCH",
     "SERIALIZER",
     "TASK_CANCEL",
     "TASK_CONTINUE",
@@ -81,7 +82,7 @@ TASK_CONTINUE: Final = "runwarden.continue"
 its checkpoint is retrieved, and by `reconcile` for a continuation still waiting."""
 
 QUEUE: Final = "runwarden"
-"""The queue of every task but retrievals."""
+"""The queue of every task but retrievals and the follow ticks."""
 DEFAULT_QUEUE: Final = "celery"
 """Celery's default queue, which a bare `Celery(broker=...).send_task(...)` of another
 service publishes to: the workers consume it too, so such a message is never left
@@ -91,8 +92,17 @@ QUEUE_RETRIEVE: Final = "runwarden.retrieve"
 must never hold a worker process that a stop's deadline or a follow tick needs.
 `runwarden serve` (and compose) run one worker for it; a worker started without
 `-Q` consumes both queues."""
+QUEUE_WATCH: Final = "runwarden.watch"
+"""The queue of the follow ticks (`runwarden.follow_tick`, `runwarden.poll_requests`
+and their per-target `runwarden.watch_target`): a storm of stops (a cancel holds its
+process up to 20 s while its job dies) must never hold back the reading of every
+other run. `runwarden serve` (and compose) run one worker for it; a worker started
+without `-Q` consumes every queue."""
 TASK_ROUTES: Final = {
     TASK_RETRIEVE: {"queue": QUEUE_RETRIEVE},
+    TASK_FOLLOW_TICK: {"queue": QUEUE_WATCH},
+    TASK_POLL_REQUESTS: {"queue": QUEUE_WATCH},
+    TASK_WATCH_TARGET: {"queue": QUEUE_WATCH},
     TASK_DOCTOR: {"queue": QUEUE},
 }
 SERIALIZER: Final = "json"

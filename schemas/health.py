@@ -10,7 +10,7 @@ seconds on Redis's clock (`TIME`), so ages and lateness compare times taken on o
 clock.
 
 Down (the report is not `ok`; `runwarden status` exits 1): Redis unreachable; no live
-worker consuming `runwarden`, or none consuming `runwarden.retrieve`; no live beat; a
+worker consuming `runwarden`, `runwarden.retrieve` or `runwarden.watch`; no live beat; a
 periodic task late by more than `late_after_s`. Warnings (shown, `ok` unchanged): Redis
 memory above [`MEMORY_WARN_FRACTION`] of `maxmemory`, or not reported; a process whose
 heartbeat stopped without a shutdown; more than one live beat; a deadline overdue by
@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from .events import (
     QUEUE,
     QUEUE_RETRIEVE,
+    QUEUE_WATCH,
     TASK_FOLLOW_TICK,
     TASK_POLICY_TICK,
     TASK_POLL_REQUESTS,
@@ -78,7 +79,7 @@ LATE_AFTER_S: Final = 30.0
 """Default lateness of a periodic task past which the service is down, in seconds."""
 MEMORY_WARN_FRACTION: Final = 0.8
 """Share of Redis's `maxmemory` in use past which the report warns."""
-REQUIRED_QUEUES: Final = (QUEUE, QUEUE_RETRIEVE)
+REQUIRED_QUEUES: Final = (QUEUE, QUEUE_RETRIEVE, QUEUE_WATCH)
 """Queues that at least one live worker must consume."""
 
 Role = Literal["worker", "beat"]

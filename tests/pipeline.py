@@ -22,6 +22,7 @@ from typing import Any
 from producers.api import Runwarden
 from schemas import RunRecord, Settings, StopPhase, StopState, TargetConfig
 from schemas.auth import OPERATOR, WORKER, sign
+from schemas.events import DEFAULT_QUEUE, QUEUE, QUEUE_RETRIEVE, QUEUE_WATCH
 from schemas.secrets import producer_key_file
 from workers.executors import quote
 
@@ -301,9 +302,14 @@ def running_pipeline(
     beat: bool = True,
     extra_env: Mapping[str, str] | None = None,
     concurrency: int = 2,
+    *,
+    watch_worker: bool = False,
 ) -> Iterator[Pipeline]:
     """The whole service in `tmp`: `workers` workers of `concurrency` processes each,
-    beat unless told not to, the clocks of [`CLOCKS`] with `extra_env` on top."""
+    beat unless told not to, the clocks of [`CLOCKS`] with `extra_env` on top. The
+    workers consume every queue, unless `watch_worker`: then, as `runwarden serve`
+    lays them out, the follow ticks have a worker of their own (`watch`, 2
+    processes) and the others consume every other queue."""
     redis = RedisServer(tmp / "redis")
     redis.start()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RUNWARDEN_")}
@@ -338,8 +344,11 @@ def running_pipeline(
     reaper = threading.Thread(target=reap, name="job-reaper", daemon=True)
     reaper.start()
     try:
+        others = f"{QUEUE},{DEFAULT_QUEUE},{QUEUE_RETRIEVE}" if watch_worker else None
         for i in range(workers):
-            pipeline.start_worker(f"w{i + 1}", concurrency)
+            pipeline.start_worker(f"w{i + 1}", concurrency, queues=others)
+        if watch_worker:
+            pipeline.start_worker("watch", 2, queues=QUEUE_WATCH)
         if beat:
             pipeline.start_beat()
         pipeline.wait_ready()

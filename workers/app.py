@@ -22,6 +22,7 @@ from schemas.events import (
     DEFAULT_QUEUE,
     QUEUE,
     QUEUE_RETRIEVE,
+    QUEUE_WATCH,
     TASK_FOLLOW_TICK,
     TASK_POLICY_TICK,
     TASK_POLL_REQUESTS,
@@ -54,7 +55,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_track_started": True,
         "task_time_limit": int(settings.task_max_runtime_s),
         "result_expires": 24 * 3600,
-        "task_queues": (Queue(QUEUE), Queue(QUEUE_RETRIEVE), Queue(DEFAULT_QUEUE)),  # type: ignore[no-untyped-call]
+        "task_queues": tuple(Queue(q) for q in (QUEUE, QUEUE_RETRIEVE, QUEUE_WATCH, DEFAULT_QUEUE)),  # type: ignore[no-untyped-call]
         "timezone": "UTC",
         "enable_utc": True,
         "beat_schedule": {

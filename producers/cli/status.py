@@ -58,8 +58,8 @@ def status(
     """Show the service's health; exit 1 when something is down, 0 otherwise (a
     health check: `runwarden status >/dev/null`).
 
-    Down: Redis unreachable; no live worker consuming `runwarden`, or none consuming
-    `runwarden.retrieve`; no live beat; a periodic task late by more than
+    Down: Redis unreachable; no live worker consuming `runwarden`,
+    `runwarden.retrieve` or `runwarden.watch`; no live beat; a periodic task late by more than
     --late-after seconds. A worker or beat killed without a shutdown is seen down
     at most 3 s after its last heartbeat (one a second). Warnings (exit 0): Redis
     memory above 80 % of maxmemory, a process whose heartbeat stopped, two beats, a

@@ -50,7 +50,8 @@ def _secrets_of(service: dict[str, Any]) -> set[str]:
 
 
 def test_compose_accepts_the_file(resolved: dict[str, Any]) -> None:
-    assert set(resolved["services"]) == {"redis", "worker", "retriever", "beat", "flower"}
+    services = {"redis", "worker", "retriever", "watcher", "beat", "flower"}
+    assert set(resolved["services"]) == services
 
 
 def test_every_credential_is_a_docker_secret(resolved: dict[str, Any]) -> None:
@@ -115,15 +116,18 @@ def test_no_credential_in_an_environment_or_on_a_command_line(resolved: dict[str
             assert option not in text, (file_name, option)
 
 
-def test_retrievals_have_a_worker_of_their_own(resolved: dict[str, Any]) -> None:
-    """A long download must never hold a process a stop's deadline needs: the main
-    worker consumes `runwarden` only, the retriever `runwarden.retrieve` only, and
-    both keep the artifacts in the same volume."""
+def test_retrievals_and_follow_ticks_have_workers_of_their_own(resolved: dict[str, Any]) -> None:
+    """A long download must never hold a process a stop's deadline needs, nor a storm
+    of cancels the follow ticks: the main worker consumes `runwarden` (and `celery`)
+    only, the retriever `runwarden.retrieve` only, the watcher `runwarden.watch` only;
+    the worker and the retriever keep the artifacts in the same volume."""
     worker = resolved["services"]["worker"]["command"]
     retriever = resolved["services"]["retriever"]["command"]
+    watcher = resolved["services"]["watcher"]["command"]
     # `celery` too: a bare `send_task` of another service lands there.
     assert worker[worker.index("-Q") + 1] == "runwarden,celery"
     assert retriever[retriever.index("-Q") + 1] == "runwarden.retrieve"
+    assert watcher[watcher.index("-Q") + 1] == "runwarden.watch"
     def artifacts(name: str) -> list[Any]:
         return [
             v for v in resolved["services"][name]["volumes"]

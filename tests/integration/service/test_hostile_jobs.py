@@ -416,7 +416,9 @@ def campaign(
     target: str = request.param
     tmp = tmp_path_factory.mktemp(f"hostile-{target}")
     every = sorted({name for case in CASES for name in case.secrets})
-    with running_pipeline(tmp, workers=2, extra_env=EXTRA, concurrency=3) as pipeline:
+    with running_pipeline(
+        tmp, workers=2, extra_env=EXTRA, concurrency=3, watch_worker=True
+    ) as pipeline:
         try:
             if target == "ssh":
                 server = request.getfixturevalue("sshd")
@@ -473,12 +475,6 @@ def test_honest_runs_beside_them_end_right_and_are_followed_all_along(campaign: 
         assert 0 <= lag <= HONEST_STALL_S, f"{run_id}: end recorded {lag:.2f} s after its exit"
 
 
-@pytest.mark.xfail(
-    reason="the follow ticks queue behind a storm of stop and deadline tasks in the "
-    "same worker pool (no queue or worker of their own): an end is then recorded up "
-    "to ~2.5 s after the job's exit with 0.5 s ticks",
-    strict=False,
-)
 def test_honest_runs_ends_are_recorded_within_two_ticks(campaign: Campaign) -> None:
     """Each honest run's end is recorded within 2 follow ticks of its job's exit
     (`exit_code`'s time to the record's `ended`), while 53 hostile jobs are stopped

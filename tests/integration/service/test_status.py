@@ -89,7 +89,7 @@ def test_a_killed_worker_is_down_within_5_s_and_up_again_when_restarted(
     assert worker["alive"]
     assert worker["name"].startswith("w1@")
     assert worker["pid"] == _main_pid(pipeline.workers["w1"].pid)
-    assert worker["queues"] == ["celery", "runwarden", "runwarden.retrieve"]
+    assert worker["queues"] == ["celery", "runwarden", "runwarden.retrieve", "runwarden.watch"]
     # The periodic tasks record their runs: each ran within about its period.
     for task in report["periodic"]:
         assert task["last_run_age_s"] is not None, task
@@ -100,9 +100,10 @@ def test_a_killed_worker_is_down_within_5_s_and_up_again_when_restarted(
     pipeline.kill_worker("w1")
     seen, report = wait_status(pipeline, 1, DETECT_S + 5)
     assert seen - killed <= DETECT_S, f"seen down {seen - killed:.2f} s after the kill"
-    assert report["problems"][:2] == [
+    assert report["problems"][:3] == [
         "workers: no live worker consumes the queue 'runwarden'",
         "workers: no live worker consumes the queue 'runwarden.retrieve'",
+        "workers: no live worker consumes the queue 'runwarden.watch'",
     ]
     (worker,) = report["workers"]
     assert not worker["alive"]
@@ -161,14 +162,23 @@ def test_status_reads_the_queues_each_worker_consumes(pipeline: Pipeline) -> Non
     pipeline.wait_worker("main")
     _, report = wait_status(pipeline, 1, BACK_S)
     deadline = time.monotonic() + BACK_S
-    while report["problems"] != ["workers: no live worker consumes the queue 'runwarden.retrieve'"]:
+    missing = [
+        "workers: no live worker consumes the queue 'runwarden.retrieve'",
+        "workers: no live worker consumes the queue 'runwarden.watch'",
+    ]
+    while report["problems"] != missing:
         assert time.monotonic() < deadline, report
         time.sleep(0.2)
         _, report = status(pipeline)
     pipeline.start_worker("fetch", queues="runwarden.retrieve")
+    pipeline.start_worker("watch", queues="runwarden.watch")
     _, report = wait_status(pipeline, 0, BACK_S)
     live = {w["name"].split("@")[0]: w["queues"] for w in report["workers"] if w["alive"]}
-    assert live == {"main": ["celery", "runwarden"], "fetch": ["runwarden.retrieve"]}
+    assert live == {
+        "main": ["celery", "runwarden"],
+        "fetch": ["runwarden.retrieve"],
+        "watch": ["runwarden.watch"],
+    }
 
 
 def test_a_worker_that_shuts_down_cleanly_leaves_no_trace(pipeline: Pipeline) -> None:

@@ -47,7 +47,7 @@ def server(redis_server: RedisServer) -> Iterator[RunStore]:
 
 def healthy(store: RunStore, settings: Settings, hostname: str = "h") -> None:
     """Heartbeats of a worker on both queues and of a beat; every periodic task ran."""
-    queues = ("celery", "runwarden", "runwarden.retrieve")
+    queues = ("celery", "runwarden", "runwarden.retrieve", "runwarden.watch")
     beat = Heartbeat(name="w1@h", hostname=hostname, pid=7, queues=queues)
     store.heartbeat("worker", beat, ttl_s=60)
     store.heartbeat("beat", Heartbeat(name="beat@h", hostname=hostname, pid=8), ttl_s=60)
@@ -134,6 +134,7 @@ def test_an_empty_store_is_down_for_want_of_workers_and_beat(
     assert report.problems == (
         "workers: no live worker consumes the queue 'runwarden'",
         "workers: no live worker consumes the queue 'runwarden.retrieve'",
+        "workers: no live worker consumes the queue 'runwarden.watch'",
         "beat: no live beat (periodic tasks are not sent)",
     )
 
@@ -241,7 +242,7 @@ def test_status_exits_0_when_ok_and_prints_the_table(
     assert result.output.startswith("runwarden: OK\n")
     worker = (
         r"^worker +up +w1@h +host h, pid 7, heartbeat \d+\.\d s ago, "
-        r"queues celery runwarden runwarden\.retrieve$"
+        r"queues celery runwarden runwarden\.retrieve runwarden\.watch$"
     )
     assert re.search(worker, result.output, re.MULTILINE), result.output
 
@@ -270,7 +271,7 @@ def test_status_json_is_the_report(
     assert data["late_after_s"] == 5
     assert data["redis"]["reachable"] is True
     assert [q["name"] for q in data["queues"]] == list(QUEUES_SHOWN)
-    assert len(data["problems"]) == 3
+    assert len(data["problems"]) == 4
 
 
 def test_status_refuses_a_negative_threshold_as_bad_usage(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ from schemas.health import (
 
 NOW = 1_800_000_000.0
 PERIODS = {"runwarden.follow_tick": 5.0, "runwarden.reconcile": 10.0}
-BOTH = ("runwarden", "runwarden.retrieve", "celery")
+BOTH = ("runwarden", "runwarden.retrieve", "runwarden.watch", "celery")
 
 
 def worker(name: str = "w1@h", queues: tuple[str, ...] = BOTH, age: float = 0.5) -> SeenProcess:
@@ -73,7 +73,7 @@ def test_a_healthy_reading_is_ok_without_warnings() -> None:
     assert report.checked_at == NOW
 
 
-@pytest.mark.parametrize("missing", ["runwarden", "runwarden.retrieve"])
+@pytest.mark.parametrize("missing", ["runwarden", "runwarden.retrieve", "runwarden.watch"])
 def test_a_queue_no_live_worker_consumes_is_down(missing: str) -> None:
     queues = tuple(q for q in BOTH if q != missing)
     report = judge(readings(workers=(worker(queues=queues),)))
@@ -82,19 +82,23 @@ def test_a_queue_no_live_worker_consumes_is_down(missing: str) -> None:
 
 
 def test_the_celery_queue_alone_is_not_required() -> None:
-    report = judge(readings(workers=(worker(queues=("runwarden", "runwarden.retrieve")),)))
+    queues = ("runwarden", "runwarden.retrieve", "runwarden.watch")
+    report = judge(readings(workers=(worker(queues=queues),)))
     assert report.ok
 
 
 def test_two_workers_may_share_the_queues() -> None:
-    workers = (worker("a@h", ("runwarden",)), worker("b@h", ("runwarden.retrieve",)))
+    workers = (
+        worker("a@h", ("runwarden",)),
+        worker("b@h", ("runwarden.retrieve", "runwarden.watch")),
+    )
     assert judge(readings(workers=workers)).ok
 
 
 def test_a_worker_whose_heartbeat_lapsed_is_down_listed_and_warned_about() -> None:
     report = judge(readings(workers=(gone("w1@h", 7.25),)))
     assert not report.ok
-    assert len(report.problems) == 2  # both queues
+    assert len(report.problems) == 3  # every required queue
     (shown,) = report.workers
     assert not shown.alive
     assert shown.heartbeat_age_s == 7.25

@@ -44,7 +44,7 @@ def settings(redis_server: RedisServer, tmp_path: Path) -> Settings:
 
 
 def beating(store: RunStore, settings: Settings, hostname: str = "h") -> None:
-    queues = ("runwarden", "runwarden.retrieve")
+    queues = ("runwarden", "runwarden.retrieve", "runwarden.watch")
     store.heartbeat("worker", Heartbeat(name="w1@h", hostname=hostname, pid=7, queues=queues), 60)
     store.heartbeat("beat", Heartbeat(name="beat@h", hostname=hostname, pid=8), 60)
     for task in periodic_tasks(settings):
