@@ -32,6 +32,7 @@ from schemas import (
     Artifacts,
     RunRecord,
     RunState,
+    Settings,
     SshOptions,
     StopState,
     TargetConfig,
@@ -872,8 +873,8 @@ def test_serve_runs_the_service_and_stops_on_ctrl_c(tmp_path: Path) -> None:
             time.sleep(0.2)
         assert as_json(run_cli(env, "runs", "--json")) == []
         # Its Redis is bounded: the settings' maxmemory, no eviction.
-        assert _config(state / "redis.sock", "maxmemory") == str(96 * 1024**2)
-        assert _config(state / "redis.sock", "maxmemory-policy") == "noeviction"
+        assert _config(state, "maxmemory") == str(96 * 1024**2)
+        assert _config(state, "maxmemory-policy") == "noeviction"
         # A second serve on the same state directory is refused.
         refused(run_cli(env, "serve"), 1, "already runs")
 
@@ -932,10 +933,12 @@ def test_demo(tmp_path: Path) -> None:
     assert not (state_dir / "redis.sock").exists() or not _answers(state_dir / "redis.sock")
 
 
-def _config(socket_path: Path, name: str) -> str:
+def _config(state_dir: Path, name: str) -> str:
+    """`CONFIG GET name` of the embedded Redis of `state_dir`, with its password."""
     import redis
 
-    client = redis.Redis(unix_socket_path=str(socket_path), socket_timeout=5, decode_responses=True)
+    url = Settings(state_dir=state_dir, redis_url=None).store_url()
+    client = redis.Redis.from_url(url, socket_timeout=5, decode_responses=True)
     try:
         return str(client.config_get(name)[name])
     finally:
