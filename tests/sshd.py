@@ -669,9 +669,18 @@ def _write_sshd_config(
         # level 2 skips it. The tests log in as whoever runs them, and that account's
         # dotfiles are the machine's, not the project's: this machine's root .bashrc
         # runs `pyenv rehash`, which waits 60 s on a lock a killed shell left behind,
-        # and every command then outlives its test's timeout.
-        "SetEnv SHLVL=1",
+        # and every command then outlives its test's timeout. Hence SHLVL=1 below.
     ]
+    # sshd takes the first SetEnv line only: the extra configuration's variables join
+    # this one.
+    kept, variables = [], ["SHLVL=1"]
+    for line in extra.splitlines():
+        if line.strip().lower().startswith("setenv "):
+            variables += line.split()[1:]
+        else:
+            kept.append(line)
+    extra = "\n".join(kept)
+    lines.append("SetEnv " + " ".join(variables))
     if _sshd_version() >= (9, 8):
         # Else failed authentications (the wrong-key tests) get 127.0.0.1 refused.
         lines.append("PerSourcePenalties no")

@@ -26,7 +26,7 @@ from workers.context import Context
 from workers.executors import CommandError, ExecError, ScriptExecutor, quote
 from workers.executors.ssh import SshTransport, resolve_destination
 
-from ...conftest import wait_for
+from ...conftest import put_signed_target, wait_for
 from ...pipeline import toy
 from ...processes import assert_one_followed_job, children, read_proc, trainers
 from ...redis_server import running_redis
@@ -123,7 +123,23 @@ def test_an_ssh_spawn_whose_answer_is_lost_after_the_job_started_is_followed(
         )
         executor = _Watched(transport, str(workdir))
         store = RunStore.from_url(redis_server.url)
-        ctx = Context(store, Settings(state_dir=tmp_path / "state"), lambda *a: None, "test")
+        settings = Settings(state_dir=tmp_path / "state")
+        ctx = Context(store, settings, lambda *a: None, "test")
+        # The launch reads its target's permits (the executor below stands in for it).
+        put_signed_target(
+            store,
+            settings,
+            {
+                "name": "ssh",
+                "kind": "ssh",
+                "workdir": str(workdir),
+                "ssh": {
+                    "destination": server.destination,
+                    "identity": str(server.client_key),
+                    "known_hosts": str(server.known_hosts),
+                },
+            },
+        )
         ctx.executor = lambda target: executor  # type: ignore[method-assign,assignment,return-value]
         executor.probe("true")  # the connection the launch will use
         sessions = sshd_sessions(server)
