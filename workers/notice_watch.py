@@ -142,8 +142,15 @@ def _ask(
     # The notice, not yet its request (the tick read between the watcher's two
     # writes, or the watcher could not write it): ask at once, as it would.
     try:
+        # The watcher may write its request meanwhile: that one is the notice's too.
         return request_snapshot(
-            ctx, run.id, SnapshotReason.PREEMPTED, asker, now, only_if_none_open=True
+            ctx,
+            run.id,
+            SnapshotReason.PREEMPTED,
+            asker,
+            now,
+            only_if_none_open=True,
+            found_by=asker,
         )
     except RunwardenError as error:
         log.warning("run %s: cannot ask for the snapshot of its notice: %s", run.id, error)

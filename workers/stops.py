@@ -113,12 +113,15 @@ def request_snapshot(
     now: datetime,
     *,
     only_if_none_open: bool = False,
+    found_by: str = FOUND_BY,
 ) -> StopState:
     """Asks the run's job for a snapshot: opens the stop (its proof deadline in the
     deadline table first), then writes the request; schedules the proof countdown for
     a new stop. Asking again changes only the reason, never the timers; with
     `only_if_none_open` (a policy) it changes nothing at all: the first reason stays
-    and the open stop is returned as it is.
+    and the open stop is returned as it is. A request found already written in the
+    run directory then opens the stop as asked by `found_by` (whoever is known to
+    write there: the notice watcher for a notice's stop).
 
     Raises:
         NotFound, NotStarted, NotRunning, NoSnapshots, ExecError, StoreError.
@@ -136,7 +139,9 @@ def request_snapshot(
         except ProtocolError:
             written = b""  # not a regular file: no request; the write below replaces it
         if written.strip():
-            notice_request(ctx, run, written.decode("utf-8", "replace"), now)
+            notice_request(
+                ctx, run, written.decode("utf-8", "replace"), now, asked_by=found_by
+            )
             found = ctx.store.get_stop(run_id)
             if found is not None:
                 return found

@@ -167,6 +167,19 @@ def test_the_notice_before_its_request_is_asked_here(tmp_path: Path) -> None:
     assert len(sent.named("runwarden.proof_timeout")) == 1
 
 
+def test_the_watcher_s_request_written_after_the_tick_read_is_the_notice_s(
+    tmp_path: Path,
+) -> None:
+    """The tick read the notice, then the watcher wrote its request before the stop
+    was opened here: the stop is still the notice's (seen in the service test)."""
+    worker, store, _, run = tick_worker(tmp_path)
+    (Path(run.remote_dir) / "snapshot.request").write_text("preempted")
+    observe_notices(worker, run, update(notice=GCP_NOTICE), NOW)
+    stop = store.get_stop("r1")
+    assert stop is not None
+    assert (stop.reason, stop.asked_by) == (SnapshotReason.PREEMPTED, "notice:gcp-preempted")
+
+
 def test_a_job_that_ended_is_not_asked(tmp_path: Path) -> None:
     worker, store, _, run = tick_worker(tmp_path)
     observe_notices(worker, run, update(notice=GCP_NOTICE, status=JobStatus.exited(0)), NOW)
