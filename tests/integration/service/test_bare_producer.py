@@ -135,25 +135,30 @@ class OtherService:
         return json.loads(result.stdout)
 
 
-def start_serve_worker(pipeline: Pipeline) -> None:
-    """Replaces the pipeline's worker by one started as `runwarden serve` starts its
-    worker (the same command line: `-Q runwarden,celery`), so that a message on
-    Celery's default queue reaches a worker only if serve's worker consumes it."""
+def start_serve_workers(pipeline: Pipeline) -> None:
+    """Replaces the pipeline's worker by the workers `runwarden serve` starts (the same
+    command lines: the main one with `-Q runwarden,celery`, the retrieval and the
+    watch workers), so that a message on Celery's default queue reaches a worker only
+    if serve's main worker consumes it."""
     pipeline.kill_worker("w1")
-    command = Service(pipeline.api.settings, ServiceOptions(concurrency=2)).commands()[0]
-    assert "-Q" in command, command
-    log = (pipeline.tmp / "worker-serve.log").open("ab")
-    pipeline.workers["serve"] = subprocess.Popen(
-        command, cwd=ROOT, env=pipeline.env, stdout=log, stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )  # fmt: skip
-    pipeline.wait_worker("runwarden")
+    commands = Service(pipeline.api.settings, ServiceOptions(concurrency=2)).commands()
+    workers = [c for c in commands if "worker" in c]
+    assert len(workers) == 3, commands
+    for command in workers:
+        assert "-Q" in command, command
+        name = command[command.index("-n") + 1].split("@")[0]
+        log = (pipeline.tmp / f"worker-serve-{name}.log").open("ab")
+        pipeline.workers[f"serve-{name}"] = subprocess.Popen(
+            command, cwd=ROOT, env=pipeline.env, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+        pipeline.wait_worker(name)
 
 
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
     with running_pipeline(tmp_path_factory.mktemp("bare")) as started:
-        start_serve_worker(started)
+        start_serve_workers(started)
         try:
             yield started
         finally:

@@ -4,9 +4,12 @@ a run preempted on the local target is resumed, with no person, on the SSH targe
 from its verified checkpoint, and the Trainer's global step goes on; the next
 preemption is past `--max-preemptions` and is not resumed.
 
-The preemption is a SIGTERM to the job's whole process group, as Kubernetes sends
-one to a pod or a cloud's shutdown does: the job side turns it into a `preempted`
-request at the next step end (`workers/jobside/runwarden_preempt.py`)."""
+The first preemption is a cloud's notice: the run watches GCP's metadata server
+(emulated on loopback as GCP documents it, `tests/fakecloud.py`), whose `preempted`
+turns TRUE; the notice watcher writes the `preempted` request. The second is a SIGTERM
+to the job's whole process group, as Kubernetes sends one to a pod: the job side turns
+it into the same request at the next step end (`workers/jobside/runwarden_preempt.py`);
+the SSH target watches no cloud (a resume elsewhere takes its target's setting)."""
 
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ import pytest
 from schemas import ArtifactsPhase, RunRecord, RunState, SnapshotReason, SshOptions, TargetConfig
 from schemas.chain import ContinuationPhase, OnPreempt, continuation_key
 from schemas.events import LaunchSpec
+from tests.fakecloud import FAKES, FakeCloud
 from workers.executors import quote
 
 from ...conftest import ROOT, wait_for
@@ -38,8 +42,22 @@ START_TIMEOUT_S = 180.0  # importing torch and transformers on a loaded machine
 
 
 @pytest.fixture
-def service(tmp_path: Path) -> Iterator[tuple[Pipeline, SshServer]]:
-    clocks = {"RUNWARDEN_PROOF_TIMEOUT_S": "90", "RUNWARDEN_END_TIMEOUT_S": "60"}
+def gcp() -> Iterator[FakeCloud]:
+    fake = FAKES["gcp"]()
+    try:
+        yield fake
+    finally:
+        fake.close()
+
+
+@pytest.fixture
+def service(tmp_path: Path, gcp: FakeCloud) -> Iterator[tuple[Pipeline, SshServer]]:
+    clocks = {
+        "RUNWARDEN_PROOF_TIMEOUT_S": "90",
+        "RUNWARDEN_END_TIMEOUT_S": "60",
+        "RUNWARDEN_METADATA_GCP_URL": gcp.url,
+        "RUNWARDEN_NOTICE_POLL_S": "0.5",
+    }
     with running_sshd(tmp_path / "sshd") as server, running_pipeline(
         tmp_path / "service", extra_env=clocks
     ) as pipeline:
@@ -65,13 +83,18 @@ def service(tmp_path: Path) -> Iterator[tuple[Pipeline, SshServer]]:
                         os.killpg(run.job.pid, signal.SIGKILL)
 
 
-def preempt(pipeline: Pipeline, run_id: str, after_step: int) -> RunRecord:
-    """SIGTERM to the run's process group once it passed `after_step`; returns the
-    run as it ended, its checkpoint retrieved."""
+def preempt(
+    pipeline: Pipeline, run_id: str, after_step: int, cloud: FakeCloud | None = None
+) -> RunRecord:
+    """Once the run passed `after_step`: `cloud`'s notice, else a SIGTERM to the run's
+    process group; returns the run as it ended, its checkpoint retrieved."""
     pipeline.wait_step(run_id, after_step, timeout_s=START_TIMEOUT_S)
     run = pipeline.api.get_run(run_id)
     assert run.job is not None
-    os.killpg(run.job.pid, signal.SIGTERM)  # the job and its wrapper, as a pod gets it
+    if cloud is not None:
+        cloud.notice_on()
+    else:
+        os.killpg(run.job.pid, signal.SIGTERM)  # the job and its wrapper, as a pod gets it
     ended = pipeline.wait_state(run_id, timeout_s=120)
     assert ended.state is RunState.STOPPED, (ended, pipeline.logs())
     assert ended.snapshot is not None
@@ -99,7 +122,7 @@ def decided(pipeline: Pipeline, run_id: str) -> RunRecord:
 
 
 def test_a_preempted_run_goes_on_on_the_next_target_up_to_its_limit(
-    service: tuple[Pipeline, SshServer],
+    service: tuple[Pipeline, SshServer], gcp: FakeCloud
 ) -> None:
     pipeline, server = service
     command = (
@@ -107,12 +130,19 @@ def test_a_preempted_run_goes_on_on_the_next_target_up_to_its_limit(
         "--steps 100000 --step-delay 0.1"
     )
     plan = OnPreempt(targets=("local", "remote"), max_preemptions=1)
-    spec = LaunchSpec(target="local", command=command, name="hf", on_preempt=plan)
+    spec = LaunchSpec(
+        target="local", command=command, name="hf", on_preempt=plan, preemption="gcp"
+    )
     first = pipeline.api.launch(spec, wait_s=60)
 
-    # 1: preempted on `local`; continued on `remote`, from the verified checkpoint.
-    ended = preempt(pipeline, first.id, 3)
+    # 1: a GCP notice on `local`; continued on `remote`, from the verified checkpoint.
+    ended = preempt(pipeline, first.id, 3, cloud=gcp)
     assert ended.snapshot is not None
+    assert ended.preemption is not None
+    assert ended.preemption.notice is not None
+    assert ended.preemption.notice.source == "gcp-preempted"
+    (stop,) = pipeline.api.store.stop_history(first.id)
+    assert stop.asked_by == "notice:gcp-preempted"
     step = ended.snapshot.step
 
     source = decided(pipeline, first.id)
@@ -129,6 +159,7 @@ def test_a_preempted_run_goes_on_on_the_next_target_up_to_its_limit(
     assert second.remote_dir.startswith(str(server.workdir))
     assert second.on_preempt == plan
     assert second.chain_preemptions == 1
+    assert second.preemption is None  # the SSH target watches no cloud
     # It goes on from the checkpoint: the Trainer's global step continues.
     pipeline.wait_step(second.id, step + 2, timeout_s=START_TIMEOUT_S)
     log = (Path(second.remote_dir) / "job.log").read_text()
