@@ -398,7 +398,8 @@ def stop(
     reason: Annotated[
         str,
         typer.Option(
-            metavar="REASON", help="Why, recorded in the proof: requested, deadline, cost or disk."
+            metavar="REASON",
+            help="Why, recorded in the proof: requested, deadline, cost, disk or preempted.",
         ),
     ] = "requested",
     wait: Annotated[
@@ -434,7 +435,7 @@ def stop(
     try:
         why = SnapshotReason(reason)
     except ValueError:
-        fail(f"invalid reason {reason!r}: use requested, deadline, cost or disk", 2)
+        fail(f"invalid reason {reason!r}: use {', '.join(SnapshotReason)}", 2)
     api = client()
     run_id = checked_run_id(run_id)
     stop_state = run_op(lambda: api.stop(run_id, why, asked_by="cli"))

@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from producers.cli import app
 from producers.cli.helpfmt import wrap
+from schemas import SnapshotReason
 
 WIDTHS = (50, 80)
 """COLUMNS for each page: click lays help out at least 50 columns wide."""
@@ -129,3 +130,8 @@ def test_wrap_keeps_the_lines_of_a_paragraph_marked_b() -> None:
     assert wrap(text, 30, "  ", "  ", paragraphs=True) == (
         "  A paragraph to wrap again.\n\n  Examples:\n    runwarden x --flag a b c d"
     )
+
+
+def test_stop_names_every_reason() -> None:
+    page = " ".join(rendered(("stop",), 200).split())
+    assert all(reason.value in page for reason in SnapshotReason), page
