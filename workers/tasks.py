@@ -18,11 +18,21 @@ import logging
 import os
 import threading
 import time
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from schemas import BadRequest, validation_message
+from schemas import (
+    BadRequest,
+    NoSnapshots,
+    NotFound,
+    NotResumable,
+    NotRunning,
+    NotStarted,
+    SchemaError,
+    UnknownTarget,
+    validation_message,
+)
 from schemas.auth import Unauthenticated, asked_by
 from schemas.events import (
     TASK_CANCEL,
@@ -100,6 +110,19 @@ def context() -> Context:
 
 _M = TypeVar("_M", bound=BaseModel)
 
+REFUSALS: Final = (
+    SchemaError,
+    NotFound,
+    UnknownTarget,
+    NotStarted,
+    NotRunning,
+    NoSnapshots,
+    NotResumable,
+)
+"""Answers to the producer, not failures of the worker (a stop of a run that ended
+meanwhile, a body that does not fit): Celery logs each as expected, on one line
+without a traceback, and still hands it to the producer as the task's error."""
+
 
 def _parse(model: type[_M], body: Any, auth: Any, task: str) -> tuple[_M, str]:
     """The body of `task` as a `model`, and the producer who signed it. Refused (and
@@ -124,6 +147,7 @@ def _parse(model: type[_M], body: Any, auth: Any, task: str) -> tuple[_M, str]:
 @app.task(
     name=TASK_LAUNCH,
     bind=True,
+    throws=REFUSALS,
     time_limit=int(settings.launch_max_runtime_s) + 30,
     soft_time_limit=int(settings.launch_max_runtime_s),
 )
@@ -135,7 +159,7 @@ def launch(self: Any, body: Any = None, auth: Any = None) -> dict[str, Any]:
     return {"run_id": record.id, "pid": record.job.pid if record.job else None}
 
 
-@app.task(name=TASK_FOLLOW)
+@app.task(name=TASK_FOLLOW, throws=REFUSALS)
 def follow(body: Any = None, auth: Any = None) -> dict[str, Any]:
     request, _ = _parse(FollowBody, body, auth, TASK_FOLLOW)
     if request.run_id is not None:
@@ -147,7 +171,7 @@ def follow(body: Any = None, auth: Any = None) -> dict[str, Any]:
     return {"run_id": record.id, "state": str(record.state)}
 
 
-@app.task(name=TASK_SNAPSHOT_REQUEST)
+@app.task(name=TASK_SNAPSHOT_REQUEST, throws=REFUSALS)
 def snapshot_request(body: Any = None, auth: Any = None) -> dict[str, Any]:
     request, producer = _parse(SnapshotRequestBody, body, auth, TASK_SNAPSHOT_REQUEST)
     stop = stops.request_snapshot(
@@ -161,20 +185,20 @@ def snapshot_request(body: Any = None, auth: Any = None) -> dict[str, Any]:
     return stop.model_dump(mode="json")
 
 
-@app.task(name=TASK_CANCEL)
+@app.task(name=TASK_CANCEL, throws=REFUSALS)
 def cancel(body: Any = None, auth: Any = None) -> dict[str, Any]:
     request, producer = _parse(CancelBody, body, auth, TASK_CANCEL)
     record = stops.cancel(context(), request.run_id, asked_by=producer)
     return {"run_id": record.id, "state": str(record.state)}
 
 
-@app.task(name=TASK_PROOF_TIMEOUT)
+@app.task(name=TASK_PROOF_TIMEOUT, throws=REFUSALS)
 def proof_timeout(body: Any = None, auth: Any = None) -> str:
     request, _ = _parse(TimeoutBody, body, auth, TASK_PROOF_TIMEOUT)
     return stops.on_deadline(context(), request.run_id, request.stop_id, utcnow())
 
 
-@app.task(name=TASK_END_TIMEOUT)
+@app.task(name=TASK_END_TIMEOUT, throws=REFUSALS)
 def end_timeout(body: Any = None, auth: Any = None) -> str:
     request, _ = _parse(TimeoutBody, body, auth, TASK_END_TIMEOUT)
     return stops.on_deadline(context(), request.run_id, request.stop_id, utcnow())
@@ -198,7 +222,7 @@ def reconcile() -> int:
         watch_memory(ctx)  # after: a full Redis fails the reconcile, and says why
 
 
-@app.task(name=TASK_CONTINUE)
+@app.task(name=TASK_CONTINUE, throws=REFUSALS)
 def continue_run(body: Any = None, auth: Any = None) -> dict[str, Any] | None:
     request, _ = _parse(ContinueBody, body, auth, TASK_CONTINUE)
     done = chain.continue_run(context(), request.run_id, utcnow())
@@ -270,6 +294,7 @@ def policy_target(target: str) -> dict[str, int]:
 @app.task(
     name=TASK_RETRIEVE,
     acks_late=False,
+    throws=REFUSALS,
     time_limit=int(settings.retrieve_max_runtime_s) + 60,
     soft_time_limit=int(settings.retrieve_max_runtime_s),
 )
@@ -279,7 +304,7 @@ def retrieve(body: Any = None, auth: Any = None) -> dict[str, Any]:
     return result.model_dump(mode="json")
 
 
-@app.task(name=TASK_DOCTOR)
+@app.task(name=TASK_DOCTOR, throws=REFUSALS)
 def doctor(body: Any = None, auth: Any = None) -> dict[str, Any]:
     """Checks a target as this worker sees it (read-only; signed: it makes the
     worker connect, and answers what the target has)."""

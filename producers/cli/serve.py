@@ -78,8 +78,9 @@ def serve(
     ] = None,
 ) -> None:
     """Run the service in the foreground: Redis (embedded default, with a password),
-    workers (the main one, one for retrievals, one for the follow ticks), beat; with --flower and --web, Flower and the web
-    view on loopback, behind generated credentials (it prints where they are).
+    workers (the main one, one for retrievals, one for the follow ticks), beat; with
+    --flower and --web, Flower and the web view on loopback, behind generated
+    credentials (it prints where they are).
 
     Creates what is missing in the secrets directory: the keys of the producers
     `operator` (this machine's CLI) and `worker`, the Redis password, the credentials
