@@ -163,8 +163,8 @@ def test_each_stop_s_story_is_in_the_ledger(pipeline: Pipeline) -> None:
     assert kinds(events).count("proof_seen") == 1  # not told again at the end
     (ended,) = [e for e in events if isinstance(e, RunEnded)]
     assert ended.state is RunState.STOPPED  # the proof is kept: cancelled with a checkpoint
-    home = events[-1]
-    assert isinstance(home, RetrievalDone)
+    # `job_cancelled` is told when the cancel returns: it may come after the retrieval.
+    (home,) = [e for e in events if isinstance(e, RetrievalDone)]
     assert home.checkpoint_digest == digest_of(api.get_run(hanging.id))
 
     # 4. The cost policy decides, then asks like any producer.
