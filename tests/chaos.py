@@ -502,9 +502,13 @@ class Campaign:
             result.terms = len(read_small(run_dir / TERMS_FILE, 4096).splitlines())
         # The stop is archived a moment after the run's end is recorded.
         closed_by = time.monotonic() + 15
-        while self.api.get_stop(run.id) is not None and time.monotonic() < closed_by:
+
+        def open_stop() -> Any:  # Redis may be restarting: read again, as everywhere
+            return _retry(lambda: self.api.get_stop(run.id), "get stop")
+
+        while open_stop() is not None and time.monotonic() < closed_by:
             time.sleep(0.2)
-        stops = [*self._stops_of(run.id), *filter(None, [self.api.get_stop(run.id)])]
+        stops = [*self._stops_of(run.id), *filter(None, [open_stop()])]
         result.cancels = sum(s.cancels for s in stops) + (result.plan.action == "cancel")
         result.cancels += result.launch_failed == LAUNCH_CANCELLED
         if result.terms > result.cancels:
