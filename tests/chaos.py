@@ -55,9 +55,7 @@ from schemas import (
     RunLimits,
     RunRecord,
     RunState,
-    SshOptions,
     StopPhase,
-    TargetConfig,
 )
 from schemas.events import (
     TASK_CANCEL,
@@ -72,7 +70,7 @@ from workers.settle import DIED_MESSAGE
 
 from .conftest import TOY_TRAINER
 from .hostile import CASES, SHADOW, Case, file_digest, provide_secrets
-from .pipeline import Pipeline, read_small, running_pipeline
+from .pipeline import Pipeline, read_small, running_pipeline, ssh_target
 from .processes import job_processes
 from .sshd import SshServer, running_sshd
 
@@ -344,18 +342,7 @@ class Campaign:
         if sshd is not None:
             workdir = sshd.workdir / f"chaos-{seed}"
             workdir.mkdir()
-            self.api.add_target(
-                TargetConfig(
-                    name="ssh",
-                    kind="ssh",
-                    workdir=str(workdir),
-                    ssh=SshOptions(
-                        destination=sshd.destination,
-                        identity=str(sshd.client_key),
-                        known_hosts=str(sshd.known_hosts),
-                    ),
-                )
-            )
+            self.api.add_target(ssh_target(sshd, workdir))
             self.targets["ssh"] = workdir
         self._threads = [
             threading.Thread(target=self._monitor, daemon=True, name="chaos-monitor"),

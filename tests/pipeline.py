@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from producers.api import Runwarden
-from schemas import RunRecord, Settings, StopPhase, StopState, TargetConfig
+from schemas import RunRecord, Settings, SshOptions, StopPhase, StopState, TargetConfig
 from schemas.auth import OPERATOR, WORKER, sign
 from schemas.events import DEFAULT_QUEUE, QUEUE, QUEUE_RETRIEVE, QUEUE_WATCH
 from schemas.secrets import producer_key_file
@@ -28,6 +28,7 @@ from workers.executors import quote
 
 from .conftest import ROOT, TOY_TRAINER
 from .redis_server import RedisServer
+from .sshd import SshServer
 
 CLOCKS = {
     "RUNWARDEN_PROOF_TIMEOUT_S": "6",
@@ -69,6 +70,20 @@ def read_small(path: Path, limit: int = 64) -> str:
         return os.read(fd, limit).decode("ascii", "replace").strip()
     finally:
         os.close(fd)
+
+
+def ssh_target(server: SshServer, workdir: Path, name: str = "ssh") -> TargetConfig:
+    """The SSH target of `server` (its key, strict known_hosts) running in `workdir`."""
+    return TargetConfig(
+        name=name,
+        kind="ssh",
+        workdir=str(workdir),
+        ssh=SshOptions(
+            destination=server.destination,
+            identity=str(server.client_key),
+            known_hosts=str(server.known_hosts),
+        ),
+    )
 
 
 def toy(*args: str) -> str:

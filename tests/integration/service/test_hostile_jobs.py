@@ -46,11 +46,11 @@ from pathlib import Path
 
 import pytest
 
-from schemas import NotRunning, RunLimits, RunRecord, RunState, SshOptions, StopState, TargetConfig
+from schemas import NotRunning, RunLimits, RunRecord, RunState, StopState
 from schemas.events import LaunchSpec
 
 from ...hostile import CASES, SHADOW, Case, file_digest, job_environ, provide_secrets, secret_values
-from ...pipeline import CLOCKS, Pipeline, running_pipeline, toy
+from ...pipeline import CLOCKS, Pipeline, running_pipeline, ssh_target, toy
 from ...processes import job_processes
 
 pytestmark = pytest.mark.slow
@@ -424,18 +424,7 @@ def campaign(
                 server = request.getfixturevalue("sshd")
                 workdir = server.workdir / f"hostile-{secrets.token_hex(4)}"
                 workdir.mkdir()
-                pipeline.api.add_target(
-                    TargetConfig(
-                        name="ssh",
-                        kind="ssh",
-                        workdir=str(workdir),
-                        ssh=SshOptions(
-                            destination=server.destination,
-                            identity=str(server.client_key),
-                            known_hosts=str(server.known_hosts),
-                        ),
-                    )
-                )
+                pipeline.api.add_target(ssh_target(server, workdir))
             provide_secrets(pipeline.api, every, [target])
             yield run_campaign(pipeline, target)
         finally:
