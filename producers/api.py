@@ -159,10 +159,11 @@ class Runwarden:
     def resume_spec(
         self, run_id: str, *, target: str | None = None, command: str | None = None
     ) -> LaunchSpec:
-        """The launch that continues the stopped run `run_id`: its target, command,
-        upload, skip list, secret names, limits, stop timeouts, name and on-preempt
-        plan, and the cloud whose notices it watched (`schemas.events.resume_spec`),
-        unless overridden, with `resume_from` set.
+        """The launch that continues the stopped run `run_id`: its target and command
+        unless overridden, and every per-run launch setting (upload, skip list, secret
+        names, limits, stop timeouts, name, on-preempt plan, its own `--preemption`:
+        `schemas.events.resume_spec`), with `resume_from` set. A continuation of a
+        preempted run launches the same.
 
         Raises:
             NotFound, NotResumable.

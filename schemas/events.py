@@ -25,9 +25,11 @@ from .targets import TargetName
 
 __all__ = [
     "DEFAULT_QUEUE",
+    "NOT_KEPT",
     "QUEUE",
     "QUEUE_RETRIEVE",
     "QUEUE_WATCH",
+    "RECORD_FIELD",
     "SERIALIZER",
     "TASK_CANCEL",
     "TASK_CONTINUE",
@@ -54,6 +56,7 @@ __all__ = [
     "SnapshotRequestBody",
     "TimeoutBody",
     "describe",
+    "launch_settings",
     "resume_spec",
     "wire_config",
 ]
@@ -199,31 +202,55 @@ class LaunchSpec(_Body):
         return self
 
 
+NOT_KEPT: Final = frozenset({"target", "command", "resume_from", "key"})
+"""The [`LaunchSpec`] fields a resume does not copy from its source: where and what
+it runs (the resume's choice, the source's by default), the run it resumes, and its
+own idempotency key. Every other field is a per-run launch setting, kept."""
+RECORD_FIELD: Final = {"preemption": "preemption_mode"}
+"""A launch setting kept on the run record under another name (the record's
+`preemption` is the watch itself)."""
+
+
+def launch_settings(run: RunRecord) -> dict[str, Any]:
+    """The per-run launch settings of `run`, as [`LaunchSpec`] fields: every field but
+    [`NOT_KEPT`], read from the record field of the same name (or [`RECORD_FIELD`]'s).
+    Derived from the spec's own fields, so a setting added to both is kept by every
+    resume and continuation without more code; a spec field the record does not keep
+    is left to its default (`tests/unit/schemas/test_resume_spec.py` fails for one)."""
+    settings: dict[str, Any] = {}
+    for name in LaunchSpec.model_fields:
+        kept = RECORD_FIELD.get(name, name)
+        if name not in NOT_KEPT and kept in RunRecord.model_fields:
+            settings[name] = getattr(run, kept)
+    return settings
+
+
 def resume_spec(
     run: RunRecord, *, target: str | None = None, command: str | None = None, key: str | None = None
 ) -> LaunchSpec:
-    """The launch that continues `run` from its snapshot: its target, command, upload,
-    skip list, secret names, limits, stop timeouts, name and on-preempt plan, unless
-    overridden, with `resume_from` set (the worker checks that it can be resumed).
+    """The launch that continues `run` from its snapshot: its target and command
+    unless overridden, and every per-run launch setting of the run
+    ([`launch_settings`]: upload, skip list, secret names, limits, stop timeouts,
+    name, snapshots, on-preempt plan, `--preemption`...), with `resume_from` set (the
+    worker checks that it can be resumed). `runwarden resume` and the continuation of
+    a preempted run (`workers.chain`) both launch this.
 
-    On the run's own target it watches the cloud whose preemption notices the run
-    watched; on another target (or when the run watched none) the target's setting
-    applies, since a cloud is a property of where the job runs."""
+    Preemption: the run's own `--preemption` is kept on any target. A run that took
+    its target's setting watches, on its own target, the cloud it watched; on another
+    target, that target's setting applies (a cloud is a property of where the job
+    runs)."""
+    settings = launch_settings(run)
     same_target = target is None or target == run.target
-    watched = run.preemption.cloud if run.preemption is not None else None
+    if run.preemption_mode is None:
+        watched = run.preemption.cloud if run.preemption is not None else None
+        settings["preemption"] = watched if same_target else None
+    if settings.get("upload") is not None:
+        settings["upload"] = Path(settings["upload"])
     return LaunchSpec(
+        **settings,
         target=target or run.target,
         command=command or run.command,
-        name=run.name,
-        upload=None if run.upload is None else Path(run.upload),
-        skip=run.skip,
-        secrets=run.secrets,
-        limits=run.limits,
-        timeouts=run.timeouts,
         resume_from=run.id,
-        snapshots=run.snapshots,
-        on_preempt=run.on_preempt,
-        preemption=watched if same_target else None,
         key=key,
     )
 

@@ -14,7 +14,7 @@ from .chain import Continuation, OnPreempt, is_preempted
 from .errors import Conflict, NoSnapshots, NotResumable, NotRunning, NotStarted
 from .ids import RunId
 from .job import WATCHDOG_MAX_S, JobId, JobStatus, check_absolute_path
-from .preemption import Preemption
+from .preemption import Preemption, PreemptionMode
 from .snapshot import ProofInvalid, ProofNone, ProofSaved, Snapshot
 
 __all__ = [
@@ -168,6 +168,9 @@ class RunRecord(BaseModel):
     preemption: Preemption | None = None
     """The run's preemption-notice watch (which cloud, the watcher's last state, the
     notice); None when no watcher was started."""
+    preemption_mode: PreemptionMode | None = None
+    """The run's own `--preemption` (`LaunchSpec.preemption`), kept for its resumes and
+    continuations; None: it took its target's setting."""
 
     @field_validator("remote_dir")
     @classmethod

@@ -94,8 +94,10 @@ def _decline(ctx: Context, run: RunRecord, why: str, now: datetime) -> Continuat
 
 
 def _next_spec(run: RunRecord, target: str) -> LaunchSpec:
-    """The launch of the run that continues `run` on `target`: the same command,
-    upload, secrets, limits and name, its on-preempt plan, resumed from `run`."""
+    """The launch of the run that continues `run` on `target`: exactly what
+    `runwarden resume RUN --target TARGET` launches (`schemas.events.resume_spec`:
+    the same command and every per-run launch setting, its `--preemption`, timeouts,
+    limits and on-preempt plan included), resumed from `run`, with the chain's key."""
     return resume_spec(run, target=target, key=continuation_key(run.id))
 
 

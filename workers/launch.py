@@ -145,6 +145,7 @@ def _claim(
             if source is None
             else source.chain_preemptions + is_preempted(source.snapshot),
             preemption=watched(ctx, spec),
+            preemption_mode=spec.preemption,
         )
         if ctx.store.create_run(record, key=key, replaces=replaces):
             try:

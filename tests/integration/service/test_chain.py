@@ -8,8 +8,9 @@ The first preemption is a cloud's notice: the run watches GCP's metadata server
 (emulated on loopback as GCP documents it, `tests/fakecloud.py`), whose `preempted`
 turns TRUE; the notice watcher writes the `preempted` request. The second is a SIGTERM
 to the job's whole process group, as Kubernetes sends one to a pod: the job side turns
-it into the same request at the next step end (`workers/jobside/runwarden_preempt.py`);
-the SSH target watches no cloud (a resume elsewhere takes its target's setting)."""
+it into the same request at the next step end (`workers/jobside/runwarden_preempt.py`).
+The continuation keeps every per-run setting of the launch, as `resume` does: its own
+`--preemption gcp` (so it watches GCP on the SSH target too), timeouts and limits."""
 
 from __future__ import annotations
 
@@ -24,9 +25,20 @@ from pathlib import Path
 
 import pytest
 
-from schemas import ArtifactsPhase, RunRecord, RunState, SnapshotReason, SshOptions, TargetConfig
+from schemas import (
+    ArtifactsPhase,
+    Preemption,
+    RunLimits,
+    RunRecord,
+    RunState,
+    SnapshotReason,
+    SshOptions,
+    TargetConfig,
+)
+from schemas.budget import StopTimeouts
 from schemas.chain import ContinuationPhase, OnPreempt, continuation_key
 from schemas.events import LaunchSpec
+from schemas.protocol import SNAPSHOT_REQUEST
 from tests.fakecloud import FAKES, FakeCloud
 from workers.executors import quote
 
@@ -93,6 +105,10 @@ def preempt(
     assert run.job is not None
     if cloud is not None:
         cloud.notice_on()
+        # Withdrawn once its watcher asked: the continuation watches the same cloud.
+        asked = Path(run.remote_dir) / SNAPSHOT_REQUEST
+        wait_for(asked.exists, timeout_s=30, interval_s=0.05)
+        cloud.notice_off()
     else:
         os.killpg(run.job.pid, signal.SIGTERM)  # the job and its wrapper, as a pod gets it
     ended = pipeline.wait_state(run_id, timeout_s=120)
@@ -130,9 +146,12 @@ def test_a_preempted_run_goes_on_on_the_next_target_up_to_its_limit(
         "--steps 100000 --step-delay 0.1"
     )
     plan = OnPreempt(targets=("local", "remote"), max_preemptions=1)
-    spec = LaunchSpec(
-        target="local", command=command, name="hf", on_preempt=plan, preemption="gcp"
-    )
+    own = {
+        "limits": RunLimits(max_hours=2),
+        "timeouts": StopTimeouts(proof_timeout_s=100, end_timeout_s=60),
+        "preemption": "gcp",
+    }
+    spec = LaunchSpec(target="local", command=command, name="hf", on_preempt=plan, **own)
     first = pipeline.api.launch(spec, wait_s=60)
 
     # 1: a GCP notice on `local`; continued on `remote`, from the verified checkpoint.
@@ -159,7 +178,9 @@ def test_a_preempted_run_goes_on_on_the_next_target_up_to_its_limit(
     assert second.remote_dir.startswith(str(server.workdir))
     assert second.on_preempt == plan
     assert second.chain_preemptions == 1
-    assert second.preemption is None  # the SSH target watches no cloud
+    # The run's own settings, as a resume keeps them: it watches GCP there too.
+    assert (second.limits, second.timeouts) == (own["limits"], own["timeouts"])
+    assert (second.preemption_mode, second.preemption) == ("gcp", Preemption(cloud="gcp"))
     # It goes on from the checkpoint: the Trainer's global step continues.
     pipeline.wait_step(second.id, step + 2, timeout_s=START_TIMEOUT_S)
     log = (Path(second.remote_dir) / "job.log").read_text()
