@@ -324,6 +324,18 @@ class FollowMixin(RunsMixin):
         return [LogEntry(i, fields.get("l", "")) for i, fields in entries]
 
     @translated
+    def read_log_newest(self, run_id: str, count: int = 1000) -> list[LogEntry]:
+        """The newest `count` log lines held (fewer when the stream holds fewer),
+        oldest first, in one round trip; read on with [`read_log`] from the last
+        one's id."""
+        if count < 1:
+            raise ValueError("count must be at least 1")
+        reply = self._r.xrevrange(self.keys.log(run_id), "+", "-", count=count)
+        entries = _entries(reply)
+        entries.reverse()
+        return [LogEntry(i, fields.get("l", "")) for i, fields in entries]
+
+    @translated
     def read_metrics(
         self,
         run_id: str,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from celery import Celery
+from celery import Celery, Task
 from kombu.entity import Queue
 
 from schemas import Settings
@@ -33,11 +33,40 @@ from schemas.health import HEARTBEAT_INTERVAL_S
 
 from . import heartbeat
 
-__all__ = ["ETA_TASK_LIMIT", "app", "celery_config", "settings"]
+__all__ = ["ETA_TASK_LIMIT", "NO_EVENTS", "QuietTask", "app", "celery_config", "settings"]
 
 ETA_TASK_LIMIT: Final = 10_000
 """Most countdown tasks one worker holds in memory at once; past it the broker keeps
 them (and `reconcile` still fires overdue deadlines)."""
+
+
+class _NoEvents:
+    """An event dispatcher that sends nothing: given as a message's
+    `event_dispatcher` (a publishing option Celery passes to the dispatcher of the
+    message's `task-sent` event), the message is sent without that event."""
+
+    def publish(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+NO_EVENTS: Final = _NoEvents()
+"""Send a message with `event_dispatcher=NO_EVENTS`: no `task-sent` event for it."""
+
+
+class QuietTask(Task):  # type: ignore[misc]
+    """A task that monitoring never sees: the periodic ticks and their fan-out, one
+    every second or two, which would otherwise fill Flower's task list and bury the
+    countdowns of the stops in flight. A worker sends no task event for it
+    (`send_events`: received, started, succeeded, failed) and sending it, from beat
+    or a worker, sends no `task-sent` event ([`NO_EVENTS`]). Its failures are still
+    logged by the worker, and `runwarden status` tells from the store when each
+    periodic task last ran."""
+
+    send_events = False
+
+    def apply_async(self, *args: Any, **options: Any) -> Any:
+        options.setdefault("event_dispatcher", NO_EVENTS)
+        return super().apply_async(*args, **options)
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:

@@ -66,7 +66,7 @@ from store import RunStore
 from . import chain, policies, stops, watch
 from . import doctor as doctoring
 from . import launch as launching
-from .app import app, settings
+from .app import NO_EVENTS, QuietTask, app, settings
 from .artifacts import retrieve_artifacts
 from .context import Context, utcnow
 from .memory import watch_memory
@@ -210,7 +210,7 @@ def _ran(task: str) -> None:
     context().store.record_tick(task)
 
 
-@app.task(name=TASK_RECONCILE)
+@app.task(name=TASK_RECONCILE, base=QuietTask)
 def reconcile() -> int:
     _ran(TASK_RECONCILE)
     ctx, now = context(), utcnow()
@@ -230,26 +230,27 @@ def continue_run(body: Any = None, auth: Any = None) -> dict[str, Any] | None:
 
 
 def _fan_out(task: str) -> int:
-    """Sends `task` once per target with followed runs; returns how many."""
+    """Sends `task` once per target with followed runs, quietly (`QuietTask`);
+    returns how many."""
     targets = watch.watched_targets(context())
     for target in targets:
-        app.send_task(task, kwargs={"target": target})
+        app.send_task(task, kwargs={"target": target}, event_dispatcher=NO_EVENTS)
     return len(targets)
 
 
-@app.task(name=TASK_FOLLOW_TICK)
+@app.task(name=TASK_FOLLOW_TICK, base=QuietTask)
 def follow_tick() -> int:
     _ran(TASK_FOLLOW_TICK)
     return _fan_out(TASK_WATCH_TARGET)
 
 
-@app.task(name=TASK_POLL_REQUESTS)
+@app.task(name=TASK_POLL_REQUESTS, base=QuietTask)
 def poll_requests() -> int:
     _ran(TASK_POLL_REQUESTS)
     return _fan_out(TASK_WATCH_TARGET)
 
 
-@app.task(name=TASK_WATCH_TARGET)
+@app.task(name=TASK_WATCH_TARGET, base=QuietTask)
 def watch_target(target: str) -> dict[str, int]:
     ctx = context()
     lock, token = f"watch:{target}", os.urandom(8).hex()
@@ -267,14 +268,14 @@ def watch_target(target: str) -> dict[str, int]:
         ctx.store.unlock(lock, token)
 
 
-@app.task(name=TASK_POLICY_TICK)
+@app.task(name=TASK_POLICY_TICK, base=QuietTask)
 def policy_tick() -> int:
     """Beat: fans the policies out, one task per target with followed runs."""
     _ran(TASK_POLICY_TICK)
     return _fan_out(TASK_POLICY_TARGET)
 
 
-@app.task(name=TASK_POLICY_TARGET)
+@app.task(name=TASK_POLICY_TARGET, base=QuietTask)
 def policy_target(target: str) -> dict[str, int]:
     ctx = context()
     lock, token = f"policy-tick:{target}", os.urandom(8).hex()

@@ -33,7 +33,11 @@ from .common import (
 )
 from .ledger import ledger_table
 
-__all__ = ["logs", "runs", "show", "stops"]
+__all__ = ["LOG_TAIL_LINES", "logs", "runs", "show", "stops"]
+
+LOG_TAIL_LINES = 1000
+"""Lines `logs` prints without --head or --tail: the newest held."""
+
 
 def _chains(records: list[RunRecord]) -> list[list[RunRecord]]:
     """`records` (newest first) grouped by chain (runs linked by `resumed_from`): each
@@ -196,22 +200,43 @@ def logs(
     follow_: Annotated[
         bool, typer.Option("-f", "--follow", help="Keep following until the run ends.")
     ] = False,
+    head: Annotated[
+        int | None,
+        typer.Option(
+            "--head", metavar="N", min=1, max=100_000,
+            help="The oldest N lines held instead of the newest (not with -f).",
+        ),
+    ] = None,
+    tail: Annotated[
+        int,
+        typer.Option(
+            "--tail", metavar="N", min=1, max=100_000, help="The newest N lines held."
+        ),
+    ] = LOG_TAIL_LINES,
 ) -> None:
-    """Print the run's log lines (as followed by the workers).
+    """Print the run's log lines, as followed by the workers: the newest 1,000 held
+    (--tail N: the newest N; --head N: the oldest N). The store keeps each run's
+    newest lines only, within its byte budget; the whole `job.log` comes home with
+    the artifacts.
 
     \b
     Examples:
       runwarden logs 20260601-020000-gpt
+      runwarden logs 20260601-020000-gpt --tail 50
+      runwarden logs 20260601-020000-gpt --head 20
       runwarden logs 20260601-020000-gpt -f
     """
+    if head is not None and follow_:
+        fail("--head reads the oldest lines: it does not go with -f", 2)
     api = client()
     run_id = checked_run_id(run_id)
     run_op(lambda: api.get_run(run_id))
+    if head is not None:
+        entries = run_op(lambda: api.store.read_log(run_id, count=head))
+    else:
+        entries = run_op(lambda: api.store.read_log_newest(run_id, count=tail))
     after = "0-0"
     while True:
-        entries = run_op(
-            lambda after=after: api.store.read_log(run_id, after_id=after, count=1000)  # type: ignore[misc]
-        )
         for entry in entries:
             # A job may print terminal escapes: the person's terminal never runs them.
             out.print(clean_text(entry.line), highlight=False, markup=False, soft_wrap=True)
@@ -222,6 +247,9 @@ def logs(
             if run_op(lambda: api.get_run(run_id)).state.is_terminal:
                 return
             time.sleep(0.5)
+        entries = run_op(
+            lambda after=after: api.store.read_log(run_id, after_id=after, count=1000)  # type: ignore[misc]
+        )
 
 
 @app.command()
@@ -264,9 +292,10 @@ def stops(
         fail("a run id goes with --history", 2)
     api = client()
     current = run_op(api.list_stops)
-    fields = ("run_id", "phase", "reason", "asked_at", "proof_deadline", "end_deadline", "budget")
     if as_json:
-        print_json([{f: s.model_dump(mode="json")[f] for f in fields} for s in current])
+        # The whole record, as `/api/stops` gives it: who asked, the stop's id, its
+        # last note and cancels included.
+        print_json([s.model_dump(mode="json") for s in current])
         return
     now = datetime.now(UTC)
     table = Table(Column("run", no_wrap=True), "phase", "reason", "asked by", "asked at",

@@ -19,9 +19,17 @@ import pytest
 
 from producers.service import FLOWER_CONFIG
 from schemas import RunState, SnapshotReason
-from schemas.events import LaunchSpec
+from schemas.events import (
+    TASK_FOLLOW_TICK,
+    TASK_POLICY_TARGET,
+    TASK_POLICY_TICK,
+    TASK_POLL_REQUESTS,
+    TASK_RECONCILE,
+    TASK_WATCH_TARGET,
+    LaunchSpec,
+)
 
-from ...conftest import ROOT
+from ...conftest import ROOT, wait_for
 from ...pipeline import Pipeline, running_pipeline, signed, toy
 
 pytestmark = pytest.mark.slow
@@ -113,6 +121,42 @@ def test_the_pending_proof_countdown_is_visible_with_its_eta(
     assert found["kwargs"] == f"{run_id} · proof deadline · requested", found["kwargs"]
     eta = found["eta"]
     assert eta.startswith(stop.proof_deadline.strftime("%Y-%m-%dT%H:%M")), (eta, stop)
+    pipeline.api.cancel(run_id)
+
+
+QUIET_TASKS = (
+    TASK_FOLLOW_TICK, TASK_POLL_REQUESTS, TASK_WATCH_TARGET, TASK_POLICY_TICK,
+    TASK_POLICY_TARGET, TASK_RECONCILE,
+)  # fmt: skip
+
+
+def test_the_periodic_tasks_leave_the_task_list_to_the_stops(
+    setup: tuple[Pipeline, Flower],
+) -> None:
+    """The ticks (one every second or so here) never reach Flower's task list, by
+    their workers' events or their senders': a countdown shows, with its name."""
+    pipeline, flower = setup
+    spec = LaunchSpec(target="local", command=toy("--steps", "100000", "--ignore-requests"))
+    run_id = pipeline.api.launch(spec).id
+    since = time.time()
+    pipeline.api.stop(run_id, reason=SnapshotReason.COST, asked_by="test")
+    ran: dict[str, float] = {}
+
+    def every_tick_ran_since() -> bool:
+        # Each periodic task and its fan-out ran while Flower listened: the run is
+        # followed and its target's policies ticked since the stop.
+        ran.update(pipeline.api.store.read_health((), QUIET_TASKS).ticks)
+        periodic = (TASK_FOLLOW_TICK, TASK_POLL_REQUESTS, TASK_POLICY_TICK, TASK_RECONCILE)
+        ticked = all(ran.get(t, 0.0) > since for t in periodic)
+        return ticked and pipeline.api.store.get_offsets(run_id).log > 0
+
+    wait_for(every_tick_ran_since, timeout_s=20)
+    time.sleep(1.0)  # the events of the last ticks are through Flower's receiver
+    tasks = flower.call("/api/tasks?limit=10000")
+    names = {task.get("name") for task in tasks.values()}
+    assert not names & set(QUIET_TASKS), sorted(n for n in names if n)
+    shown = [t for t in tasks.values() if t.get("kwargs") == f"{run_id} · proof deadline · cost"]
+    assert [t["name"] for t in shown] == ["runwarden.proof_timeout"], tasks
     pipeline.api.cancel(run_id)
 
 

@@ -85,6 +85,22 @@ def test_log_stream_is_capped_and_ordered(make_store: Callable[..., RunStore]) -
     assert store.read_log("r1", after_id=entries[-1].id) == []
 
 
+def test_read_log_newest_gives_the_newest_lines_oldest_first(store: RunStore) -> None:
+    assert store.read_log_newest("r1") == []
+    store.append_log("r1", [f"line {i}" for i in range(2500)])
+    newest = store.read_log_newest("r1")
+    assert [e.line for e in newest] == [f"line {i}" for i in range(1500, 2500)]
+    assert [e.line for e in store.read_log_newest("r1", count=3)] == [
+        "line 2497", "line 2498", "line 2499"
+    ]  # fmt: skip
+    assert store.read_log_newest("r1", count=10_000) == store.read_log("r1", count=10_000)
+    # Read on from the last line, as `logs -f` does.
+    store.append_log("r1", ["line 2500"])
+    assert [e.line for e in store.read_log("r1", after_id=newest[-1].id)] == ["line 2500"]
+    with pytest.raises(ValueError, match="at least 1"):
+        store.read_log_newest("r1", count=0)
+
+
 def test_metrics_stream_capped_and_progress_kept(make_store: Callable[..., RunStore]) -> None:
     store = make_store(metrics_cap=500)
     assert store.last_metrics("r1") is None
