@@ -10,16 +10,17 @@ are the shapes the service keeps of that: pure, no I/O.
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 from typing import Annotated, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .stops import UtcDatetime
 
 __all__ = [
     "DEFAULT_METADATA_URLS",
+    "DOCUMENTED_LEAD_S",
     "METADATA_URL",
     "NO_CLIENT",
     "NoticeSource",
@@ -29,6 +30,8 @@ __all__ = [
     "WatchedCloud",
     "WatcherState",
     "check_metadata_url",
+    "derived_not_after",
+    "iso_utc",
     "notice_left_s",
     "parse_not_after",
     "short_notice",
@@ -44,7 +47,28 @@ WatchedCloud = Literal["aws", "gcp", "azure", "auto"]
 NoticeSource = Literal[
     "aws-spot", "aws-rebalance", "gcp-preempted", "gcp-maintenance", "azure-preempt"
 ]
-"""Where a notice came from (`workers/executors/notices.py` says what each means)."""
+"""Where a notice came from (`workers/executors/notices.py` says what each means):
+
+- `aws-spot`: AWS's Spot interruption notice (IMDSv2 `spot/instance-action`): the
+  instance is stopped, hibernated or terminated at its `time`, two minutes on;
+- `aws-rebalance`: AWS's rebalance recommendation (`events/recommendations/
+  rebalance`): the instance is at an elevated risk of interruption, often earlier
+  than the spot notice; no time is given;
+- `gcp-preempted`: GCP's `instance/preempted` turned `TRUE`: the Spot or preemptible
+  VM is being preempted (30 s until it is powered off);
+- `gcp-maintenance`: GCP's `instance/maintenance-event` turned
+  `TERMINATE_ON_HOST_MAINTENANCE`: the host's maintenance stops the VM (60 s on);
+- `azure-preempt`: an Azure Scheduled Event of type `Preempt` (Spot VM eviction),
+  not before its `NotBefore`, at least 30 s on.
+"""
+DOCUMENTED_LEAD_S: Final[dict[str, float]] = {"gcp-preempted": 30.0, "gcp-maintenance": 60.0}
+"""Seconds from a notice to the machine's stop as the cloud documents it, for the
+sources whose notice carries no time: GCP powers a Spot VM off 30 s after its
+preemption notice (Compute Engine, "Spot VMs", preemption process; the API's
+`Scheduling.skipGuestOsShutdown`: "30 seconds for Spot VMs"), and changes
+`maintenance-event` 60 s before the maintenance (Compute Engine, "Query metadata
+server for maintenance event notices"). The not-after of such a notice is derived:
+when it was seen plus this."""
 
 DEFAULT_METADATA_URLS: Final = {
     "aws": "http://169.254.169.254",
@@ -110,8 +134,15 @@ class RunNotice(BaseModel):
     """When the watcher saw it, by the target's clock; None when that clock could not
     be read."""
     not_after: Annotated[str, Field(max_length=64)] | None = None
-    """The notice's own time as the cloud wrote it (AWS `time`, Azure `NotBefore`);
-    None when the cloud gives none (GCP, AWS's rebalance)."""
+    """When the machine goes away at the earliest, ISO 8601 UTC
+    (`2026-03-04T05:08:07Z`, [`iso_utc`]): the cloud's own time (AWS `time`, ISO;
+    Azure `NotBefore`, an HTTP date), or, for GCP, derived from when it was seen
+    ([`DOCUMENTED_LEAD_S`], `not_after_derived`); None when there is none (AWS's
+    rebalance) or the cloud's text is no time. A record that holds another form
+    reads normalised."""
+    not_after_derived: bool = False
+    """`not_after` is the notice's time plus what its cloud documents, not the
+    cloud's own figure."""
     detail: Annotated[str, Field(max_length=64)] | None = None
     recorded_at: UtcDatetime
     """When the service recorded it."""
@@ -122,14 +153,23 @@ class RunNotice(BaseModel):
     note: Annotated[str, Field(max_length=500)] | None = None
     """For people: what was done about a short notice."""
 
+    @field_validator("not_after")
+    @classmethod
+    def _iso(cls, value: str | None) -> str | None:
+        when = parse_not_after(value)
+        return None if when is None else iso_utc(when)
+
     def said(self) -> str:
         """One line for people: `aws-spot (terminate), seen 2026-03-04 05:06:07 UTC,
-        not after 2026-03-04T05:08:07Z[; <note>]`."""
+        not after 2026-03-04T05:08:07Z[ (derived: ...)][; <note>]`."""
         text = self.source + (f" ({self.detail})" if self.detail else "")
         seen = self.seen_at or self.recorded_at
         text += f", seen {seen:%Y-%m-%d %H:%M:%S} UTC"
         if self.not_after:
             text += f", not after {self.not_after}"
+            lead = DOCUMENTED_LEAD_S.get(self.source)
+            if self.not_after_derived and lead is not None:
+                text += f" (derived: the {lead:g} s its cloud documents)"
         return f"{text}; {self.note}" if self.note else text
 
 
@@ -168,6 +208,24 @@ def parse_not_after(text: str | None) -> datetime | None:
         except (TypeError, ValueError, IndexError):
             return None
     return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
+
+
+def iso_utc(when: datetime) -> str:
+    """`when` as ISO 8601 UTC with a `Z`, to the second (milliseconds when it has
+    them): `2026-03-04T05:06:07Z`, `2026-03-04T05:06:07.250Z`."""
+    when = when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
+    text = when.strftime("%Y-%m-%dT%H:%M:%S")
+    if when.microsecond:
+        text += f".{when.microsecond // 1000:03d}"
+    return text + "Z"
+
+
+def derived_not_after(source: str, seen: datetime) -> str | None:
+    """The not-after of a `source` notice seen at `seen` that carries no time: `seen`
+    plus what its cloud documents ([`DOCUMENTED_LEAD_S`]), ISO 8601 UTC; None for a
+    source with no documented figure."""
+    lead = DOCUMENTED_LEAD_S.get(source)
+    return None if lead is None else iso_utc(seen + timedelta(seconds=lead))
 
 
 def notice_left_s(notice: RunNotice) -> float | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
-from schemas import RunRecord, Settings, StopPhase, StopState
+from schemas import RunRecord, RunwardenError, Settings, StopPhase, StopState
 from schemas.budget import SaveSample, StopBudget, save_lead_s, stop_budget
 
 from .context import Context
@@ -21,6 +21,7 @@ __all__ = [
     "next_budget",
     "policy_save_lead_s",
     "record_stop_save",
+    "request_time",
 ]
 
 FOUND_BY = "watch"
@@ -60,14 +61,19 @@ def record_stop_save(ctx: Context, stop: StopState | None, proved: bool, now: da
     so a budget learned from it is never too short by a target's clock. Nothing is
     recorded for a stop whose proof was first seen at its proof deadline (it only
     says "less than the timeout"), nor for one opened for a request found in the run
-    directory (`FOUND_BY`, or `notice:<source>` for a preemption notice's): it was
-    written before a worker saw it, so the time would be short. A failure to record is
-    logged only: a sample is advice."""
+    directory (`FOUND_BY`): it was written before a worker saw it, at a time no
+    worker knows, so the time would be short. A stop opened by a preemption notice
+    (`notice:<source>`) counts from when the watcher saw the notice and wrote its
+    request ([`request_time`]). A failure to record is logged only: a sample is
+    advice."""
     if stop is None or not proved or stop.phase is not StopPhase.WAITING_PROOF:
         return
-    if stop.asked_by == FOUND_BY or stop.asked_by.startswith("notice:"):
+    if stop.asked_by == FOUND_BY:
         return
-    seconds = (now - stop.asked_at).total_seconds()
+    asked = request_time(ctx, stop)
+    if asked is None:
+        return
+    seconds = (now - asked).total_seconds()
     if seconds < 0:
         return
     try:
@@ -76,6 +82,28 @@ def record_stop_save(ctx: Context, stop: StopState | None, proved: bool, now: da
         log.warning("run %s: cannot record how long its stop took", stop.run_id)
         return
     log.info("run %s: its stop took %.1f s from request to proof", stop.run_id, seconds)
+
+
+def request_time(ctx: Context, stop: StopState) -> datetime | None:
+    """When `stop`'s request was made, as its save time counts it: `asked_at` for a
+    stop asked through the service. For one opened by a preemption notice
+    (`notice:<source>`), when the watcher saw the notice (`RunNotice.seen_at`: it
+    writes its request right after), by the target's clock, kept within what the
+    workers' clock knows: never later than `asked_at` (a worker had seen the notice
+    then, so a target clock ahead cannot shorten the sample) nor earlier than the
+    run's start (a clock behind cannot stretch it past the run). None when that time
+    is unknown (no notice of that source recorded, its clock unread, the run record
+    unreadable): no sample. Never raises."""
+    if not stop.asked_by.startswith("notice:"):
+        return stop.asked_at
+    try:
+        run = ctx.store.get_run(stop.run_id)
+    except RunwardenError:
+        return None
+    notice = run.preemption.notice if run.preemption is not None else None
+    if notice is None or notice.seen_at is None or f"notice:{notice.source}" != stop.asked_by:
+        return None
+    return min(max(notice.seen_at, run.started or run.created), stop.asked_at)
 
 
 def countdown_limit_s(settings: Settings) -> float:

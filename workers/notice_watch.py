@@ -28,7 +28,7 @@ from schemas import (
     StopState,
     WatcherState,
 )
-from schemas.preemption import short_notice
+from schemas.preemption import derived_not_after, parse_not_after, short_notice
 from schemas.text import clean_text
 
 from .context import Context
@@ -47,7 +47,9 @@ def notice_asker(notice: RunNotice) -> str:
 
 def read_notice(data: bytes | None, now: datetime) -> RunNotice | None:
     """The notice in the bytes of a `notice.json` (None when there is none); recorded
-    at `now`.
+    at `now`. Its not-after is ISO 8601 UTC whatever form the cloud wrote it in; a
+    GCP notice, which carries none, gets the one its cloud documents, derived from
+    when it was seen (`schemas.preemption.DOCUMENTED_LEAD_S`).
 
     Raises:
         ProtocolError: the bytes are not a notice.
@@ -61,11 +63,20 @@ def read_notice(data: bytes | None, now: datetime) -> RunNotice | None:
             seen_at = datetime.fromtimestamp(found.seen_at, UTC)
         except (OverflowError, OSError, ValueError):
             seen_at = None  # a clock the watcher could not have read: unknown
+    given = None if found.not_after is None else clean_text(found.not_after)
+    not_after, derived = given, False
+    if given is None:
+        # GCP's notices carry no time: its documented lead, from when it was seen.
+        not_after = derived_not_after(found.source, seen_at or now)
+        derived = not_after is not None
+    elif parse_not_after(given) is None:
+        log.warning("notice %s: its not-after %r is no time", found.source, given[:64])
     return RunNotice.model_validate(
         {
             "source": found.source,
             "seen_at": seen_at,
-            "not_after": None if found.not_after is None else clean_text(found.not_after),
+            "not_after": not_after,
+            "not_after_derived": derived,
             "detail": None if found.detail is None else clean_text(found.detail),
             "recorded_at": now,
         }

@@ -12,6 +12,7 @@ from rich.table import Column, Table
 
 from schemas import RunRecord, StopState, StoreError
 from schemas.budget import stop_budget
+from schemas.chain import lost_after_notice
 from schemas.text import clean_text
 
 from ..api import Runwarden
@@ -157,12 +158,14 @@ def show(
 
 
 def _preemption_lines(run: RunRecord) -> list[tuple[str, str]]:
-    """What `show` says of the run's preemption watch and its notice, with labels."""
+    """What `show` says of the run's preemption watch and its notice, and of a run
+    lost after a notice (`schemas.chain.lost_after_notice`), with labels."""
     if run.preemption is None:
         return []
     lines = [("preemption", clean_text(run.preemption.said(ended=run.state.is_terminal)))]
     if run.preemption.notice is not None:
         lines.append(("notice", clean_text(run.preemption.notice.said())))
+    lines += [(label, clean_text(text)) for label, text in lost_after_notice(run)]
     return lines
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from schemas import Progress, RunRecord, StopState, validate_run_id
+from schemas.chain import lost_after_notice
 from schemas.ledger import LedgerEvent
 from schemas.text import clean_text
 
@@ -73,6 +74,9 @@ class RunView:
     on from it."""
     ledger: list[LedgerEvent] = field(default_factory=list)
     """The run's newest [`LEDGER_SHOWN`] ledger events, newest first."""
+    lost: list[tuple[str, str]] = field(default_factory=list)
+    """What is said of a run lost after a preemption notice, labelled
+    (`schemas.chain.lost_after_notice`); empty for any other run."""
 
 
 def check_entry_id(entry_id: str) -> str:
@@ -134,4 +138,5 @@ def run_view(api: Runwarden, run_id: str) -> RunView:
         log=log,
         log_last=last,
         ledger=api.store.ledger_history(run.id, LEDGER_SHOWN),
+        lost=lost_after_notice(run),
     )

@@ -9,7 +9,8 @@ already there. The service reads both with [`parse_notice`] and
 [`parse_notice_state`].
 
 Sources watched (each one documented by its cloud; the test fakes in
-`tests/fakecloud.py` emulate those documents):
+`tests/fakecloud.py` emulate those documents; what each means for the machine:
+`schemas.preemption.NoticeSource`, and the README's "Preemption"):
 
 - `aws-spot`: IMDSv2 `GET /latest/meta-data/spot/instance-action` answers 200
   (404: no notice);
@@ -169,7 +170,8 @@ def notice_watch_script(
       polled (`?wait_for_change=true&timeout_sec=30&last_etag=<ETag>`): a change is
       seen as soon as the server answers. `TRUE` is `gcp-preempted`;
       `TERMINATE_ON_HOST_MAINTENANCE` (or `SHUTDOWN_ON_HOST_MAINTENANCE`) is
-      `gcp-maintenance`; no not-after (GCP gives none).
+      `gcp-maintenance`; no not-after (GCP gives none: the service derives one
+      from `seen_at`, `schemas.preemption.DOCUMENTED_LEAD_S`).
     - Azure: each poll GETs the Scheduled Events document; the first event with
       `"EventType": "Preempt"` is `azure-preempt`, its `NotBefore` the not-after,
       detail `Preempt <EventStatus>`; other event types are ignored.
@@ -259,8 +261,9 @@ class Notice:
     """When the watcher saw it, in Unix seconds (ms precision where the target's
     `date` has `%N`); None when the target's clock could not be read."""
     not_after: str | None
-    """The notice's own time, as the cloud wrote it (AWS `time`, Azure `NotBefore`),
-    at most 64 characters; None when the cloud gives none."""
+    """The notice's own time, as the cloud wrote it (AWS `time`, ISO 8601; Azure
+    `NotBefore`, an HTTP date), at most 64 characters; None when the cloud gives none
+    (GCP, AWS's rebalance). The service records it as ISO 8601 UTC."""
     detail: str | None
     """The cloud's raw action or event type, at most 64 characters."""
 

@@ -22,20 +22,22 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from schemas import Preemption, RunRecord, RunState, SnapshotReason, TargetConfig
+from schemas.chain import OnPreempt
 from schemas.events import LaunchSpec
-from schemas.preemption import NO_CLIENT
+from schemas.preemption import NO_CLIENT, iso_utc, parse_not_after
 from schemas.protocol import NOTICE_FILE, NOTICE_PID_FILE, SNAPSHOT_FILE, SNAPSHOT_REQUEST
 from tests.fakecloud import FAKES, FakeCloud
 from workers.executors import quote
@@ -53,6 +55,7 @@ PROOF_TIMEOUT_S = 300
 document): those notices are recorded as shorter than the proof timeout; the stops
 here end with a proof within seconds, so it is never waited for."""
 HF_TRAINER = ROOT / "examples" / "hf_tiny_trainer.py"
+ISO_UTC = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{3})?Z")
 
 
 @contextlib.contextmanager
@@ -157,17 +160,25 @@ def check_preempted(pipeline: Pipeline, run: RunRecord, cloud: str | None) -> No
     assert history[0].asked_by == f"notice:{SOURCES[cloud]}"
     written = json.loads((run_dir / NOTICE_FILE).read_text())
     assert written["source"] == SOURCES[cloud]
-    assert notice.not_after == written["not_after"]
     assert notice.seen_at is not None
     assert abs(notice.seen_at.timestamp() - written["seen_at"]) < 0.01
-    if cloud == "gcp":  # GCP gives no time: nothing to compare
-        assert (notice.not_after, notice.left_s, notice.short) == (None, None, False)
-    else:  # AWS's two minutes, Azure's 30 s: less than the 300 s proof timeout
-        assert notice.left_s is not None
-        assert 0 < notice.left_s <= 120
-        assert notice.short
-        assert notice.note is not None
-        assert f"less than the proof timeout ({PROOF_TIMEOUT_S} s)" in notice.note
+    # Recorded ISO 8601 UTC, whatever the cloud wrote: AWS's ISO `time`, Azure's HTTP
+    # date; GCP gives none: the 30 s it documents, from when it was seen.
+    assert notice.not_after is not None
+    assert ISO_UTC.fullmatch(notice.not_after), notice.not_after
+    if cloud == "gcp":
+        assert written["not_after"] is None
+        assert notice.not_after_derived
+        assert notice.not_after == iso_utc(notice.seen_at + timedelta(seconds=30))
+    else:
+        assert not notice.not_after_derived
+        assert parse_not_after(written["not_after"]) == parse_not_after(notice.not_after)
+    # AWS's two minutes, Azure's and GCP's 30 s: less than the 300 s proof timeout.
+    assert notice.left_s is not None
+    assert 0 < notice.left_s <= 120
+    assert notice.short
+    assert notice.note is not None
+    assert f"less than the proof timeout ({PROOF_TIMEOUT_S} s)" in notice.note
 
 
 # --- a notice, with the service up -----------------------------------------------------
@@ -196,6 +207,10 @@ def test_a_notice_becomes_a_checkpoint(
     # The stop was opened at once: within the watcher's poll and a follow tick.
     (stop,) = pipeline.api.store.stop_history(run.id)
     assert (stop.asked_at - switched).total_seconds() < 5, stop
+    # It taught its save time, counted from the notice (its request's time).
+    (sample,) = pipeline.api.store.saves(run.id)
+    assert sample.kind == "stop"
+    assert 0 < sample.seconds < 30, sample
     # What people read.
     text = cli(pipeline, "show", run.id)
     lines = {line.split(None, 1)[0]: line for line in text.splitlines() if line.strip()}
@@ -222,6 +237,40 @@ def test_the_run_s_off_wins_over_its_target_s_cloud(
     assert not (Path(run.remote_dir) / SNAPSHOT_REQUEST).exists()
     assert not (Path(run.remote_dir) / NOTICE_PID_FILE).exists()
     assert pipeline.api.cancel(run.id).state is RunState.CANCELLED
+
+
+def test_a_run_lost_after_a_notice_says_so_and_is_not_continued(
+    service: tuple[Pipeline, dict[str, FakeCloud]], quiet: None
+) -> None:
+    pipeline, fakes = service
+    plan = OnPreempt(targets=("local",))
+    spec = LaunchSpec(target="local", command="sleep 600", preemption="aws", on_preempt=plan)
+    run = pipeline.api.launch(spec, wait_s=60)
+    watching(pipeline, run.id, "aws")
+    fakes["aws"].notice_on()
+
+    def noticed() -> bool:
+        watch = pipeline.api.get_run(run.id).preemption
+        return watch is not None and watch.notice is not None
+
+    wait_for(noticed, timeout_s=20, interval_s=0.1)
+    assert pipeline.api.get_stop(run.id) is not None
+    # The job never answers; the machine goes away with it, before any proof.
+    assert run.job is not None
+    os.killpg(run.job.pid, signal.SIGKILL)
+    ended = pipeline.wait_state(run.id)
+    assert ended.state is RunState.FAILED, (ended, pipeline.logs())
+    assert (ended.snapshot, ended.continuation) == (None, None)
+    text = cli(pipeline, "show", run.id)
+    lines = dict(line.split(None, 1) for line in text.splitlines() if len(line.split()) > 1)
+    assert lines["lost"].startswith("after the aws-spot notice seen "), text
+    assert lines["lost"].endswith(
+        "the run ended failed before its job proved the preempted snapshot"
+    ), text
+    assert lines["continued"] == (
+        "no: a run lost after a notice has no verified checkpoint of its own; its chain has"
+        " no earlier one: launch it again"
+    ), text
 
 
 # --- a notice with Redis and every worker gone -----------------------------------------

@@ -8,13 +8,14 @@ from datetime import UTC, datetime
 import pytest
 from pydantic import ValidationError
 
-from schemas import RunState, Snapshot, SnapshotReason
+from schemas import Preemption, RunNotice, RunRecord, RunState, Snapshot, SnapshotReason
 from schemas.chain import (
     ContinuationPhase,
     OnPreempt,
     candidate_targets,
     continuation_key,
     is_preempted,
+    lost_after_notice,
 )
 from schemas.events import LaunchSpec
 from schemas.idempotency import validate_launch_key
@@ -108,3 +109,46 @@ def test_the_snapshot_already_recorded_counts_too() -> None:
     ended = transitioned(run, RunState.STOPPED, NOW)
     assert ended is not None
     assert ended.continuation is not None
+
+
+# --- a run lost after a notice ---------------------------------------------------------
+
+
+def lost_run(**changes: object) -> RunRecord:
+    seen = datetime(2026, 3, 4, 5, 6, 7, tzinfo=UTC)
+    notice = RunNotice(source="aws-spot", seen_at=seen, recorded_at=seen)
+    base: dict[str, object] = {
+        "state": RunState.FAILED,
+        "preemption": Preemption(cloud="aws", notice=notice),
+        "on_preempt": OnPreempt(targets=("a", "b")),
+    }
+    return record(**{**base, **changes})
+
+
+def test_a_run_lost_after_a_notice_says_so_and_why_it_was_not_continued() -> None:
+    assert lost_after_notice(lost_run()) == [
+        ("lost", "after the aws-spot notice seen 2026-03-04 05:06:07 UTC: the run ended"
+                 " failed before its job proved the preempted snapshot"),
+        ("continued", "no: a run lost after a notice has no verified checkpoint of its own;"
+                      " its chain has no earlier one: launch it again"),
+    ]  # fmt: skip
+    resumed = lost_after_notice(lost_run(state=RunState.CANCELLED, resumed_from="r0"))
+    assert "the run ended cancelled before its job proved" in resumed[0][1]
+    assert resumed[1][1].endswith("resume its chain's last one by hand: runwarden resume r0")
+    plain = lost_after_notice(lost_run(on_preempt=None))
+    assert [label for label, _ in plain] == ["lost"]
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"state": RunState.RUNNING},
+        {"state": RunState.SUCCEEDED},
+        {"state": RunState.STOPPED, "snapshot": snap(SnapshotReason.PREEMPTED)},
+        {"state": RunState.FAILED, "snapshot": snap(SnapshotReason.PREEMPTED)},
+        {"preemption": None},
+    ],
+    ids=["running", "succeeded", "saved", "saved-then-died", "no-watch"],
+)
+def test_a_run_not_lost_after_a_notice_says_nothing(changes: dict[str, object]) -> None:
+    assert lost_after_notice(lost_run(**changes)) == []

@@ -14,9 +14,12 @@ from schemas import JobCommand, Preemption, RunNotice, RunRecord, Settings, Targ
 from schemas.events import LaunchSpec
 from schemas.preemption import (
     DEFAULT_METADATA_URLS,
+    DOCUMENTED_LEAD_S,
     NO_CLIENT,
     WatcherState,
     check_metadata_url,
+    derived_not_after,
+    iso_utc,
     notice_left_s,
     parse_not_after,
     short_notice,
@@ -213,6 +216,20 @@ def test_without_a_not_after_nothing_is_short() -> None:
     assert (gcp.left_s, gcp.short, gcp.note) == (None, False, None)
     garbage = short_notice(notice(not_after="whenever"), 1800)
     assert (garbage.left_s, garbage.short) == (None, False)
+
+
+def test_a_recorded_not_after_is_iso_utc() -> None:
+    assert notice(not_after="Wed, 04 Mar 2026 05:06:37 GMT").not_after == "2026-03-04T05:06:37Z"
+    assert notice(not_after="2026-03-04T06:06:07.5+01:00").not_after == "2026-03-04T05:06:07.500Z"
+    assert notice(not_after="soon").not_after is None
+    stored = notice(not_after="2026-03-04T05:08:07Z").model_dump_json()
+    raw = stored.replace("2026-03-04T05:08:07Z", "Wed, 04 Mar 2026 05:08:07 GMT")
+    assert RunNotice.model_validate_json(raw).not_after == "2026-03-04T05:08:07Z"
+    assert iso_utc(T0) == "2026-03-04T05:06:07Z"
+    assert derived_not_after("gcp-preempted", T0) == "2026-03-04T05:06:37Z"
+    assert derived_not_after("gcp-maintenance", T0) == "2026-03-04T05:07:07Z"
+    assert derived_not_after("aws-rebalance", T0) is None
+    assert set(DOCUMENTED_LEAD_S) == {"gcp-preempted", "gcp-maintenance"}
 
 
 def test_without_the_target_s_clock_the_record_time_counts() -> None:

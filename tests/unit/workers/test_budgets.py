@@ -16,6 +16,7 @@ from schemas import (
     JobStatus,
     ProofSaved,
     RunLimits,
+    RunRecord,
     RunState,
     Snapshot,
     SnapshotReason,
@@ -32,7 +33,9 @@ from store import RunStore
 from workers import budgets, policies, stops
 from workers import launch as launching
 from workers.context import Context
+from workers.executors import FollowUpdate
 from workers.finish import finish
+from workers.notice_watch import observe_notices
 
 from .conftest import Sent, policy_worker, running_run
 from .launch_fakes import T0, FakeExecutor, fake_context
@@ -63,6 +66,7 @@ def countdowns(sent: Sent, task: str) -> list[float]:
 def proved(run_dir: Path, step: int = 3) -> None:
     """The job's side of a stop: its checkpoint, then its proof."""
     (run_dir / "output" / f"checkpoint-{step}").mkdir(parents=True)
+    (run_dir / "output" / f"checkpoint-{step}" / "weights.bin").write_bytes(b"w")
     proof = {"checkpoint": f"output/checkpoint-{step}", "step": step, "time": 1.0,
              "reason": "requested"}  # fmt: skip
     (run_dir / "snapshot.json").write_text(json.dumps(proof))
@@ -203,6 +207,46 @@ def test_a_stop_that_says_nothing_of_the_save_time_leaves_no_sample(
         proved(tmp_path / "r1")
     finish(ctx, run, JobStatus.exited(0), ctx.executor("local"))
     assert store.saves("r1") == []
+
+
+def notice_tick(ctx: Context, run: RunRecord, seen: float | None, at: datetime) -> None:
+    """A follow tick at `at` that reads the watcher's notice, seen at `seen` (Unix
+    seconds by the target's clock), and its `preempted` request."""
+    body = {"source": "aws-spot", "seen_at": seen, "not_after": None, "detail": "terminate"}
+    update = FollowUpdate(
+        status=JobStatus.RUNNING, request="preempted", notice=json.dumps(body).encode()
+    )
+    observe_notices(ctx, run, update, at)
+
+
+@pytest.mark.parametrize(
+    ("seen_ago_s", "learned"),
+    [(6.0, (6, 9)), (-30.0, (2, 5)), (3600.0, (300, 305)), (None, None)],
+    ids=["seen-6-s-before", "target-clock-ahead", "target-clock-behind", "clock-unread"],
+)
+def test_a_stop_opened_by_a_notice_leaves_its_save_time_from_the_notice(
+    tmp_path: Path, seen_ago_s: float | None, learned: tuple[float, float] | None
+) -> None:
+    ctx, store, _ = worker(tmp_path)
+    now = datetime.now(UTC)
+    run = running_run(store, tmp_path, "r1")
+    store.update_run("r1", lambda r: r.model_copy(update={"started": now - timedelta(minutes=5)}))
+    seen = None if seen_ago_s is None else (now - timedelta(seconds=seen_ago_s)).timestamp()
+    notice_tick(ctx, run, seen, now - timedelta(seconds=2))  # the tick that saw it
+    stop = store.get_stop("r1")
+    assert stop is not None
+    assert stop.asked_by == "notice:aws-spot"
+    proved(tmp_path / "r1")
+    (tmp_path / "r1" / "output" / "checkpoint-3" / "weights").write_bytes(b"w")
+    finish(ctx, run, JobStatus.exited(0), ctx.executor("local"))
+    if learned is None:
+        assert store.saves("r1") == []  # the request's time is unknown
+        return
+    [sample] = store.saves("r1")
+    assert sample.kind == "stop"
+    # From the notice; a target clock ahead counts from when a worker saw it, one
+    # behind from the run's start at the earliest.
+    assert learned[0] <= sample.seconds < learned[1]
 
 
 # --- the policies -------------------------------------------------------------------

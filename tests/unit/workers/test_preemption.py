@@ -180,6 +180,49 @@ def test_the_watcher_s_request_written_after_the_tick_read_is_the_notice_s(
     assert (stop.reason, stop.asked_by) == (SnapshotReason.PREEMPTED, "notice:gcp-preempted")
 
 
+def gcp_notice(source: str, seen: datetime = NOW) -> bytes:
+    body = {"source": source, "seen_at": seen.timestamp(), "not_after": None, "detail": "x"}
+    return json.dumps(body).encode() + b"\n"
+
+
+@pytest.mark.parametrize(
+    ("source", "lead_s"), [("gcp-preempted", 30), ("gcp-maintenance", 60)]
+)
+def test_a_gcp_notice_gets_the_not_after_gcp_documents(
+    tmp_path: Path, source: str, lead_s: float
+) -> None:
+    worker, store, _, run = tick_worker(tmp_path, proof_timeout_s=1800)
+    seen = NOW - timedelta(seconds=2.25)
+    observe_notices(worker, run, update(notice=gcp_notice(source, seen)), NOW)
+    record = store.get_run("r1")
+    assert record.preemption is not None
+    notice = record.preemption.notice
+    assert notice is not None
+    wanted = (seen + timedelta(seconds=lead_s)).strftime("%Y-%m-%dT%H:%M:%S.750Z")
+    assert (notice.not_after, notice.not_after_derived) == (wanted, True)
+    assert (notice.left_s, notice.short) == (lead_s, True)  # less than 1800 s
+    assert f"derived: the {lead_s} s its cloud documents" in notice.said()
+    assert record.message == notice.note
+
+
+def test_azure_s_http_date_is_recorded_as_iso(tmp_path: Path) -> None:
+    worker, store, _, run = tick_worker(tmp_path, proof_timeout_s=10)
+    body = {
+        "source": "azure-preempt",
+        "seen_at": NOW.timestamp(),
+        "not_after": "Wed, 04 Mar 2026 05:06:37 GMT",
+        "detail": "Preempt Scheduled",
+    }
+    observe_notices(worker, run, update(notice=json.dumps(body).encode()), NOW)
+    notice = store.get_run("r1").preemption.notice  # type: ignore[union-attr]
+    assert notice is not None
+    assert (notice.not_after, notice.not_after_derived) == ("2026-03-04T05:06:37Z", False)
+    assert (notice.left_s, notice.short) == (30, False)  # 30 s >= 10 s
+    assert read_notice(aws_notice(), NOW).not_after == "2026-03-04T05:08:07Z"  # type: ignore[union-attr]
+    rebalance = {"source": "aws-rebalance", "seen_at": 1.0, "not_after": None, "detail": None}
+    assert read_notice(json.dumps(rebalance).encode(), NOW).not_after is None  # type: ignore[union-attr]
+
+
 def test_a_job_that_ended_is_not_asked(tmp_path: Path) -> None:
     worker, store, _, run = tick_worker(tmp_path)
     observe_notices(worker, run, update(notice=GCP_NOTICE, status=JobStatus.exited(0)), NOW)
@@ -254,11 +297,15 @@ def test_a_garbage_notice_is_ignored(tmp_path: Path, garbage: bytes) -> None:
 
 
 def test_a_notice_s_strange_clock_is_unknown() -> None:
-    huge = b'{"source": "aws-spot", "seen_at": 1e300, "not_after": "\\u001b[31mx", "detail": null}'
+    huge = (
+        b'{"source": "aws-spot", "seen_at": 1e300, "not_after": "\\u001b[31mx",'
+        b' "detail": "\\u001b[31mt"}'
+    )
     notice = read_notice(huge, NOW)
     assert notice is not None
     assert notice.seen_at is None
-    assert notice.not_after == "x"  # escapes gone
+    assert notice.not_after is None  # no time
+    assert notice.detail == "t"  # escapes gone
     with pytest.raises(ProtocolError):
         read_notice(b"[]", NOW)
     assert read_notice(None, NOW) is None

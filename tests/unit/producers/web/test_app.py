@@ -246,8 +246,8 @@ def test_run_page_shows_the_preemption_watch_and_its_notice(
     notice = RunNotice(
         source="azure-preempt",
         seen_at=NOW,
-        not_after=HOSTILE[:60],
-        detail="Preempt Scheduled",
+        not_after="Wed, 04 Mar 2026 05:06:37 GMT",  # Azure's form: shown as ISO
+        detail=HOSTILE[:60],
         recorded_at=NOW,
     )
     watching = WatcherState(kind="watching", text="azure with curl")
@@ -255,11 +255,19 @@ def test_run_page_shows_the_preemption_watch_and_its_notice(
     page = client.get("/runs/r1").text
     assert "azure: watching azure with curl" in page
     assert 'id="preemption-notice"' in page
-    assert "azure-preempt (Preempt Scheduled)" in page
+    assert "azure-preempt (&lt;script&gt;" in page
+    assert "not after 2026-03-04T05:06:37Z" in page
     assert "&lt;script&gt;" in page
     assert "<script>alert" not in page
-    api.store.transition("r1", RunState.STOPPED)
-    assert "watched azure with curl until the run ended" in client.get("/runs/r1").text
+    assert "lost-after-notice" not in page
+    api.store.transition("r1", RunState.FAILED)  # no snapshot: lost after its notice
+    page = client.get("/runs/r1").text
+    assert "watched azure with curl until the run ended" in page
+    assert (
+        f'id="preemption-lost">lost: after the azure-preempt notice seen {NOW:%Y-%m-%d %H:%M:%S}'
+        " UTC: the run ended failed before its job proved the preempted snapshot"
+    ) in page
+    assert 'id="preemption-continued"' not in page  # launched without on_preempt
 
 
 def test_stops_page_has_live_countdowns(api: RecordingRunwarden, client: TestClient) -> None:
