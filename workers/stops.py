@@ -34,7 +34,7 @@ from schemas.snapshot import Proof
 from .artifacts import resend_due_retrievals
 from .budgets import FOUND_BY, countdown_limit_s, next_budget
 from .context import Context, utcnow
-from .executors import ExecError, ProtocolError, SshError
+from .executors import CANCEL_DEADLINE_S, ExecError, ProtocolError, SshError
 from .finish import finish, read_proof
 from .launch import settle_launches
 from .notify import emit
@@ -55,10 +55,11 @@ __all__ = [
 ]
 
 CANCEL_RETRY_S: Final = 60.0
-"""When a cancel failed (the group survived, the target was unreachable), how long
-until `reconcile` tries it again, in seconds; doubled after each failed try, up to
-[`CANCEL_RETRY_MAX_S`]. Also how long one cancel may take before another task may
-signal the job again."""
+"""When a cancel failed (the group survived, the target was unreachable, its script
+was cut at its deadline), how long until `reconcile` tries it again, in seconds;
+doubled after each failed try, up to [`CANCEL_RETRY_MAX_S`]. Also how long a
+worker that died while cancelling keeps another task from signalling the job
+again."""
 CANCEL_RETRY_MAX_S: Final = 3600.0
 _EARLY_S: Final = 0.5
 """A deadline task arriving this much before its deadline still acts (clock skew
@@ -323,14 +324,20 @@ def cancelling_now(ctx: Context, run_id: str) -> bool:
 def _cancel_once(ctx: Context, run: RunRecord, job: JobId) -> RunRecord:
     """Cancels the run's job unless another task is cancelling it right now (one marker
     per run in the store, for as long as a cancel may take), so the job is signalled
-    once; the other task waits for the outcome and returns the run as recorded then.
+    once; the other task waits for the outcome, at most `CANCEL_DEADLINE_S`, and
+    returns the run as recorded then (still running when that cancel goes on). The
+    cancel's script has its deadline (`executors.cancel_deadline_s`): a process is
+    never held longer than that, plus the time to reach an SSH target.
 
     Raises:
-        ExecError: the cancel failed (the marker is dropped: a retry may try).
+        ExecError: the cancel failed or was cut at its deadline (the marker is
+            dropped: a retry may try).
     """
     key = cancel_key(run.id)
     if not ctx.store.once(key, ttl_s=CANCEL_RETRY_S):
-        deadline = time.monotonic() + CANCEL_RETRY_S
+        # The other task's cancel ends within its deadline: waiting for it never holds
+        # this process longer than a cancel of its own would.
+        deadline = time.monotonic() + CANCEL_DEADLINE_S
         record = ctx.store.get_run(run.id)
         while not record.state.is_terminal and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -357,7 +364,49 @@ def cancel(ctx: Context, run_id: str, asked_by: str | None = None) -> RunRecord:
     run = ctx.store.get_run(run_id)
     job = check_cancel(run)
     emit(ctx, CancelDecided.manual, run_id, utcnow(), asked_by)
-    return _cancel_once(ctx, run, job)
+    try:
+        return _cancel_once(ctx, run, job)
+    except ExecError as error:
+        _leave_to_reconcile(ctx, run_id, asked_by, error)
+        raise
+
+
+def _leave_to_reconcile(
+    ctx: Context, run_id: str, asked_by: str | None, error: ExecError
+) -> None:
+    """A cancel asked for that failed (cut at its deadline, the target out of reach):
+    the run's stop, opened for it when there is none, moves to `cancelling` with a
+    retry deadline (`CANCEL_RETRY_S`, doubling with each try), so `reconcile` tries
+    the cancel again as it does a stop's. Never raises (logged): the producer gets
+    the cancel's own error."""
+    now = utcnow()
+    try:
+        stop, _ = ctx.store.open_stop(
+            run_id,
+            SnapshotReason.REQUESTED,
+            asked_by or "cancel",
+            now,
+            CANCEL_RETRY_S,
+            budget=None,
+        )
+        if stop.phase is StopPhase.CANCELLING:
+            return  # a cancel of the stop's own is under way, with its retry deadline
+        cancels = stop.cancels + 1
+        retry_s = min(CANCEL_RETRY_S * 2 ** (cancels - 1), CANCEL_RETRY_MAX_S)
+        ctx.store.advance_stop(
+            run_id,
+            stop.stop_id,
+            stop.phase,
+            StopPhase.CANCELLING,
+            end_deadline=now + timedelta(seconds=retry_s),
+            note=f"the cancel failed ({error}): retried in {retry_s:g} s",
+            cancels=cancels,
+        )
+        log.warning("run %s: cancel failed, retried in %g s: %s", run_id, retry_s, error)
+    except NotRunning:
+        return  # it ended meanwhile: nothing to retry
+    except Exception:
+        log.exception("run %s: the failed cancel cannot be left to reconcile", run_id)
 
 
 def reconcile(ctx: Context, now: datetime, limit: int = 200) -> int:

@@ -30,11 +30,13 @@ from .notices import Notice, NoticeState, parse_notice, parse_notice_state
 from .runas import RunAsExecutor, run_as_environment
 from .safetree import Downloaded, Link
 from .scripts import FOLLOW_TIMEOUT_S, FollowEntry, FollowUpdate, parse_status, quote
-from .shell import ScriptExecutor
+from .shell import CANCEL_DEADLINE_S, CONTAINER_STOP_S, ScriptExecutor, cancel_deadline_s
 from .ssh import SshExecutor
 from .transport import Completed, LocalTransport, Transport
 
 __all__ = [
+    "CANCEL_DEADLINE_S",
+    "CONTAINER_STOP_S",
     "FILTERED_ENV_PREFIXES",
     "FOLLOW_TIMEOUT_S",
     "Charge",
@@ -63,6 +65,7 @@ __all__ = [
     "SshExecutor",
     "Transport",
     "UnsafeArchive",
+    "cancel_deadline_s",
     "complete_lines",
     "find_marked_job",
     "glob_match",

@@ -108,11 +108,14 @@ class Executor(Protocol):
         then SIGKILL after 10 s), then waits up to 10 s for the group to be gone and
         writes `cancelled`. A job that already exited is left as is; cancelling a
         cancelled job is a no-op; pid 0 and 1 are never signalled. Runs to its end:
-        an interrupt is delivered after it.
+        an interrupt is delivered after it; its script has a deadline
+        (`shell.cancel_deadline_s`: 20 s, 50 s for a container), plus the time to
+        reach an SSH target.
 
         Raises:
             CommandError: when the group survives SIGKILL (`cancelling` stays and a
-                later cancel retries) or the run directory does not exist.
+                later cancel retries), the run directory does not exist, or the
+                script is cut at its deadline (a later cancel goes on from there).
         """
         ...
 

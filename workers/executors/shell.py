@@ -51,13 +51,32 @@ from .transport import Completed, Transport, error_line
 from .untar import extract_stream
 
 __all__ = [
+    "CANCEL_DEADLINE_S",
+    "CONTAINER_STOP_S",
     "ScriptExecutor",
+    "cancel_deadline_s",
     "check_entries",
     "check_remote",
     "checked_secrets",
     "launcher_for",
     "upload_names",
 ]
+
+
+CANCEL_DEADLINE_S: Final = float(scripts.CANCEL_TERM_WAIT_S + scripts.CANCEL_KILL_WAIT_S)
+"""Longest a cancel's script runs, in seconds (20): its waits after SIGTERM and
+after SIGKILL, counted in the script's own ticks, which a loaded machine stretches.
+A cancel cut at its deadline fails (`CommandError`): the job has had its SIGTERM,
+`cancelling` marks it, and the next cancel goes on from there."""
+CONTAINER_STOP_S: Final = 30.0
+"""What the cancel of a job in a container adds to [`CANCEL_DEADLINE_S`]: the
+script's `<engine> stop -t 30`."""
+
+
+def cancel_deadline_s(job: JobId) -> float:
+    """The deadline of `job`'s cancel script, in seconds: [`CANCEL_DEADLINE_S`], plus
+    [`CONTAINER_STOP_S`] for a job in a container."""
+    return CANCEL_DEADLINE_S + (CONTAINER_STOP_S if job.container is not None else 0.0)
 
 
 _MARK: Final = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
@@ -225,7 +244,10 @@ class ScriptExecutor:
 
     def cancel(self, job: JobId) -> None:
         result = self._transport.run_to_end(
-            scripts.cancel_script(job), action="cancel", pgid=job.pid
+            scripts.cancel_script(job),
+            action="cancel",
+            pgid=job.pid,
+            timeout_s=cancel_deadline_s(job),
         )
         _checked(result, "cancel")
 

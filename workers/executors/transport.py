@@ -10,6 +10,7 @@ import contextlib
 import os
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Final, Protocol
@@ -73,11 +74,25 @@ class Transport(Protocol):
         """
         ...
 
-    def run_to_end(self, script: str, *, action: str, pgid: int | None = None) -> Completed:
-        """Runs `script` to its end, with no deadline, and is never interrupted midway
-        (a Ctrl-C reaching this process is delivered once the script ended). While it
-        runs, members of the process group `pgid` that are this process's children
-        are reaped. Used by cancel."""
+    def run_to_end(
+        self,
+        script: str,
+        *,
+        action: str,
+        pgid: int | None = None,
+        timeout_s: float | None = None,
+    ) -> Completed:
+        """Runs `script` to its end, never interrupted midway (a Ctrl-C reaching this
+        process is delivered once the script ended), for at most `timeout_s` seconds
+        (None: no deadline). While it runs, members of the process group `pgid` that
+        are this process's children are reaped. Used by cancel, whose script is
+        idempotent: one cut at its deadline is tried again.
+
+        Raises:
+            CommandError: when it does not end within `timeout_s` (a local script is
+                killed; a remote one is left to end by itself).
+            ExecError: when the target cannot be reached.
+        """
         ...
 
     def send(
@@ -189,9 +204,18 @@ class LocalTransport:
             raise CommandError(action, f"timed out after {timeout_s} s")
         return Completed(proc.returncode, out, err)
 
-    def run_to_end(self, script: str, *, action: str, pgid: int | None = None) -> Completed:
+    def run_to_end(
+        self,
+        script: str,
+        *,
+        action: str,
+        pgid: int | None = None,
+        timeout_s: float | None = None,
+    ) -> Completed:
         proc = self._popen(script, stdin=subprocess.DEVNULL)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         interrupted: BaseException | None = None
+        expired = False
         out = err = b""
         while True:
             try:
@@ -200,6 +224,11 @@ class LocalTransport:
             except subprocess.TimeoutExpired:
                 if pgid is not None:
                     self.reap(pgid)
+                if deadline is not None and not expired and time.monotonic() > deadline:
+                    # Past its deadline: the script's whole session is killed (never the
+                    # job, in a group of its own), and the wait goes on to reap it.
+                    expired = True
+                    self._kill(proc)
             except KeyboardInterrupt as error:  # finish the cancel first, then raise
                 interrupted = error
         if pgid is not None:
@@ -207,6 +236,8 @@ class LocalTransport:
         self._reap_scripts(proc)
         if interrupted is not None:
             raise interrupted
+        if expired:
+            raise CommandError(action, f"timed out after {timeout_s:g} s")
         return Completed(proc.returncode, out, err)
 
     def send(

@@ -4,15 +4,21 @@ requests noticed by a watch tick."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+import os
+import signal
+import subprocess
+import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import fakeredis
+import pytest
 
-from schemas import JobId, RunLimits, RunRecord, RunState, Settings, SnapshotReason
+from schemas import JobId, RunLimits, RunRecord, RunState, Settings, SnapshotReason, StopPhase
 from store import RunStore
 from workers import stops
 from workers.context import Context
+from workers.executors import CommandError, shell
 
 from .conftest import policy_worker, running_run
 
@@ -71,3 +77,68 @@ def test_a_request_seen_by_a_stale_tick_opens_no_stop_for_an_ended_run(tmp_path:
     assert store.get_stop("r1") is None
     assert store.stop_history("r1") == []
     assert scheduled == []
+
+
+# --- a cancel's deadline ------------------------------------------------------------
+
+
+def test_a_cancel_past_its_deadline_holds_no_process_and_is_left_to_reconcile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job deaf to its first SIGTERM keeps the cancel's script waiting: the script is
+    cut at its deadline (1 s here, 20 s in service), the producer gets the error, and
+    the run's stop waits in `cancelling` for `reconcile`, whose retry ends the job."""
+    worker, store, sent = policy_worker(tmp_path)
+    run_dir = tmp_path / "r1"
+    # The first SIGTERM is swallowed (the trap then resets itself), the second ends it.
+    job = subprocess.Popen(
+        ["sh", "-c", "trap 'trap - TERM' TERM; while :; do sleep 0.05; done"],
+        start_new_session=True,
+    )
+    try:
+        running_run(store, tmp_path, "r1", job=JobId(dir=str(run_dir), pid=job.pid))
+        monkeypatch.setattr(shell, "CANCEL_DEADLINE_S", 1.0)
+        started = time.monotonic()
+        with pytest.raises(CommandError, match="timed out after 1 s"):
+            stops.cancel(worker, "r1", asked_by="operator/cli")
+        assert time.monotonic() - started < 4.0  # the deadline, not the script's 10 s wait
+        assert job.poll() is None  # alive: the cut cancel is not the end of it
+        assert store.get_run("r1").state is RunState.RUNNING
+        assert not stops.cancelling_now(worker, "r1")  # the next cancel may signal it
+
+        stop = store.get_stop("r1")
+        assert stop is not None
+        assert (stop.phase, stop.cancels, stop.asked_by) == (
+            StopPhase.CANCELLING, 1, "operator/cli"
+        )  # fmt: skip
+        assert stop.end_deadline is not None
+        retry_s = (stop.end_deadline - stop.asked_at).total_seconds()
+        assert retry_s == pytest.approx(stops.CANCEL_RETRY_S, abs=1.0)
+        assert [(d.stop_id, d.kind) for d in store.pending_deadlines()] == [(stop.stop_id, "end")]
+        assert "the cancel failed" in (stop.note or "")
+
+        # Reconcile fires the retry deadline when it comes: that cancel ends the job.
+        monkeypatch.undo()
+        later = stop.end_deadline + timedelta(seconds=1)
+        assert stops.reconcile(worker, later) == 1
+        assert sent.calls[-1][0] == "runwarden.end_timeout"
+        assert stops.on_deadline(worker, "r1", stop.stop_id, later) == "cancelled"
+        assert store.get_run("r1").state is RunState.CANCELLED
+        assert store.get_stop("r1") is None
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+
+
+def test_a_cancel_waits_for_another_tasks_cancel_no_longer_than_its_deadline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    worker, store, _ = policy_worker(tmp_path)
+    running_run(store, tmp_path, "r1")
+    assert store.once(stops.cancel_key("r1"), ttl_s=60)  # another task is cancelling it
+    monkeypatch.setattr(stops, "CANCEL_DEADLINE_S", 0.5)
+    started = time.monotonic()
+    record = stops.cancel(worker, "r1", asked_by="operator/cli")
+    assert 0.5 <= time.monotonic() - started < 2.0
+    assert record.state is RunState.RUNNING  # that cancel goes on; this task returns

@@ -87,11 +87,19 @@ class SshTransport:
 
         return self._attempt(action, on_shell)
 
-    def run_to_end(self, script: str, *, action: str, pgid: int | None = None) -> Completed:
+    def run_to_end(
+        self,
+        script: str,
+        *,
+        action: str,
+        pgid: int | None = None,
+        timeout_s: float | None = None,
+    ) -> Completed:
         # The remote script runs to its end whatever happens here: an interrupt of
-        # this process does not stop it, and a retry after a broken connection runs
-        # the idempotent script again.
-        return self.run(script, action=action, timeout_s=None)
+        # this process does not stop it, a retry after a broken connection runs the
+        # idempotent script again, and past `timeout_s` its shell is closed, the
+        # script left to end by itself there.
+        return self.run(script, action=action, timeout_s=timeout_s)
 
     def _exec(
         self, connection: SshConnection, script: str, stdin: bytes, timeout_s: float | None

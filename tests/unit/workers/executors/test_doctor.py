@@ -330,7 +330,14 @@ class Answering:
             return next(self.clock_answers)
         return self.probe(script)
 
-    def run_to_end(self, script: str, *, action: str, pgid: int | None = None) -> Completed:
+    def run_to_end(
+        self,
+        script: str,
+        *,
+        action: str,
+        pgid: int | None = None,
+        timeout_s: float | None = None,
+    ) -> Completed:
         raise AssertionError("not used")
 
     def send(self, script: str, *, action: str, source: Callable[[IO[bytes]], None]) -> Completed:

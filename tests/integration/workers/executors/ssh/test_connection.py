@@ -194,6 +194,23 @@ def test_a_script_past_its_deadline_is_abandoned(sshd: SshServer, tmp_path: Path
     assert executor.probe("echo next") == b"next\n"
 
 
+def test_a_cancel_past_its_deadline_frees_the_worker_and_ends_on_the_target(
+    sshd: SshServer, tmp_path: Path
+) -> None:
+    """`run_to_end` (the cancel's) gives up at its deadline; the script, idempotent,
+    runs on to its end on the target."""
+    executor = ssh_executor(sshd, tmp_path)
+    done = tmp_path / "cancel-done"
+    started = time.monotonic()
+    with pytest.raises(CommandError, match=r"timed out after 0\.5 s"):
+        executor.transport.run_to_end(
+            f"sleep 1.5; echo done > {done}", action="cancel", timeout_s=0.5
+        )
+    assert time.monotonic() - started < 3
+    wait_for(done.exists, timeout_s=10)
+    assert executor.probe("echo next") == b"next\n"
+
+
 def test_concurrent_operations_share_one_connection(sshd: SshServer, tmp_path: Path) -> None:
     executors = [ssh_executor(sshd, tmp_path) for _ in range(8)]
     results: list[bytes] = []
