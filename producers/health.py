@@ -162,6 +162,24 @@ def _queues(report: HealthReport) -> list[HealthRow]:
     return rows
 
 
+def _serve(report: HealthReport) -> list[HealthRow]:
+    rows = []
+    for serve in report.serve:
+        up = "" if serve.up_s is None else f", up {serve.up_s:.0f} s"
+        detail = f"host {serve.hostname}, pid {serve.pid}{up}, {serve.restarts} restart(s)"
+        rows.append(("serve", "up", serve.name, detail))
+        for child in serve.children:
+            detail = "thread of serve" if child.pid is None else f"pid {child.pid}"
+            if child.state == "restarting":
+                detail = "waiting to be restarted"
+            detail += f", {child.restarts} restart(s)"
+            if child.last_end is not None and child.last_end_age_s is not None:
+                detail += f", last {child.last_end} {child.last_end_age_s:.1f} s ago"
+            state = "up" if child.state == "up" else "RESTARTING"
+            rows.append(("child", state, child.name, detail))
+    return rows
+
+
 def _deadlines(report: HealthReport) -> list[HealthRow]:
     d = report.deadlines
     if d is None:
@@ -177,7 +195,9 @@ def _deadlines(report: HealthReport) -> list[HealthRow]:
 def report_rows(report: HealthReport) -> list[HealthRow]:
     """`report` as a table for people, one row per part: (what, state, name,
     detail), e.g. `("worker", "up", "runwarden@vm", "host vm, pid 7, heartbeat 0.4 s
-    ago, queues celery runwarden")`. State is `up`, `ok`, `DOWN` or `LATE`; times are in
+    ago, queues celery runwarden")`, then `runwarden serve` and each process it
+    supervises (`("child", "up", "beat", "pid 9, 1 restart(s), last killed by SIGKILL
+    4.2 s ago")`). State is `up`, `ok`, `DOWN`, `LATE` or `RESTARTING`; times are in
     seconds; every text read from Redis is cleaned of control characters."""
     redis = report.redis
     if not redis.reachable:
@@ -185,4 +205,5 @@ def report_rows(report: HealthReport) -> list[HealthRow]:
     else:
         rows = [("redis", "up", redis.address, _memory(report))]
         rows += _processes(report) + _periodic(report) + _queues(report) + _deadlines(report)
+        rows += _serve(report)
     return [(w, s, clean_text(n), clean_text(x)) for w, s, n, x in rows]

@@ -1,36 +1,88 @@
 """The service in the foreground, as `runwarden serve` runs it: the embedded Redis
-(when no URL is set), a worker for the stops and the watch, a worker for retrievals,
-beat, and optionally Flower and the web view; supervised until asked to stop or until
-one of them ends, then stopped in order (workers finish what they run: a cancel runs
-to its end)."""
+(when no URL is set), a worker for the stops and launches, one for retrievals, one
+for the follow ticks, beat, and optionally Flower, the web view and the metrics
+endpoint; supervised until asked to stop, then stopped in order, Redis last (workers
+finish what they run: a cancel runs to its end).
+
+Supervision: every child, process or thread, that ends by itself is started again
+after a backoff ([`RESTART_FIRST_S`], doubling to [`RESTART_MAX_S`]; back to the first
+once it stayed up [`STEADY_S`]), with a line on stderr naming it and how it ended. A
+child that ends [`GIVE_UP_DEATHS`] times within [`GIVE_UP_WINDOW_S`] stops the service
+(exit 1, said why). Serve writes what it supervises, with the restarts, to the store
+every `schemas.health.SERVE_WRITE_S` (`runwarden status` shows it).
+
+No child outlives serve: each process is started from serve's main thread with its
+parent-death signal armed (`workers.deathsig`: SIGTERM when serve ends, `kill -9`
+included), the workers' own processes with theirs (`workers.reaper`, Celery's pool),
+the web view and the metrics endpoint are threads of serve. One serve per state
+directory: it holds the lock of `<state dir>/serve.pid` while it runs (the kernel
+drops it when serve dies, so a dead serve's file is stale, never in the way).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import threading
+import time
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from schemas import Settings
+from schemas import RunError, RunwardenError, Settings
 from schemas.auth import OPERATOR, WORKER
 from schemas.events import DEFAULT_QUEUE, QUEUE, QUEUE_RETRIEVE, QUEUE_WATCH
+from schemas.health import SERVE_TTL_S, SERVE_WRITE_S, ServeChild, ServeState
 from schemas.secrets import FLOWER_AUTH, producer_key_file
+from store import RunStore
+from workers.deathsig import wrapped
 
 from .api import Runwarden
-from .embedded import EmbeddedRedis
+from .embedded import EmbeddedRedis, NotServing
+from .metrics import serve_metrics
 from .web import make_server
 
-__all__ = ["FLOWER_CONFIG", "Service", "ServiceOptions"]
+__all__ = [
+    "FLOWER_CONFIG",
+    "GIVE_UP_DEATHS",
+    "GIVE_UP_WINDOW_S",
+    "RESTART_FIRST_S",
+    "RESTART_MAX_S",
+    "STEADY_S",
+    "ServeError",
+    "Service",
+    "ServiceOptions",
+]
 
 FLOWER_CONFIG: Final = Path(__file__).resolve().parent / "flower_config.py"
 STOP_WAIT_S: Final = 60.0
 """How long a process has to end after SIGTERM before it is killed, in seconds."""
+RESTART_FIRST_S: Final = 1.0
+"""The wait before a child that ended is started again the first time, in seconds."""
+RESTART_MAX_S: Final = 30.0
+"""The longest wait before a restart, in seconds (the wait doubles at each end)."""
+STEADY_S: Final = 60.0
+"""A child up this long when it ends waits `RESTART_FIRST_S` again, in seconds."""
+GIVE_UP_DEATHS: Final = 5
+"""Ends of one child within `GIVE_UP_WINDOW_S` after which serve stops everything."""
+GIVE_UP_WINDOW_S: Final = 300.0
+"""The window of `GIVE_UP_DEATHS`, in seconds."""
+ORPHAN_WAIT_S: Final = 15.0
+"""How long the Redis of a serve that died is given to end (its parent-death signal)
+before a new serve refuses to start, in seconds."""
+PID_FILE: Final = "serve.pid"
+
+
+class ServeError(RunError):
+    """A part of the service cannot start (the metrics port is taken)."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +94,8 @@ class ServiceOptions:
     flower_port: int = 5555
     web: bool = False
     web_port: int = 8350
+    metrics_port: int | None = None
+    """The metrics endpoint's port on 127.0.0.1; None: no endpoint."""
 
 
 class _WebThread:
@@ -53,14 +107,163 @@ class _WebThread:
         self._server = make_server(
             api, "127.0.0.1", options.web_port, user=user, password=password, flower_url=flower_url
         )
-        self._thread = threading.Thread(target=self._server.run, name="web", daemon=True)
+        self.thread = threading.Thread(target=self._server.run, name="web", daemon=True)
 
     def start(self) -> None:
-        self._thread.start()
+        self.thread.start()
 
     def stop(self) -> None:
         self._server.should_exit = True
-        self._thread.join(timeout=10)
+        self.thread.join(timeout=10)
+
+
+def _how(code: int) -> str:
+    """How a process with exit status `code` (Popen's: negative for a signal) ended."""
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    try:  # a wrapper (the reaper) says 128 + n for a command killed by signal n
+        by = f" (128 + {signal.Signals(code - 128).name})" if code > 128 else ""
+    except ValueError:
+        by = ""
+    return f"exited with code {code}{by}"
+
+
+@dataclass
+class _Child:
+    """One part serve supervises; subclasses say how to start, watch and stop it."""
+
+    name: str
+    restarts: int = 0
+    up_since: float = 0.0
+    """When it was last started (monotonic)."""
+    due: float | None = None
+    """When it is to be started again (monotonic); None while it runs."""
+    backoff_s: float = RESTART_FIRST_S
+    ends: deque[float] = field(default_factory=deque)
+    """When it ended by itself (monotonic), within the last `GIVE_UP_WINDOW_S`."""
+    last_end: str | None = None
+    last_end_at: float | None = None
+
+    def launch(self) -> None:
+        raise NotImplementedError
+
+    def ended(self) -> str | None:
+        """How it ended; None while it runs."""
+        raise NotImplementedError
+
+    @property
+    def pid(self) -> int | None:
+        return None
+
+    def terminate(self) -> None:
+        """Asks it to stop (returns at once)."""
+
+    def wait(self) -> None:
+        """Waits until it has stopped (killing it past `STOP_WAIT_S`)."""
+
+
+@dataclass
+class _Process(_Child):
+    command: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+
+    def launch(self) -> None:
+        # From serve's main thread: the parent-death signal follows the forking thread.
+        self.proc = subprocess.Popen(
+            wrapped(self.command), env=self.env, stdin=subprocess.DEVNULL, start_new_session=True
+        )
+
+    def ended(self) -> str | None:
+        code = None if self.proc is None else self.proc.poll()
+        return None if code is None else _how(code)
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
+
+    def terminate(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+
+    def wait(self) -> None:
+        if self.proc is None:
+            return
+        try:
+            self.proc.wait(timeout=STOP_WAIT_S)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+@dataclass
+class _Redis(_Child):
+    embedded: EmbeddedRedis | None = None
+
+    def launch(self) -> None:
+        assert self.embedded is not None
+        self.embedded.start()
+
+    def ended(self) -> str | None:
+        proc = None if self.embedded is None else self.embedded.process
+        code = None if proc is None else proc.poll()
+        return None if code is None else _how(code)
+
+    @property
+    def pid(self) -> int | None:
+        proc = None if self.embedded is None else self.embedded.process
+        return None if proc is None else proc.pid
+
+    def wait(self) -> None:
+        if self.embedded is not None:
+            self.embedded.stop()
+
+
+@dataclass
+class _Thread(_Child):
+    make: Callable[[], tuple[threading.Thread, Callable[[], None]]] | None = None
+    """Starts the thread; returns it and how to stop it."""
+    thread: threading.Thread | None = None
+    stopper: Callable[[], None] | None = None
+
+    def launch(self) -> None:
+        assert self.make is not None
+        if self.stopper is not None:  # the ended one lets go of its port first
+            with contextlib.suppress(Exception):
+                self.stopper()
+        self.thread, self.stopper = self.make()
+
+    def ended(self) -> str | None:
+        return None if self.thread is None or self.thread.is_alive() else "ended (its thread)"
+
+    def wait(self) -> None:
+        if self.stopper is not None:
+            self.stopper()
+
+
+def _hold(state_dir: Path) -> int:
+    """Takes the lock of `state_dir`'s pid file and writes this pid into it; returns
+    the descriptor that holds it.
+
+    Raises:
+        NotServing: another serve holds it.
+    """
+    fd = os.open(state_dir / PID_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        held = os.read(fd, 32).decode(errors="replace").strip()
+        os.close(fd)
+        raise NotServing(
+            f"another `runwarden serve` (pid {held or 'unknown'}) already runs on {state_dir}"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
 
 
 class Service:
@@ -71,7 +274,11 @@ class Service:
         self.options = options
         self.embedded = EmbeddedRedis(settings) if settings.redis_url is None else None
         self.env = dict(os.environ)
-        self._web: _WebThread | None = None
+        self.name = f"serve@{socket.gethostname()}"
+        self._children: list[_Child] = []
+        self._lock: int | None = None
+        self._started: float | None = None
+        self._store: RunStore | None = None
 
     def credentials(self) -> tuple[str, str, Path]:
         """The `user:password` of Flower and the web view (the secrets directory's
@@ -82,44 +289,77 @@ class Service:
         return user, password, self.settings.secrets.path / FLOWER_AUTH
 
     def prepare(self) -> list[str]:
-        """Creates what is missing in the secrets directory, starts the embedded Redis,
-        and returns what to tell the person.
+        """Takes the state directory (one serve each), creates what is missing in the
+        secrets directory, starts the embedded Redis and the metrics endpoint, and
+        returns what to tell the person. Call it from the main thread, as `run`.
 
         Raises:
-            NotServing: the embedded Redis does not start.
+            NotServing: another serve runs on the state directory, or the embedded
+                Redis does not start (a server left by a serve that died is given
+                `ORPHAN_WAIT_S` to end first).
             SecretsError: the secrets directory cannot be written.
+            ServeError: the metrics port cannot be bound.
         """
         said = []
         self.settings.state_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = _hold(self.settings.state_dir)
         for producer in (OPERATOR, WORKER):
             self.settings.secrets.ensure(producer_key_file(producer))
         if self.embedded is not None:
-            self.embedded.start()
+            self.embedded.start(orphan_wait_s=ORPHAN_WAIT_S)
+            self._children.append(_Redis("redis", embedded=self.embedded))
             said.append(f"redis: embedded, {self.settings.embedded_socket}")
+        port = self.options.metrics_port
+        if port is not None:
+            metrics = _Thread("metrics", make=lambda: self._metrics(port))
+            try:
+                metrics.launch()
+            except OSError as error:
+                self._stop()
+                raise ServeError(f"cannot serve metrics on 127.0.0.1:{port}: {error}") from error
+            self._children.append(metrics)
+            said.append(f"metrics: http://127.0.0.1:{port}/metrics")
         if self.options.flower or self.options.web:
             user, password, where = self.credentials()
             said.append(f"credentials of Flower and the web view: {where}")
             if self.options.flower:
                 self.env["RUNWARDEN_FLOWER_AUTH_FILE"] = str(where)
             if self.options.web:
-                self._web = _WebThread(Runwarden(self.settings), self.options, user, password)
+                api = Runwarden(self.settings)
+                self._children.append(
+                    _Thread("web view", make=lambda: self._web(api, user, password))
+                )
         return said
 
+    def _metrics(self, port: int) -> tuple[threading.Thread, Callable[[], None]]:
+        server = serve_metrics(self.settings, port=port)
+        return server.thread, server.close
+
+    def _web(
+        self, api: Runwarden, user: str, password: str
+    ) -> tuple[threading.Thread, Callable[[], None]]:
+        web = _WebThread(api, self.options, user, password)
+        web.start()
+        return web.thread, web.stop
+
     def commands(self) -> list[list[str]]:
-        """The command line of each process to run (no secret on any of them)."""
+        """The command line of each process to run (no secret on any of them): the
+        main, retrieval and watch workers, beat, then Flower when asked. A worker runs
+        under the reaper without `--restart`: an ended worker ends its reaper, and
+        serve starts it again (and counts it)."""
         python, options = sys.executable, self.options
         commands = [
-            [python, "-m", "workers.reaper", "--restart", "--",
+            [python, "-m", "workers.reaper", "--",
              python, "-m", "celery", "-A", "workers.app", "worker",
              "-Q", f"{QUEUE},{DEFAULT_QUEUE}", "-c", str(options.concurrency), "-E",
              "-n", "runwarden@%h", "--loglevel", "INFO"],
             # Retrievals download for as long as they take, on a worker of their own.
-            [python, "-m", "workers.reaper", "--restart", "--",
+            [python, "-m", "workers.reaper", "--",
              python, "-m", "celery", "-A", "workers.app", "worker", "-Q", QUEUE_RETRIEVE,
              "-c", "1", "-E", "-n", "retrieve@%h", "--loglevel", "INFO"],
             # The follow ticks, on a worker of their own: a storm of cancels (each holds
             # a process while its job dies) never holds back the reading of other runs.
-            [python, "-m", "workers.reaper", "--restart", "--",
+            [python, "-m", "workers.reaper", "--",
              python, "-m", "celery", "-A", "workers.app", "worker", "-Q", QUEUE_WATCH,
              "-c", "2", "-E", "-n", "watch@%h", "--loglevel", "INFO"],
             [python, "-m", "celery", "-A", "workers.app", "beat", "--loglevel", "INFO",
@@ -133,15 +373,32 @@ class Service:
             )  # fmt: skip
         return commands
 
-    def run(self, stopping: threading.Event, say: Callable[[str], None]) -> int:
-        """Runs every process until `stopping` is set or one of them ends, then stops
-        them all in order; returns the exit code (1 when one failed by itself)."""
-        procs: list[subprocess.Popen[bytes]] = []
+    def _processes(self) -> list[_Child]:
+        """The processes of `commands`, named."""
+        names = ["worker", "retrieval worker", "watch worker", "beat", "flower"]
+        commands = self.commands()
+        return [_Process(n, command=c, env=self.env) for n, c in zip(names, commands, strict=False)]
+
+    def run(
+        self,
+        stopping: threading.Event,
+        say: Callable[[str], None],
+        warn: Callable[[str], None] | None = None,
+    ) -> int:
+        """Starts every process and thread and supervises them (see the module) until
+        `stopping` is set (returns 0) or a child keeps ending (returns 1); then stops
+        them all in order, Redis last. Each end and restart is a line to `warn`
+        (default: stderr). Call it from the main thread, as `prepare`: a process's
+        parent-death signal follows the thread that started it."""
+        warn = warn or (lambda line: print(line, file=sys.stderr, flush=True))
+        code = 0
         try:
-            for command in self.commands():
-                procs.append(subprocess.Popen(command, env=self.env, start_new_session=True))
-            if self._web is not None:
-                self._web.start()
+            web = [c for c in self._children if c.name == "web view"]
+            fresh = self._processes() + web
+            for child in fresh:
+                child.launch()
+                child.up_since = time.monotonic()
+            self._children = [c for c in self._children if c not in web] + fresh
             shown = [
                 f"worker (concurrency {self.options.concurrency})",
                 "retrieval worker",
@@ -153,24 +410,121 @@ class Service:
             if self.options.web:
                 shown.append(f"web view on http://127.0.0.1:{self.options.web_port}")
             say("serving: " + ", ".join(shown) + " - Ctrl-C stops everything")
-            while not stopping.wait(0.2) and all(p.poll() is None for p in procs):
-                pass
+            written = 0.0
+            while not stopping.wait(0.2):
+                changed, reason = self._supervise(warn)
+                if reason is not None:
+                    warn(f"serve: {reason}; stopping everything")
+                    code = 1
+                    break
+                if changed or time.monotonic() - written >= SERVE_WRITE_S:
+                    self._publish()
+                    written = time.monotonic()
         finally:
-            self._stop(procs)
-        failed = [p for p in procs if p.returncode not in (0, -signal.SIGTERM, None)]
-        return 1 if failed and not stopping.is_set() else 0
+            self._stop()
+        return code
 
-    def _stop(self, procs: list[subprocess.Popen[bytes]]) -> None:
-        if self._web is not None:
-            self._web.stop()
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=STOP_WAIT_S)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+    def _supervise(self, warn: Callable[[str], None]) -> tuple[bool, str | None]:
+        """One look at every child: records the ends, starts again those due.
+        Returns whether anything changed, and why to give up (None: go on)."""
+        changed = False
+        for child in self._children:
+            now = time.monotonic()
+            if child.due is None:
+                how = child.ended()
+                if how is None:
+                    continue
+                pid = child.pid
+                who = child.name if pid is None else f"{child.name} (pid {pid})"
+                wait_s = self._ended(child, how, now)
+                if len(child.ends) >= GIVE_UP_DEATHS:
+                    return True, (
+                        f"{child.name} ended {len(child.ends)} times within "
+                        f"{GIVE_UP_WINDOW_S:g} s (last: {how})"
+                    )
+                warn(f"serve: {who} {how}; restarting it in {wait_s:g} s")
+                changed = True
+            elif now >= child.due:
+                child.due, child.restarts = None, child.restarts + 1
+                try:
+                    child.launch()
+                except (OSError, RunwardenError) as error:
+                    how = f"did not start: {' '.join(str(error).split())[:150]}"
+                    wait_s = self._ended(child, how, time.monotonic())
+                    if len(child.ends) >= GIVE_UP_DEATHS:
+                        return True, f"{child.name} ended {len(child.ends)} times (last: {how})"
+                    warn(f"serve: {child.name} {how}; trying again in {wait_s:g} s")
+                else:
+                    child.up_since = time.monotonic()
+                    shown = "" if child.pid is None else f"pid {child.pid}, "
+                    warn(f"serve: {child.name} restarted ({shown}restart {child.restarts})")
+                changed = True
+        return changed, None
+
+    @staticmethod
+    def _ended(child: _Child, how: str, now: float) -> float:
+        """Records that `child` ended (`how`) at `now` and sets when it starts again;
+        returns the wait until then, in seconds."""
+        if now - child.up_since >= STEADY_S:
+            child.backoff_s = RESTART_FIRST_S
+        child.ends.append(now)
+        while child.ends and child.ends[0] < now - GIVE_UP_WINDOW_S:
+            child.ends.popleft()
+        child.last_end, child.last_end_at = how, now
+        wait_s = child.backoff_s
+        child.due = now + wait_s
+        child.backoff_s = min(RESTART_MAX_S, child.backoff_s * 2)
+        return wait_s
+
+    def _state(self) -> ServeState:
+        now = time.monotonic()
+        return ServeState(
+            name=self.name,
+            hostname=socket.gethostname(),
+            pid=os.getpid(),
+            started=self._started,
+            children=tuple(
+                ServeChild(
+                    name=c.name,
+                    pid=c.pid if c.due is None else None,
+                    state="up" if c.due is None else "restarting",
+                    restarts=c.restarts,
+                    last_end=c.last_end,
+                    last_end_ago_s=None if c.last_end_at is None else max(0.0, now - c.last_end_at),
+                )
+                for c in self._children
+            ),
+        )
+
+    def _publish(self) -> None:
+        """Writes what serve supervises to the store; a Redis that is down (being
+        restarted) is tried again at the next write."""
+        try:
+            if self._store is None:
+                self._store = RunStore.from_url(self.settings.store_url(), timeout_s=1.0)
+            written = self._store.write_serve(self._state(), SERVE_TTL_S)
+        except (RunwardenError, ValueError):
+            return
+        self._started = written.started
+
+    def _stop(self) -> None:
+        """Stops every child: the threads, then the processes (SIGTERM to all, then a
+        wait for each), then Redis; releases the state directory."""
+        children = self._children
+        for child in children:
+            if isinstance(child, _Thread) and child.due is None:
+                child.wait()
+        processes = [c for c in children if isinstance(c, _Process) and c.due is None]
+        for child in processes:
+            child.terminate()
+        for child in processes:
+            child.wait()
+        if self._store is not None:
+            with contextlib.suppress(RunwardenError):
+                self._store.end_serve(self.name)
+            self._store.client.close()
         if self.embedded is not None:
             self.embedded.stop()
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None

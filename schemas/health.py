@@ -15,6 +15,11 @@ periodic task late by more than `late_after_s`. Warnings (shown, `ok` unchanged)
 memory above [`MEMORY_WARN_FRACTION`] of `maxmemory`, or not reported; a process whose
 heartbeat stopped without a shutdown; more than one live beat; a deadline overdue by
 more than `late_after_s` (reconcile is not firing it).
+
+`runwarden serve` writes its own record ([`ServeState`], every [`SERVE_WRITE_S`], with a
+time to live of [`SERVE_TTL_S`]): each process and thread it supervises, whether it
+is up, how many times it was restarted and how it last ended. The report shows it
+(`serve`); a child being restarted is a warning.
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ __all__ = [
     "MEMORY_WARN_FRACTION",
     "PROCESSES_SHOWN",
     "REQUIRED_QUEUES",
+    "SERVE_TTL_S",
+    "SERVE_WRITE_S",
     "DeadlinesReading",
     "DeadlinesStatus",
     "HealthReadings",
@@ -57,6 +64,10 @@ __all__ = [
     "RedisStatus",
     "Role",
     "SeenProcess",
+    "ServeChild",
+    "ServeChildStatus",
+    "ServeState",
+    "ServeStatus",
     "assess",
     "periodic_tasks",
     "unreachable",
@@ -81,6 +92,12 @@ MEMORY_WARN_FRACTION: Final = 0.8
 """Share of Redis's `maxmemory` in use past which the report warns."""
 REQUIRED_QUEUES: Final = (QUEUE, QUEUE_RETRIEVE, QUEUE_WATCH)
 """Queues that at least one live worker must consume."""
+SERVE_WRITE_S: Final = 2.0
+"""How often `runwarden serve` writes its record, in seconds (and at once when one of
+its children ends or starts)."""
+SERVE_TTL_S: Final = 10.0
+"""How long serve's record lives after its last write, in seconds: a serve that was
+killed drops out of the report by then."""
 
 Role = Literal["worker", "beat"]
 _Name = Annotated[str, Field(min_length=1, max_length=255)]
@@ -130,6 +147,46 @@ class SeenProcess(_Model):
     """Its live heartbeat; None when it lapsed (the process is gone)."""
 
 
+ChildState = Literal["up", "restarting"]
+_Text = Annotated[str, Field(max_length=200)]
+
+
+class ServeChild(BaseModel):
+    """One process or thread `runwarden serve` supervises, as serve wrote it."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    name: _Name
+    """`redis`, `worker`, `retrieval worker`, `watch worker`, `beat`, `flower`, `web
+    view`, `metrics`."""
+    pid: Annotated[int, Field(ge=1)] | None = None
+    """Its process id; None for a thread of serve, or while it waits to be restarted."""
+    state: ChildState = "up"
+    """`restarting`: it ended and serve starts it again after a backoff."""
+    restarts: Annotated[int, Field(ge=0)] = 0
+    """How many times serve started it again since serve started."""
+    last_end: _Text | None = None
+    """How it last ended (`killed by SIGKILL`, `exited with code 1`); None if never."""
+    last_end_ago_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    """Seconds between its last end and the write of the record."""
+
+
+class ServeState(BaseModel):
+    """The record `runwarden serve` writes (`store.health`). Extra fields are ignored."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    name: _Name
+    """`serve@host`."""
+    hostname: Annotated[str, Field(max_length=255)]
+    pid: Annotated[int, Field(ge=1)]
+    children: Annotated[tuple[ServeChild, ...], Field(max_length=32)] = ()
+    started: _Seconds | None = None
+    """When its first record was written (Redis clock); set by the store."""
+    at: _Seconds = 0.0
+    """When this record was written (Redis clock); set by the store."""
+
+
 class DeadlinesReading(_Model):
     pending: Annotated[int, Field(ge=0)]
     overdue: Annotated[int, Field(ge=0)]
@@ -157,6 +214,8 @@ class HealthReadings(_Model):
     """Messages delivered to a worker and not acknowledged yet (running tasks, and
     countdowns a worker holds until their time)."""
     deadlines: DeadlinesReading
+    serves: tuple[ServeState, ...] = ()
+    """The live records of `runwarden serve` (none when no serve runs, e.g. compose)."""
 
 
 # --- the report ---------------------------------------------------------------------
@@ -217,6 +276,28 @@ class DeadlinesStatus(_Model):
     next: NextDeadline | None
 
 
+class ServeChildStatus(_Model):
+    name: str
+    pid: int | None
+    state: ChildState
+    restarts: int
+    last_end: str | None
+    """How it last ended; None if it never did."""
+    last_end_age_s: float | None
+    """Seconds since it last ended (None if it never did)."""
+
+
+class ServeStatus(_Model):
+    name: str
+    hostname: str
+    pid: int
+    up_s: float | None
+    """Seconds since serve started."""
+    restarts: int
+    """Restarts of all its children."""
+    children: tuple[ServeChildStatus, ...]
+
+
 class HealthReport(_Model):
     """What `runwarden status` shows; `model_dump(mode="json")` is its `--json`."""
 
@@ -234,6 +315,8 @@ class HealthReport(_Model):
     queues: tuple[QueueStatus, ...]
     unacked: int | None
     deadlines: DeadlinesStatus | None
+    serve: tuple[ServeStatus, ...] = ()
+    """Each live `runwarden serve` on this Redis, with its children's restarts."""
 
 
 def _r(value: float) -> float:
@@ -307,6 +390,42 @@ def _periodic(
                 last_run_age_s=None if last is None else _r(max(0.0, now - last)),
                 late_s=late,
                 late=late is not None and late > late_after_s,
+            )
+        )
+    return tuple(shown)
+
+
+def _serves(readings: HealthReadings, warnings: list[str]) -> tuple[ServeStatus, ...]:
+    shown = []
+    for state in readings.serves:
+        since = max(0.0, readings.now - state.at)
+        children = []
+        for child in state.children:
+            ago = child.last_end_ago_s
+            age = None if ago is None else _r(since + ago)
+            if child.state == "restarting":
+                warnings.append(
+                    f"serve: {child.name} is being restarted ({child.last_end or 'ended'}, "
+                    f"restart {child.restarts + 1})"
+                )
+            children.append(
+                ServeChildStatus(
+                    name=child.name,
+                    pid=child.pid,
+                    state=child.state,
+                    restarts=child.restarts,
+                    last_end=child.last_end,
+                    last_end_age_s=age,
+                )
+            )
+        shown.append(
+            ServeStatus(
+                name=state.name,
+                hostname=state.hostname,
+                pid=state.pid,
+                up_s=None if state.started is None else _r(max(0.0, readings.now - state.started)),
+                restarts=sum(c.restarts for c in state.children),
+                children=tuple(children),
             )
         )
     return tuple(shown)
@@ -387,6 +506,7 @@ def assess(
                 f"(every {task.period_s:g} s; over {late_after_s:g} s)"
             )
     deadlines = _deadlines(readings, late_after_s, warnings)
+    serves = _serves(readings, warnings)
     queues = tuple(
         QueueStatus(
             name=name,
@@ -414,4 +534,5 @@ def assess(
         queues=queues,
         unacked=readings.unacked,
         deadlines=deadlines,
+        serve=serves,
     )

@@ -28,6 +28,7 @@ from schemas.health import (
     Heartbeat,
     Role,
     SeenProcess,
+    ServeState,
 )
 
 from .base import StoreBase, millis, replace_model, text, translated
@@ -97,6 +98,38 @@ class HealthMixin(StoreBase):
         pipe.execute()
 
     @translated
+    def write_serve(self, state: ServeState, ttl_s: float) -> ServeState:
+        """Writes `state` as the live record of `runwarden serve` `state.name`, for
+        `ttl_s` seconds, stamped with Redis's clock (`at`, and `started` when it has
+        none); returns what was written. Forgets the serves whose record stopped more
+        than `HEARTBEAT_KEPT_S` ago.
+
+        Raises:
+            ValueError: `ttl_s` not a positive number.
+            StoreError: Redis failed.
+        """
+        key, seen = self.keys.serve(state.name), self.keys.serves
+        ttl_ms = millis(ttl_s, "a serve record's time to live")
+        now = _seconds(self._r.time())
+        written = replace_model(
+            state, at=now, started=now if state.started is None else state.started
+        )
+        pipe = self._r.pipeline(transaction=True)
+        pipe.set(key, written.model_dump_json(), px=ttl_ms)
+        pipe.zadd(seen, {state.name: now})
+        pipe.zremrangebyscore(seen, "-inf", now - HEARTBEAT_KEPT_S)
+        pipe.execute()
+        return written
+
+    @translated
+    def end_serve(self, name: str) -> None:
+        """Removes the record of serve `name`: it stopped cleanly."""
+        pipe = self._r.pipeline(transaction=True)
+        pipe.delete(self.keys.serve(name))
+        pipe.zrem(self.keys.serves, name)
+        pipe.execute()
+
+    @translated
     def record_tick(self, task: str) -> float:
         """Records that the periodic task `task` runs now; returns now (Redis's clock)."""
         if not task:
@@ -112,7 +145,8 @@ class HealthMixin(StoreBase):
         each, latest first) with their live heartbeats (at most `HEARTBEAT_BYTES`
         each), when each of `tasks` last ran, the broker's lists of each of `queues`
         and its unacknowledged messages, and the deadline table. Two round trips;
-        writes nothing.
+        writes nothing. The live records of `runwarden serve` too (at most
+        `PROCESSES_SHOWN`, `HEARTBEAT_BYTES` each).
 
         A Redis that refuses `INFO` (an ACL) reads as memory not reported; a
         heartbeat or deadline that does not fit its shape reads as absent.
@@ -126,6 +160,7 @@ class HealthMixin(StoreBase):
         pipe.info("memory")
         for role in _ROLES:
             pipe.zrevrange(self.keys.heartbeats(role), 0, PROCESSES_SHOWN - 1, withscores=True)
+        pipe.zrevrange(self.keys.serves, 0, PROCESSES_SHOWN - 1)
         pipe.hmget(self.keys.ticks, ["-", *tasks])  # HMGET needs one field at least
         for queue, step in lists:
             pipe.llen(self.keys.broker_queue(queue, step))
@@ -138,6 +173,7 @@ class HealthMixin(StoreBase):
                 raise reply
         now = _seconds(now_reply)
         seen = {role: [(text(n), float(s)) for n, s in replies.pop(0)] for role in _ROLES}
+        serve_names = [text(n) for n in replies.pop(0)]
         ran = replies.pop(0)[1:]
         depths = [int(replies.pop(0)) for _ in lists]
         unacked, pending, first = replies
@@ -146,8 +182,12 @@ class HealthMixin(StoreBase):
         for role in _ROLES:
             for name, _ in seen[role]:
                 pipe.getrange(self.keys.heartbeat(role, name), 0, HEARTBEAT_BYTES - 1)
+        for name in serve_names:
+            pipe.getrange(self.keys.serve(name), 0, HEARTBEAT_BYTES - 1)
         pipe.zcount(self.keys.deadlines, "-inf", now)
         *raws, overdue = pipe.execute()
+        serve_raws = raws[len(raws) - len(serve_names) :]
+        raws = raws[: len(raws) - len(serve_names)]
 
         processes: dict[Role, list[SeenProcess]] = {role: [] for role in _ROLES}
         for role in _ROLES:
@@ -172,6 +212,11 @@ class HealthMixin(StoreBase):
             deadlines=DeadlinesReading(
                 pending=int(pending), overdue=int(overdue), next=_deadline(first)
             ),
+            serves=tuple(
+                s
+                for s in (_serve(r, n) for r, n in zip(serve_raws, serve_names, strict=True))
+                if s is not None
+            ),
         )
 
 
@@ -183,6 +228,16 @@ def _heartbeat(raw: Any, name: str) -> Heartbeat | None:
     except ValidationError:
         return None
     return beat if beat.name == name else None
+
+
+def _serve(raw: Any, name: str) -> ServeState | None:
+    if not raw:
+        return None  # lapsed: that serve stopped writing
+    try:
+        state = ServeState.model_validate_json(raw)
+    except ValidationError:
+        return None
+    return state if state.name == name else None
 
 
 def _deadline(reply: Any) -> Deadline | None:

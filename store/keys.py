@@ -40,6 +40,8 @@ key, only `[A-Za-z0-9_.-]` as `schemas.idempotency` checks it; `<target>` a targ
 | `P hb:<role>` | sorted set | processes of `<role>` (`worker`, `beat`), score = last beat (9) |
 | `P hb:<role>:<name>` | string | last heartbeat of `<name>` (`Heartbeat` JSON; expires) (9) |
 | `P ticks` | hash | periodic task name -> when it last ran (unix seconds, Redis's clock) |
+| `P serves` | sorted set | names of the `runwarden serve` processes, score = last write (11) |
+| `P serve:<name>` | string | the record of serve `<name>` (`ServeState` JSON; expires) (11) |
 
 (1) Set in the script that creates the run's record (`create_run`, with the record
 and its indexes); moved only to the next id when the run's claimed directory was
@@ -72,6 +74,10 @@ last heartbeat; a clean shutdown removes both.
 them) and by the end of a stop that proved (`store.budgets`); a resumed run reads
 its resume sources' too, so it is kept as long as the record (at most 20 entries of
 about 100 bytes: it never outgrows the record).
+(11) Written by `runwarden serve` (`producers/service.py`, `store.health`): its
+children, their restarts and how each last ended; unix seconds on Redis's clock. The
+key lapses `schemas.health.SERVE_TTL_S` after the last write; a clean stop removes
+both.
 
 Celery's Redis transport keeps its own keys in the same database, without our
 prefix (`broker_*` below, read by `runwarden status`): each queue is a list named as
@@ -261,6 +267,16 @@ class Keys:
     @property
     def ticks(self) -> str:
         return self._key("ticks")
+
+    @property
+    def serves(self) -> str:
+        return self._key("serves")
+
+    def serve(self, name: str) -> str:
+        """Raises `ValueError` for an empty name."""
+        if not name:
+            raise ValueError("a serve record needs a name")
+        return self._key("serve", name)
 
     # --- the broker's keys (Celery's, without the prefix) -------------------------------
 

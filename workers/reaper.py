@@ -11,7 +11,9 @@ subreaper with [`become_subreaper`] and reaps its jobs' groups (see
 `LocalTransport.reap`).
 
 `python -m workers.reaper -- CMD...` runs CMD under a subreaper that reaps every
-orphan, and exits with CMD's exit code: the test command runs pytest under it.
+orphan, and exits with CMD's exit code: the test command runs pytest under it. CMD
+gets SIGTERM when the reaper dies, however it dies (its parent-death signal,
+`workers.deathsig`): a command never outlives its reaper.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import subprocess
 import sys
 import time
 from typing import Final
+
+from .deathsig import die_with_parent
 
 __all__ = ["become_subreaper", "is_subreaper", "main"]
 
@@ -76,7 +80,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     become_subreaper()
     stopping = False
-    child = subprocess.Popen(args)
+    me = os.getpid()
+
+    def arm() -> None:
+        # Between fork and exec of this single-threaded process: a command whose reaper
+        # is already gone would never get the signal, so it does not start.
+        die_with_parent(signal.SIGTERM)
+        if os.getppid() != me:
+            os._exit(1)
+
+    child = subprocess.Popen(args, preexec_fn=arm)  # noqa: PLW1509 - no thread here
 
     def forward(signum: int, _frame: object) -> None:
         nonlocal stopping
@@ -106,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         if stopping:
             return 128 - code if code < 0 else code
         started = time.monotonic()
-        child = subprocess.Popen(args)
+        child = subprocess.Popen(args, preexec_fn=arm)  # noqa: PLW1509 - no thread here
 
 
 if __name__ == "__main__":

@@ -13,23 +13,11 @@ from schemas.webhooks import WebhookConfigError, load_webhooks
 
 from ..demo import run_demo
 from ..embedded import NotServing
-from ..metrics import MetricsServer, serve_metrics
-from ..service import Service, ServiceOptions
+from ..service import ServeError, Service, ServiceOptions
 from ..web import DEFAULT_PORT as DEFAULT_WEB_PORT
-from .common import app, fail, out
+from .common import app, err, fail, out
 
 __all__ = ["demo", "serve"]
-
-
-def _metrics(settings: Settings, port: int | None) -> MetricsServer | None:
-    """The metrics endpoint on 127.0.0.1:`port` when one is given (exit 1 when it
-    cannot be bound)."""
-    if port is None:
-        return None
-    try:
-        return serve_metrics(settings, port=port)
-    except OSError as error:
-        fail(f"cannot serve metrics on 127.0.0.1:{port}: {error}", 1)
 
 
 @app.command()
@@ -40,7 +28,8 @@ def serve(
             metavar="N",
             min=1,
             max=64,
-            help="Processes of the worker that runs stops, launches and the watch (1-64).",
+            help="Processes of the main worker (stops, launches, cancels: every task but "
+            "retrievals and the follow ticks, which have workers of their own) (1-64).",
         ),
     ] = 2,
     flower: Annotated[
@@ -84,7 +73,15 @@ def serve(
 
     Creates what is missing in the secrets directory: the keys of the producers
     `operator` (this machine's CLI) and `worker`, the Redis password, the credentials
-    of Flower and the web view. Ctrl-C stops everything, in order.
+    of Flower and the web view. Ctrl-C (or SIGTERM) stops everything, in order, Redis
+    last.
+
+    A supervisor: a part that ends by itself (Redis, a worker, beat, Flower, the web
+    view, the metrics endpoint) is started again after 1 s, doubling to 30 s (back to
+    1 s once it stayed up 60 s), with a line on stderr naming it and how it ended;
+    `runwarden status` shows the restarts. A part that ends 5 times within 300 s
+    stops the service (exit 1, said why). No part outlives
+    serve, however serve ends (kill -9 included); one serve per state directory.
 
     \b
     Examples:
@@ -97,29 +94,30 @@ def serve(
         load_webhooks(settings.webhooks)
     except WebhookConfigError as error:
         fail(str(error), 2)
-    options = ServiceOptions(concurrency, flower, flower_port, web, web_port)
+    options = ServiceOptions(concurrency, flower, flower_port, web, web_port, metrics_port)
     service = Service(settings, options)
-    try:
-        for line in service.prepare():
-            out.print(line, markup=False, soft_wrap=True)
-    except NotServing as error:
-        fail(str(error), 1)
-    metrics = _metrics(settings, metrics_port)
-    if metrics is not None:
-        out.print(f"metrics: http://127.0.0.1:{metrics.port}/metrics", markup=False)
     stopping = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:
         stopping.set()
 
+    # Before anything starts: a SIGTERM meanwhile stops what did start, in order.
     previous = signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     try:
-        raise typer.Exit(service.run(stopping, lambda line: out.print(line, markup=False)))
+        try:
+            for line in service.prepare():
+                out.print(line, markup=False, soft_wrap=True)
+        except (NotServing, ServeError) as error:
+            fail(str(error), 1)
+        code = service.run(
+            stopping,
+            lambda line: out.print(line, markup=False, soft_wrap=True),
+            lambda line: err.print(line, markup=False, highlight=False, soft_wrap=True),
+        )
+        raise typer.Exit(code)
     finally:
         signal.signal(signal.SIGINT, previous)
-        if metrics is not None:
-            metrics.close()
 
 
 @app.command()

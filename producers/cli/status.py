@@ -17,7 +17,13 @@ from .common import app, fail, one_line, out, print_json
 
 __all__ = ["render", "status"]
 
-_STATE_STYLE = {"up": "green", "ok": "green", "DOWN": "bold red", "LATE": "bold red"}
+_STATE_STYLE = {
+    "up": "green",
+    "ok": "green",
+    "DOWN": "bold red",
+    "LATE": "bold red",
+    "RESTARTING": "yellow",
+}
 
 
 def render(report: HealthReport) -> list[Text]:
@@ -63,7 +69,9 @@ def status(
     --late-after seconds. A worker or beat killed without a shutdown is seen down
     at most 3 s after its last heartbeat (one a second). Warnings (exit 0): Redis
     memory above 80 % of maxmemory, a process whose heartbeat stopped, two beats, a
-    deadline long overdue. Every wait on Redis is bounded by --timeout (two round
+    deadline long overdue, a child of `runwarden serve` being restarted. With
+    `runwarden serve`, a row per process it supervises: its pid, how many times serve
+    restarted it, how it last ended. Every wait on Redis is bounded by --timeout (two round
     trips), so a down or hanging Redis answers within seconds.
 
     --json prints one object (times in seconds, on Redis's clock; ages are seconds
@@ -77,10 +85,13 @@ def status(
       periodic [{task, period_s, last_run_age_s, late_s, late}],
       queues [{name, depth, by_priority {step: messages}}],
       unacked (int),
-      deadlines {pending, overdue, next {run_id, stop_id, kind, due_in_s} or null}
+      deadlines {pending, overdue, next {run_id, stop_id, kind, due_in_s} or null},
+      serve [{name, hostname, pid, up_s, restarts, children [{name, pid (null: a
+      thread of serve, or waiting), state (up, restarting), restarts, last_end,
+      last_end_age_s}]}] (empty when no serve runs)
 
     With Redis unreachable: ok false, redis.reachable false with its error, the
-    lists empty, unacked and deadlines null. Unknown values are null. Fields may be
+    lists (serve too) empty, unacked and deadlines null. Unknown values are null. Fields may be
     added, never renamed or removed.
 
     \b

@@ -24,7 +24,7 @@ from producers.cli import app
 from producers.cli.status import render
 from producers.health import QUEUES_SHOWN, read_health, redis_address, report_rows
 from schemas import Settings
-from schemas.health import Heartbeat, periodic_tasks
+from schemas.health import Heartbeat, ServeChild, ServeState, periodic_tasks
 from store import RunStore
 
 from ...redis_server import RedisServer
@@ -197,6 +197,33 @@ def test_an_unreadable_password_file_is_a_report_not_an_error(
 def test_bad_bounds_are_refused(late: float, timeout: float, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="must be"):
         read_health(settings_for(None, tmp_path), late_after_s=late, timeout_s=timeout)
+
+
+def test_serves_record_is_read_shown_and_removed_at_a_clean_stop(
+    server: RunStore, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    settings = settings_for(redis_server.url, tmp_path)
+    healthy(server, settings)
+    child = ServeChild(name="beat", pid=9, restarts=1, last_end="killed by SIGKILL",
+                       last_end_ago_s=2.0)  # fmt: skip
+    written = server.write_serve(ServeState(name="serve@h", hostname="h", pid=7,
+                                            children=(child,)), ttl_s=5)  # fmt: skip
+    assert written.started == written.at
+    [serve] = read_health(settings).serve
+    assert (serve.name, serve.pid, serve.restarts) == ("serve@h", 7, 1)
+    assert serve.children[0].last_end == "killed by SIGKILL"
+    assert serve.children[0].last_end_age_s is not None
+    assert 2.0 <= serve.children[0].last_end_age_s < 5
+    rows = [row for row in report_rows(read_health(settings)) if row[0] in ("serve", "child")]
+    assert rows[0][:3] == ("serve", "up", "serve@h")
+    assert rows[1][:3] == ("child", "up", "beat")
+    assert rows[1][3].startswith("pid 9, 1 restart(s), last killed by SIGKILL ")
+    server.end_serve("serve@h")
+    assert read_health(settings).serve == ()
+    # A serve killed without a word drops out when its record lapses.
+    server.write_serve(ServeState(name="serve@h", hostname="h", pid=7), ttl_s=0.1)
+    time.sleep(0.3)
+    assert read_health(settings).serve == ()
 
 
 # --- the table and the command ------------------------------------------------------

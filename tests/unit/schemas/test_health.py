@@ -17,6 +17,8 @@ from schemas.health import (
     HealthReport,
     Heartbeat,
     SeenProcess,
+    ServeChild,
+    ServeState,
     assess,
     periodic_tasks,
     unreachable,
@@ -276,7 +278,7 @@ def test_the_json_shape_is_the_documented_one() -> None:
     )
     assert set(data) == {
         "ok", "checked_at", "late_after_s", "problems", "warnings", "redis", "workers",
-        "beats", "periodic", "queues", "unacked", "deadlines",
+        "beats", "periodic", "queues", "unacked", "deadlines", "serve",
     }  # fmt: skip
     assert set(data["redis"]) == {
         "reachable", "address", "error", "used_memory", "maxmemory", "memory_fraction",
@@ -288,6 +290,32 @@ def test_the_json_shape_is_the_documented_one() -> None:
     assert set(data["queues"][0]) == {"name", "depth", "by_priority"}
     assert set(data["deadlines"]) == {"pending", "overdue", "next"}
     assert set(data["deadlines"]["next"]) == {"run_id", "stop_id", "kind", "due_in_s"}
+    assert data["serve"] == []
+
+
+def test_serves_record_is_reported_with_its_childrens_restarts() -> None:
+    state = ServeState(
+        name="serve@h", hostname="h", pid=7, started=NOW - 100, at=NOW - 1,
+        children=(
+            ServeChild(name="redis", pid=8),
+            ServeChild(name="beat", pid=9, restarts=2, last_end="killed by SIGKILL",
+                       last_end_ago_s=4.0),
+            ServeChild(name="flower", state="restarting", restarts=1,
+                       last_end="exited with code 1", last_end_ago_s=0.5),
+        ),
+    )  # fmt: skip
+    report = judge(readings(serves=(state,)))
+    assert report.ok  # a child being restarted is a warning: the heartbeats say what is down
+    assert report.warnings == ("serve: flower is being restarted (exited with code 1, restart 2)",)
+    [serve] = report.serve
+    assert (serve.name, serve.pid, serve.up_s, serve.restarts) == ("serve@h", 7, 100.0, 3)
+    beat = serve.children[1].model_dump()
+    assert beat == {
+        "name": "beat", "pid": 9, "state": "up", "restarts": 2,
+        "last_end": "killed by SIGKILL", "last_end_age_s": 5.0,
+    }  # fmt: skip
+    assert serve.children[0].last_end_age_s is None
+    assert serve.children[2].pid is None
 
 
 def test_a_heartbeat_of_a_newer_version_still_reads() -> None:

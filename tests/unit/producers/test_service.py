@@ -1,0 +1,115 @@
+"""`producers.service`: the supervisor's rules without processes (the backoff, the
+give-up, how an end is told, one serve per state directory); the real processes are
+in tests/integration/service/test_supervisor.py."""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from producers.embedded import NotServing
+from producers.service import (
+    GIVE_UP_DEATHS,
+    RESTART_FIRST_S,
+    RESTART_MAX_S,
+    STEADY_S,
+    Service,
+    ServiceOptions,
+    _Child,
+    _hold,
+    _how,
+)
+from schemas import Settings
+
+
+@dataclass
+class _Dies(_Child):
+    """A child that ends as soon as it starts."""
+
+    launched: int = 0
+
+    def launch(self) -> None:
+        self.launched += 1
+
+    def ended(self) -> str | None:
+        return "exited with code 1"
+
+    @property
+    def pid(self) -> int | None:
+        return 4242
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_child_that_keeps_ending_is_restarted_with_a_doubling_backoff_then_given_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = _Clock()
+    monkeypatch.setattr("producers.service.time", SimpleNamespace(monotonic=clock))
+    service = Service(Settings(state_dir=tmp_path), ServiceOptions())
+    child = _Dies("beat", up_since=clock.now)
+    service._children = [child]
+    lines: list[str] = []
+    waits = []
+    for _ in range(50):
+        changed, reason = service._supervise(lines.append)
+        assert changed
+        if reason is not None:
+            break
+        if child.due is not None:
+            waits.append(child.due - clock.now)
+            clock.now = child.due
+    assert reason == f"beat ended {GIVE_UP_DEATHS} times within 300 s (last: exited with code 1)"
+    assert waits == [RESTART_FIRST_S * 2**i for i in range(GIVE_UP_DEATHS - 1)]
+    assert child.launched == child.restarts == GIVE_UP_DEATHS - 1
+    assert lines[0] == "serve: beat (pid 4242) exited with code 1; restarting it in 1 s"
+    assert lines[1] == "serve: beat restarted (pid 4242, restart 1)"
+
+
+def test_the_backoff_stops_at_its_maximum_and_resets_after_a_steady_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = _Clock()
+    monkeypatch.setattr("producers.service.time", SimpleNamespace(monotonic=clock))
+    child = _Dies("worker", up_since=clock.now)
+    for _ in range(8):  # up 10 s each time: not steady
+        clock.now += 10
+        Service._ended(child, "killed by SIGKILL", clock.now)
+        child.up_since = clock.now
+    assert child.due is not None
+    assert child.due - clock.now == RESTART_MAX_S
+    assert len(child.ends) == 8
+    clock.now += STEADY_S + 300  # up a while: the backoff starts over, old ends forgotten
+    Service._ended(child, "killed by SIGKILL", clock.now)
+    assert child.due - clock.now == RESTART_FIRST_S
+    assert list(child.ends) == [clock.now]
+
+
+def test_how_an_end_is_told() -> None:
+    assert _how(-signal.SIGKILL) == "killed by SIGKILL"
+    assert _how(1) == "exited with code 1"
+    assert _how(137) == "exited with code 137 (128 + SIGKILL)"
+    assert _how(0) == "exited with code 0"
+
+
+def test_one_serve_per_state_directory_and_a_dead_ones_file_is_stale(tmp_path: Path) -> None:
+    (tmp_path / "serve.pid").write_text("999999\n")  # left by a serve that died
+    held = _hold(tmp_path)
+    try:
+        assert (tmp_path / "serve.pid").read_text() == f"{os.getpid()}\n"
+        with pytest.raises(NotServing, match=rf"\(pid {os.getpid()}\) already runs on"):
+            _hold(tmp_path)
+    finally:
+        os.close(held)
+    os.close(_hold(tmp_path))  # released with its holder
