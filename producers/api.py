@@ -161,7 +161,8 @@ class Runwarden:
     ) -> LaunchSpec:
         """The launch that continues the stopped run `run_id`: its target and command
         unless overridden, and every per-run launch setting (upload, skip list, secret
-        names, limits, stop timeouts, name, on-preempt plan, its own `--preemption`:
+        names, limits, stop timeouts, name, on-preempt plan, its own `--preemption`,
+        `--wait-for-all`:
         `schemas.events.resume_spec`), with `resume_from` set. A continuation of a
         preempted run launches the same.
 

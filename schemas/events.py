@@ -177,6 +177,10 @@ class LaunchSpec(_Body):
     """Whose preemption notices to watch on the target (`aws`, `gcp`, `azure`,
     `auto`) or `off`; None: the target's setting (`TargetConfig.preemption`). A run
     that reads snapshot requests then gets the notice watcher beside its job."""
+    wait_for_all: bool = False
+    """Whether the run stays running until its last process ends (`--wait-for-all`);
+    False: when its main process ends, its leftover processes (its process group,
+    every process carrying its mark) are ended, SIGKILL after 10 s."""
 
     @field_validator("secrets")
     @classmethod

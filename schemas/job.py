@@ -31,12 +31,14 @@ __all__ = [
     "WATCHDOG_MAX_S",
     "Container",
     "JobCommand",
+    "JobEnd",
     "JobId",
     "JobStatus",
     "check_absolute_path",
     "check_env_name",
     "check_secret_name",
     "check_secret_value",
+    "parse_job_end",
 ]
 
 ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -196,6 +198,11 @@ class JobCommand(BaseModel):
     notice_poll_s: float = Field(default=1.0, gt=0, le=3600, allow_inf_nan=False)
     """How often the watcher asks AWS and Azure and checks the job's end, in seconds
     (at least 0.1 s is used)."""
+    wait_for_all: bool = False
+    """When the job's main process ends: False, its leftover processes (its process
+    group, every process carrying its mark) are ended (SIGTERM, SIGKILL after 10 s)
+    before its exit code is written; True, the exit code is written only once none
+    is left, and the job runs until then (docs/protocol.md, "Spawn")."""
 
     @field_validator("dir")
     @classmethod
@@ -312,3 +319,41 @@ class JobStatus(BaseModel):
 JobStatus.RUNNING = JobStatus(kind="running")
 JobStatus.CANCELLED = JobStatus(kind="cancelled")
 JobStatus.LOST = JobStatus(kind="lost")
+
+
+_END_COUNT: Final = re.compile(r"(leftovers|survived|waited) ([0-9]{1,9})")
+_END_SIGNAL: Final = re.compile(r"signal ([A-Z][A-Z0-9]{0,15})")
+
+
+class JobEnd(BaseModel):
+    """What the job wrapper recorded about the end of the job's main process beyond its
+    exit code (`.runwarden/ended`, written just before `exit_code`)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    signal: str | None = None
+    """The signal the exit code above 128 stands for, by the target's own numbering
+    (`TERM`, `USR1`...), without the `SIG` prefix."""
+    leftovers: int = Field(default=0, ge=0)
+    """The run's processes still there when its main process ended, then ended."""
+    survived: int = Field(default=0, ge=0)
+    """Of those, how many were still there after SIGKILL when the wrapper gave up."""
+    waited: int = Field(default=0, ge=0)
+    """With `wait_for_all`: the processes the run waited for after its main process."""
+
+
+def parse_job_end(content: bytes) -> JobEnd | None:
+    """The [`JobEnd`] of the wrapper's `.runwarden/ended` (`content`, a bounded read):
+    one `signal NAME` line and `leftovers|survived|waited N` lines; a line that is not
+    one of these is skipped (the file is the job's to rewrite: it can only change the
+    words of the run's message). None for empty content."""
+    if not content.strip():
+        return None
+    found: dict[str, Any] = {}
+    for raw in content.decode("ascii", "replace").splitlines():
+        line = raw.strip()
+        if (match := _END_SIGNAL.fullmatch(line)) is not None:
+            found["signal"] = match[1]
+        elif (match := _END_COUNT.fullmatch(line)) is not None:
+            found[match[1]] = int(match[2])
+    return JobEnd(**found)

@@ -14,6 +14,8 @@ __all__ = [
     "CANCELLING_FILE",
     "CANCEL_FILE",
     "CLAIM_FILE",
+    "END_FILE",
+    "END_LIMIT",
     "EXIT_FILE",
     "FILTERED_ENV_PREFIXES",
     "JOBSIDE_DIR",
@@ -39,6 +41,14 @@ JOB_LOG: Final = "job.log"
 """The job's stdout and stderr, appended."""
 PID_FILE: Final = "job.pid"
 """Pid of the job's session and process-group leader, written first by the wrapper."""
+END_FILE: Final = ".runwarden/ended"
+"""How the job's main process ended beyond its code, written by the wrapper just before
+`exit_code`: `signal <NAME>` (a code above 128), then `leftovers <N>`, `survived <N>`
+or `waited <N>` (the run's processes left when its main process ended: see
+docs/protocol.md, "Spawn"). runwarden adds it; a reader without it loses only words
+of the run's message."""
+END_LIMIT: Final = 256
+"""Largest prefix of [`END_FILE`] read from the target, in bytes."""
 EXIT_FILE: Final = "exit_code"
 """The job script's exit code, written last by the wrapper."""
 CANCELLING_FILE: Final = "cancelling"

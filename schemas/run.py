@@ -13,12 +13,13 @@ from .budget import StopTimeouts
 from .chain import Continuation, OnPreempt, is_preempted
 from .errors import Conflict, NoSnapshots, NotResumable, NotRunning, NotStarted
 from .ids import RunId
-from .job import WATCHDOG_MAX_S, JobId, JobStatus, check_absolute_path
+from .job import WATCHDOG_MAX_S, JobEnd, JobId, JobStatus, check_absolute_path
 from .preemption import Preemption, PreemptionMode
-from .snapshot import ProofInvalid, ProofNone, ProofSaved, Snapshot
+from .snapshot import ProofInvalid, ProofNone, ProofSaved, Snapshot, SnapshotReason
 
 __all__ = [
     "ADOPTED_COMMAND",
+    "NOTICE_SIGNALS",
     "TERMINAL_STATES",
     "Artifacts",
     "ArtifactsPhase",
@@ -168,6 +169,10 @@ class RunRecord(BaseModel):
     preemption: Preemption | None = None
     """The run's preemption-notice watch (which cloud, the watcher's last state, the
     notice); None when no watcher was started."""
+    wait_for_all: bool = False
+    """Whether the run stays running until its last process ends (`launch
+    --wait-for-all`); False: its leftover processes are ended when its main process
+    ends (`JobCommand.wait_for_all`)."""
     preemption_mode: PreemptionMode | None = None
     """The run's own `--preemption` (`LaunchSpec.preemption`), kept for its resumes and
     continuations; None: it took its target's setting."""
@@ -330,8 +335,40 @@ class Outcome(BaseModel):
     snapshot: Snapshot | None = None
 
 
+NOTICE_SIGNALS: Final = frozenset({"HUP", "TERM", "USR1", "USR2", "XCPU"})
+"""The signals that ask a job for a snapshot (schedulers' notices, the job side's
+`install_preemption_signals`): a job that proved a `preempted` or `deadline` snapshot
+and then ended on one of these is stopped, not failed."""
+_LINUX_SIGNALS: Final = {129: "HUP", 143: "TERM", 138: "USR1", 140: "USR2", 152: "XCPU"}
+# A job whose wrapper recorded no signal name (adopted, or started before it did):
+# its code read by Linux's numbering.
+_ASKING_REASONS: Final = frozenset({SnapshotReason.PREEMPTED, SnapshotReason.DEADLINE})
+
+
+def _processes(count: int) -> str:
+    return f"{count} leftover process" + ("" if count == 1 else "es")
+
+
+def _end_words(end: JobEnd | None) -> list[str]:
+    if end is None:
+        return []
+    words = []
+    if end.leftovers:
+        ended = end.leftovers - min(end.survived, end.leftovers)
+        words.append(
+            f"{_processes(end.leftovers)} ended"
+            if not end.survived
+            else f"{_processes(end.leftovers)}: {ended} ended, {end.survived} survived SIGKILL"
+        )
+    if end.waited:
+        words.append(f"waited for {_processes(end.waited)}")
+    return words
+
+
 def decide_outcome(
-    status: JobStatus, proof: ProofNone | ProofSaved | ProofInvalid | None
+    status: JobStatus,
+    proof: ProofNone | ProofSaved | ProofInvalid | None,
+    end: JobEnd | None = None,
 ) -> Outcome:
     """How a finished job's run ends, as overbrainer decides it, except that a proof
     is never thrown away.
@@ -342,16 +379,45 @@ def decide_outcome(
     was cancelled after writing it); an invalid proof leaves cancelled as cancelled
     and turns succeeded into failed. A job that proved a valid snapshot and then
     exited non-zero or was lost is failed, with its snapshot kept in the record (its
-    checkpoint is retrieved, and it can be resumed from), and the message says so.
-    `None` means the proof could not be read, which is treated as no proof.
+    checkpoint is retrieved, and it can be resumed from), and the message says so;
+    except a job that proved a `preempted` or `deadline` snapshot and then ended on
+    one of [`NOTICE_SIGNALS`] (`end.signal`, else a code of 128 + its Linux number):
+    the signal that asked for the snapshot, as a scheduler's SIGTERM ends a job that
+    saved; that run is stopped, and the message names the signal. `None` means the
+    proof could not be read, which is treated as no proof.
+
+    `end` (the wrapper's `.runwarden/ended`, None when absent) adds the run's leftover
+    processes to the message ("2 leftover processes ended").
 
     Raises:
         ValueError: for a running status: a running job has no outcome.
     """
+    outcome = _decide(status, proof, end)
+    words = _end_words(end) if status.kind == "exited" else []
+    if not words:
+        return outcome
+    message = "; ".join([*([outcome.message] if outcome.message else []), *words])
+    return outcome.model_copy(update={"message": message})
+
+
+def _decide(
+    status: JobStatus, proof: ProofNone | ProofSaved | ProofInvalid | None, end: JobEnd | None
+) -> Outcome:
     if status.kind == "running":
         raise ValueError("a running job has no outcome yet")
     saved = proof.snapshot if isinstance(proof, ProofSaved) else None
     if status.kind in ("exited", "lost") and status != JobStatus.exited(0):
+        if status.kind == "exited" and saved is not None and saved.reason in _ASKING_REASONS:
+            code = status.code if status.code is not None else 0
+            signalled = end.signal if end is not None and end.signal else None
+            signalled = signalled or _LINUX_SIGNALS.get(code)
+            if code > 128 and signalled in NOTICE_SIGNALS:
+                return Outcome(
+                    state=RunState.STOPPED,
+                    message=f"stopped with a snapshot at step {saved.step} ({saved.reason}); "
+                    f"the job then ended on SIG{signalled}",
+                    snapshot=saved,
+                )
         how = (
             f"the job exited with code {status.code}"
             if status.kind == "exited"

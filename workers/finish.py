@@ -22,6 +22,7 @@ from .artifacts import queue_retrieval
 from .budgets import record_stop_save
 from .context import Context, utcnow
 from .executors import ExecError, Executor, ProtocolError
+from .job_end import read_job_end
 from .notify import emit
 
 log = logging.getLogger("runwarden")
@@ -50,7 +51,7 @@ def finish(ctx: Context, run: RunRecord, status: JobStatus, executor: Executor) 
     end sends the retrieval, and records how long a stop that proved took
     (`workers.budgets.record_stop_save`). A run already ended keeps its state.
     Returns the stored record."""
-    outcome = decide_outcome(status, read_proof(executor, run))
+    outcome = decide_outcome(status, read_proof(executor, run), read_job_end(executor, run, status))
     note = f"the run ended {outcome.state}"
     stop = ctx.store.get_stop(run.id)  # read before the end closes it: its save time
     try:

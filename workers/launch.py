@@ -146,6 +146,7 @@ def _claim(
             else source.chain_preemptions + is_preempted(source.snapshot),
             preemption=watched(ctx, spec),
             preemption_mode=spec.preemption,
+            wait_for_all=spec.wait_for_all,
         )
         if ctx.store.create_run(record, key=key, replaces=replaces):
             try:
@@ -283,6 +284,7 @@ def _prepare(
                 None if after_s is None or not spec.snapshots else max(after_s, 0.001)
             ),
             watchdog_poll_s=ctx.settings.watchdog_poll_s,
+            wait_for_all=spec.wait_for_all,
             **notice_command(ctx, run),
         )
     except Exception as error:

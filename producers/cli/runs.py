@@ -201,6 +201,17 @@ def launch(
             show_default=False,
         ),
     ] = None,
+    wait_for_all: Annotated[
+        bool,
+        typer.Option(
+            "--wait-for-all",
+            help="The run stays running until its last process ends (cancel works "
+            "until then). Default: when the job's main process ends, the processes it "
+            "left (its process group, every process with its RUNWARDEN_RUN_ID) get "
+            "SIGTERM, SIGKILL 10 s later, and the run's message says how many.",
+            show_default=False,
+        ),
+    ] = False,
     as_json: Annotated[bool, json_option("the run's record (in place of its id)")] = False,
 ) -> None:
     """Launch a job on a target; prints its run id once the job runs. The options
@@ -244,6 +255,7 @@ def launch(
                              usd_per_hour=usd_per_hour, disk=disk_policy),
             resume_from=resume_from, snapshots=snapshots,
             key=key or new_launch_key(), on_preempt=plan(), preemption=preemption,
+            wait_for_all=wait_for_all,
             timeouts=StopTimeouts(proof_timeout_s=proof_timeout, end_timeout_s=end_timeout),
         )  # fmt: skip
 

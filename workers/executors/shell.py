@@ -134,7 +134,13 @@ def launcher_for(job: JobCommand, secret_names: Sequence[str]) -> str:
     if job.preemption is not None:
         watcher = notice_watch_script(dir, job.preemption, job.metadata_urls, job.notice_poll_s)
     return scripts.launcher_script(
-        dir, job.script, job.env, secret_names, watchdog, notice_watcher=watcher
+        dir,
+        job.script,
+        job.env,
+        secret_names,
+        watchdog,
+        notice_watcher=watcher,
+        wait_for_all=job.wait_for_all,
     )
 
 

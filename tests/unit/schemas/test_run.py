@@ -28,6 +28,7 @@ from schemas import (
     SnapshotReason,
     decide_outcome,
 )
+from schemas.job import JobEnd, parse_job_end
 from schemas.run import check_resumable
 
 from ..conftest import record as running_record
@@ -108,6 +109,60 @@ def test_lost_fails_whatever_the_proof(
     else:
         assert outcome.message == "the job stopped without an exit code"
         assert outcome.snapshot is None
+
+
+@pytest.mark.parametrize(
+    ("code", "signal", "stopped"),
+    [
+        (143, None, True),  # SIGTERM by every numbering
+        (138, None, True),  # SIGUSR1 on Linux
+        (158, "USR1", True),  # SIGUSR1 where the target numbers it 30
+        (158, None, False),  # unknown: 30 is no notice signal on Linux
+        (137, None, False),  # SIGKILL asks for nothing
+        (139, "SEGV", False),
+        (15, "TERM", False),  # an exit code, not a signal
+    ],
+)
+@pytest.mark.parametrize(
+    "reason", [SnapshotReason.PREEMPTED, SnapshotReason.DEADLINE, SnapshotReason.COST]
+)
+def test_a_job_that_saved_then_ended_on_the_asking_signal_is_stopped(
+    code: int, signal: str | None, stopped: bool, reason: SnapshotReason
+) -> None:
+    proof = saved("output/checkpoint-14", 14, reason)
+    end = JobEnd(signal=signal)
+    outcome = decide_outcome(JobStatus.exited(code), proof, end)
+    assert outcome.snapshot == proof.snapshot
+    if stopped and reason is not SnapshotReason.COST:
+        assert outcome.state is RunState.STOPPED
+        name = signal or {143: "TERM", 138: "USR1"}[code]
+        assert outcome.message == (
+            f"stopped with a snapshot at step 14 ({reason}); the job then ended on SIG{name}"
+        )
+    else:
+        assert outcome.state is RunState.FAILED
+
+
+def test_the_leftover_processes_are_in_the_message() -> None:
+    two = JobEnd(leftovers=2)
+    assert decide_outcome(JobStatus.exited(0), None, two).message == "2 leftover processes ended"
+    failed = decide_outcome(JobStatus.exited(3), None, JobEnd(leftovers=1))
+    assert failed.message == "the job exited with code 3; 1 leftover process ended"
+    stubborn = decide_outcome(JobStatus.exited(0), None, JobEnd(leftovers=3, survived=1))
+    assert stubborn.message == "3 leftover processes: 2 ended, 1 survived SIGKILL"
+    waited = decide_outcome(JobStatus.exited(0), SAVED, JobEnd(waited=2))
+    assert waited.message == (
+        "stopped with a snapshot at step 120 (cost); waited for 2 leftover processes"
+    )
+    # Only a job that exited has a word of the wrapper's: a cancel ended the others.
+    assert decide_outcome(JobStatus.CANCELLED, None, two).message == "the job was cancelled"
+
+
+def test_the_wrappers_end_file_is_parsed_leniently() -> None:
+    assert parse_job_end(b"") is None
+    end = parse_job_end(b"signal TERM\nleftovers 2\nsurvived 1\njunk\nwaited x\n")
+    assert end == JobEnd(signal="TERM", leftovers=2, survived=1)
+    assert parse_job_end(b"signal $(rm)\nleftovers 99999999999\n") == JobEnd()
 
 
 @pytest.mark.parametrize("proof_read", PROOFS)

@@ -5,6 +5,7 @@ records its pid and exit code, and the on-target watchdog that asks for its
 from __future__ import annotations
 
 import math
+import re
 import secrets as _secrets
 from collections.abc import Mapping, Sequence
 from typing import Final
@@ -12,6 +13,7 @@ from typing import Final
 from schemas.protocol import (
     CANCEL_FILE,
     CANCELLING_FILE,
+    END_FILE,
     EXIT_FILE,
     JOB_LOG,
     JOBSIDE_DIR,
@@ -19,6 +21,7 @@ from schemas.protocol import (
     NOTICE_PID_FILE,
     NOTICE_STATE_FILE,
     PID_FILE,
+    RUN_ID_ENV,
     SNAPSHOT_FILE,
     SNAPSHOT_REQUEST,
 )
@@ -26,45 +29,260 @@ from schemas.protocol import (
 from ..errors import InvalidArgument
 from .common import CLOCK, GROUP_SIGNAL, quote
 
-__all__ = ["WATCHDOG_PID_FILE", "launcher_script", "watchdog_script", "wrapper_script"]
+__all__ = [
+    "LEFTOVER_GIVE_UP_S",
+    "LEFTOVER_KILL_S",
+    "PREEMPTION_SIGNALS",
+    "WAIT_ALL_POLL_S",
+    "WATCHDOG_PID_FILE",
+    "job_shell_script",
+    "launcher_script",
+    "single_command",
+    "watchdog_script",
+    "wrapper_script",
+]
 
 PREEMPTION_SIGNALS: Final = ("TERM", "USR1", "USR2", "XCPU")
-"""Signals the job wrapper outlives (a no-op trap; the job itself gets them with their
-default action): a signal sent to the whole process group (a systemd stop, Slurm's
-`--signal` without `B:`, Kubernetes' SIGTERM to a pod) then reaches the job, which may
-save and exit, and the wrapper still records its exit code."""
+"""Signals the job wrapper outlives, and the job's own shell too when the command is
+not one simple command (a trap with a handler, never an ignore: a child resets a
+caught signal to its default action when it execs, so every process of the job
+still gets them as it would without runwarden): a signal sent to the whole process
+group (a systemd stop, Slurm's `--signal` without `B:`, Kubernetes' SIGTERM to a pod)
+then reaches the job, which may save and exit, and the wrapper still records the
+job's exit code, never its own death."""
+
+LEFTOVER_KILL_S: Final = 10
+"""How long the wrapper waits for the run's leftover processes after SIGTERM before
+it sends SIGKILL, in seconds (cancel's wait)."""
+LEFTOVER_GIVE_UP_S: Final = 20
+"""How long after its SIGTERM the wrapper stops waiting for leftover processes that
+survive SIGKILL, in seconds; they are then counted as survived."""
+WAIT_ALL_POLL_S: Final = 1
+"""How often the wrapper of a `wait_for_all` job looks for the run's processes left,
+in seconds."""
+
+_MARK: Final = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
+_BUILTINS: Final = frozenset(
+    """! . : [ [[ ]] { } alias autoload bg bind break builtin caller case cd chdir command
+    compgen complete compopt continue coproc declare dirs disown do done echo elif else
+    enable esac eval exec exit export false fc fg fi for function getopts hash help
+    history if in integer jobs kill let local logout mapfile popd print printf pushd pwd
+    read readarray readonly return select set shift shopt source suspend test then time
+    times trap true type typeset ulimit umask unalias unset until wait whence while""".split()  # noqa: SIM905
+)
+"""Words that a shell may run itself (builtins, keywords, across dash, bash, busybox
+and ksh): a command starting with one is never `exec`ed (`exec cd` is not `cd`)."""
+_FIRST = r"[A-Za-z0-9_./+][A-Za-z0-9_./+-]*"
+_WORD = r"""(?:[A-Za-z0-9_./:,+@%=-]+|'[^']*'|"[^"$`\\!]*")+"""
+_SINGLE_COMMAND: Final = re.compile(rf"[ \t]*{_FIRST}(?:[ \t]+{_WORD})*[ \t]*")
 
 
-def wrapper_script(dir: str, script: str) -> str:
+def single_command(script: str) -> bool:
+    """Whether `script` is one simple command that `exec` runs exactly as the shell
+    would: a first word of letters, digits and `_./+-` (no `=`, not starting with `-`)
+    that is no shell builtin or keyword, then words of the same plain characters (and
+    `:,@%=`), each part possibly in single quotes (anything but `'`) or double quotes
+    (no `$`, backquote, backslash or `!`), separated by spaces or tabs. Anything else
+    (an operator, a redirection, an expansion, a glob, a comment, a newline, a
+    variable assignment, a builtin) is not, so it is never `exec`ed: a string whose
+    meaning `exec` could change is always run by a shell that waits for it."""
+    match = _SINGLE_COMMAND.fullmatch(script)
+    if match is None:
+        return False
+    first = script.split(None, 1)[0]
+    return first not in _BUILTINS
+
+
+def job_shell_script(dir: str, script: str) -> str:
+    """What the job's own shell (`sh -c`, a child of the wrapper) runs for `script`:
+    `exec` of it when it is one simple command ([`single_command`]): the command is
+    then the job's main process and gets every signal itself; otherwise `script`
+    after a trap of each of [`PREEMPTION_SIGNALS`] whose handler does nothing (so the
+    shell outlives a signal sent to the whole group and waits for the job's commands:
+    a trapped signal runs its handler only once the command in the foreground ended)
+    unless the run's `cancelling` marker exists: then the shell ends by the signal,
+    as runwarden's cancel wants."""
+    if single_command(script):
+        return "exec " + script.strip(" \t")
+    marker = quote(f"{dir.rstrip('/') or ''}/{CANCELLING_FILE}")
+    traps = "".join(
+        "trap "
+        + quote(f"if [ -e {marker} ] || [ -h {marker} ]; then trap - {name}; kill -s {name} $$; fi")
+        + f" {name}\n"
+        for name in PREEMPTION_SIGNALS
+    )
+    return traps + script
+
+
+_AWAIT_GO: Final = """rw_go=
+IFS= read -r rw_go || rw_go=
+exec </dev/null
+[ "$rw_go" = go ] || exit 125
+"""
+# The first lines of the job's shell: it waits for the launcher's `go` on its standard
+# input (the launcher's FIFO) before it runs anything of the job's.
+
+_PROCESS_SCAN: Final = r"""
+rw_scan() {
+  rw_left=
+  if [ -r "/proc/$$/stat" ]; then
+    for rw_f in /proc/[0-9]*/stat; do
+      rw_l=; { IFS= read -r rw_l < "$rw_f"; } 2>/dev/null || continue
+      rw_p=${rw_f#/proc/}; rw_p=${rw_p%/stat}
+      rw_l=${rw_l##*) }
+      set -f; set -- $rw_l; set +f
+      [ "$#" -ge 3 ] && [ "$3" = "$$" ] && [ "$1" != Z ] && [ "$2" != "$$" ] || continue
+      [ "$rw_p" = "$$" ] || rw_left="$rw_left $rw_p"
+    done
+    if [ -n "$rw_entry" ]; then
+      for rw_f in $(grep -lsxzF -- "$rw_entry" /proc/[0-9]*/environ 2>/dev/null); do
+        rw_p=${rw_f#/proc/}; rw_p=${rw_p%/environ}
+        case $rw_p in ''|*[!0-9]*) continue ;; esac
+        [ "$rw_p" != "$$" ] && [ "$rw_p" != "$PPID" ] && [ "$rw_p" -gt 1 ] || continue
+        case " $rw_left " in *" $rw_p "*) continue ;; esac
+        rw_l=; { IFS= read -r rw_l < "/proc/$rw_p/stat"; } 2>/dev/null || continue
+        rw_l=${rw_l##*) }
+        case $rw_l in Z*) continue ;; esac
+        rw_left="$rw_left $rw_p"
+      done
+    fi
+  else
+    rw_l=$(ps -A -o pid= -o ppid= -o pgid= -o stat= 2>/dev/null) || return 1
+    rw_old=$IFS; IFS='
+'
+    for rw_f in $rw_l; do
+      IFS=$rw_old
+      set -f; set -- $rw_f; set +f
+      [ "$#" -ge 4 ] && [ "$3" = "$$" ] && [ "$1" != "$$" ] && [ "$2" != "$$" ] || continue
+      case $4 in Z*) continue ;; esac
+      rw_left="$rw_left $1"
+    done
+    IFS=$rw_old
+  fi
+  return 0
+}
+rw_count() { set -f; set -- $1; set +f; rw_n=$#; }
+"""
+"""`rw_scan` sets `rw_left` to the pids of the run's processes other than the wrapper
+and its own helpers: the members of the wrapper's process group (not the wrapper,
+not its children, not zombies), and with `/proc` every process whose environment
+holds `$rw_entry` (the run's mark; not the wrapper, not its parent, pid 1 never).
+Without `/proc`, the group's members come from `ps` (POSIX `-o`), and marks cannot be
+read; exit 1 when `ps` fails too. `rw_count LIST` sets `rw_n` to its words."""
+
+
+def wrapper_script(
+    dir: str, script: str, *, mark: str | None = None, wait_for_all: bool = False
+) -> str:
     """The job wrapper, run as `sh -c WRAPPER rw-job SH MV` by the session leader of
     the job (`SH` and `MV` the absolute paths of `sh` and `mv`, so the job's own
-    `PATH` never changes what the wrapper runs): writes its own pid to `job.pid`
-    first, runs `script` in a child `sh`, then writes the script's exit code to
-    `exit_code` last (both through a temporary name and a rename).
+    `PATH` never changes what the wrapper runs), its standard input the launcher's
+    FIFO. It starts the job's shell (a child `sh`: [`job_shell_script`] after lines
+    that wait for the launcher's `go` on that FIFO; end of input without `go`, the
+    launcher gone: exit 125, nothing of the job's run), then writes its own pid to
+    `job.pid`: the launcher reads the wrapper's start time before it says `go`, so
+    the leader's start time is read while it surely lives. Once the job's shell (the
+    job's main process) ended:
+
+    - by default, it ends the run's leftover processes (`rw_scan`: its process group
+      and every process carrying `RUNWARDEN_RUN_ID=<mark>`): SIGTERM to each (also
+      to those that appear meanwhile), SIGKILL after [`LEFTOVER_KILL_S`], given up
+      after [`LEFTOVER_GIVE_UP_S`];
+    - with `wait_for_all`, it waits (a look every [`WAIT_ALL_POLL_S`]) until no such
+      process is left;
+
+    then writes `.runwarden/ended` (`signal NAME` for a code above 128, `leftovers
+    N`, `survived N` or `waited N`; only when one applies) and the main process's
+    exit code to `exit_code`, last (each through a temporary name and a rename): so
+    `exited` means none of the run's processes it can see is left. It drops the mark
+    from its own environment once the job's shell started, so its helpers never
+    count as the run's.
 
     It outlives [`PREEMPTION_SIGNALS`] (a signal caught while it waits ends the
-    `wait`, not the job, so it waits again while the job runs), except when the
-    `cancelling` marker exists: runwarden's cancel then ends it as before, so no exit
-    code is written and status says cancelled, not `exited 143`. Its own error output
-    goes nowhere (a shell reports a child killed by a signal, which is not the job's
-    output); the job's goes to `job.log`."""
+    `wait`, not the job, so it waits again while the job runs; the exit code is the
+    job's, never that of the interrupted `wait`), except when the `cancelling`
+    marker exists: runwarden's cancel then ends it, after it sent the signal once
+    more to the whole group a second later (a process its job's shell forked just
+    then may have lost the first), so no exit code is written and status says
+    cancelled, not `exited 143`. Its own error output goes nowhere (a shell reports
+    a child killed by a signal, which is not the job's output); the job's goes to
+    `job.log`."""
     traps = "".join(f"trap 'rw_caught {name}' {name}\n" for name in PREEMPTION_SIGNALS)
-    return f"""cd -- {quote(dir)} || exit 126
-rw_caught() {{
-  if [ -e {CANCELLING_FILE} ] || [ -h {CANCELLING_FILE} ]; then trap - "$1"; kill -s "$1" $$; fi
-}}
-{traps}printf '%s\\n' "$$" > "{PID_FILE}.tmp.$$" && "$2" -f -- "{PID_FILE}.tmp.$$" {PID_FILE}
-exec 3>&2 2>/dev/null
-"$1" -c {quote(script)} 2>&3 3>&- &
-rw_job=$!
-while :; do
-  wait "$rw_job"; rw_code=$?
-  if [ "$rw_code" -gt 128 ] && [ "$rw_code" != 127 ] && kill -0 "$rw_job" 2>/dev/null; then
-    continue
-  fi
-  break
+    entry = quote(f"{RUN_ID_ENV}={mark}") if mark is not None else "''"
+    kill_ticks = LEFTOVER_KILL_S * 10
+    give_up_ticks = LEFTOVER_GIVE_UP_S * 10
+    if wait_for_all:
+        after = f"""rw_seen=
+while rw_scan && [ -n "$rw_left" ]; do
+  for rw_p in $rw_left; do
+    case " $rw_seen " in *" $rw_p "*) ;; *) rw_seen="$rw_seen $rw_p" ;; esac
+  done
+  sleep {WAIT_ALL_POLL_S}
 done
-printf '%s\\n' "$rw_code" > "{EXIT_FILE}.tmp.$$" && "$2" -f -- "{EXIT_FILE}.tmp.$$" {EXIT_FILE}
+rw_count "$rw_seen"
+[ "$rw_n" = 0 ] || rw_end="${{rw_end}}waited $rw_n
+"
+"""
+    else:
+        after = f"""rw_seen=
+rw_i=0
+while rw_scan && [ -n "$rw_left" ]; do
+  for rw_p in $rw_left; do
+    case " $rw_seen " in
+    *" $rw_p "*) ;;
+    *) rw_seen="$rw_seen $rw_p"; kill -s TERM "$rw_p" 2>/dev/null || : ;;
+    esac
+  done
+  [ "$rw_i" -lt {kill_ticks} ] || kill -s KILL $rw_left 2>/dev/null || :
+  rw_i=$((rw_i + 1))
+  [ "$rw_i" -le {give_up_ticks} ] || break
+  sleep 0.1 2>/dev/null || sleep 1
+done
+rw_count "$rw_seen"
+[ "$rw_n" = 0 ] || rw_end="${{rw_end}}leftovers $rw_n
+"
+if [ "$rw_i" -gt {give_up_ticks} ]; then
+  rw_count "$rw_left"
+  rw_end="${{rw_end}}survived $rw_n
+"
+fi
+"""
+    return f"""cd -- {quote(dir)} || exit 126
+rw_sh=$1 rw_mv=$2 rw_entry={entry} rw_sig=
+rw_caught() {{
+  if [ -e {CANCELLING_FILE} ] || [ -h {CANCELLING_FILE} ]; then
+    # Once more to the whole group a second later: a process forked by a shell with a
+    # trap (the job's own shell) loses a signal that comes between its fork and exec.
+    trap '' "$1"; sleep 1; kill -s "$1" 0; trap - "$1"; kill -s "$1" $$
+  fi
+  rw_sig=1
+}}
+{traps}exec 5<&0 </dev/null 3>&2 2>/dev/null
+"$rw_sh" -c {quote(_AWAIT_GO + job_shell_script(dir, script))} <&5 5<&- 2>&3 3>&- &
+rw_job=$!
+exec 5<&-
+unset {RUN_ID_ENV}
+printf '%s\\n' "$$" > "{PID_FILE}.tmp.$$" && "$rw_mv" -f -- "{PID_FILE}.tmp.$$" {PID_FILE}
+rw_code=
+while :; do
+  rw_sig=
+  wait "$rw_job"; rw_c=$?
+  # A second wait of a child already reported answers 127 (dash): the first answer was the job's.
+  if [ "$rw_c" = 127 ] && [ -n "$rw_code" ]; then break; fi
+  rw_code=$rw_c
+  # A code above 128 with a signal caught may be the interrupted wait's: wait again.
+  [ -n "$rw_sig" ] && [ "$rw_c" -gt 128 ] || break
+done
+rw_end=
+if [ "$rw_code" -gt 128 ]; then
+  rw_name=$(kill -l "$rw_code" 2>/dev/null) || rw_name=
+  case $rw_name in ''|*[!A-Z0-9]*) ;; *) rw_end="signal ${{rw_name#SIG}}
+" ;; esac
+fi
+{_PROCESS_SCAN}{after}if [ -n "$rw_end" ]; then
+  printf '%s' "$rw_end" > "{END_FILE}.tmp.$$" && "$rw_mv" -f -- "{END_FILE}.tmp.$$" {END_FILE}
+fi
+printf '%s\\n' "$rw_code" > "{EXIT_FILE}.tmp.$$" && "$rw_mv" -f -- "{EXIT_FILE}.tmp.$$" {EXIT_FILE}
 exit "$rw_code"
 """
 
@@ -179,6 +397,7 @@ def launcher_script(
     watchdog: tuple[float, float] | None = None,
     *,
     notice_watcher: str | None = None,
+    wait_for_all: bool = False,
 ) -> str:
     """The launcher of a job: enters `dir` (created when missing), clears stale
     `exit_code`, `cancelling`, `cancelled`, `job.pid`, `.runwarden/watchdog.pid`,
@@ -230,9 +449,16 @@ def launcher_script(
         for name in secret_names
     )
     reaper = (
-        'trap "" HUP; "$1" "$2" -c "$3" rw-job "$2" "$4" </dev/null >>'
+        'trap "" HUP; "$1" "$2" -c "$3" rw-job "$2" "$4" <&5 5<&- >>'
         + JOB_LOG
-        + ' 2>&1 & printf "%s\\n" "$!"; exec >/dev/null 2>&1; wait $!'
+        + ' 2>&1 & printf "%s\\n" "$!"; exec >/dev/null 2>&1 5<&-; wait $!'
+    )
+    mark = env.get(RUN_ID_ENV)
+    wrapper = wrapper_script(
+        dir,
+        script,
+        mark=mark if mark is not None and _MARK.fullmatch(mark) else None,
+        wait_for_all=wait_for_all,
     )
     companions = ""
     if watchdog is not None:
@@ -249,6 +475,7 @@ def launcher_script(
             + quote(notice_watcher)
             + ' "$rw_pid" "$rw_st" </dev/null >/dev/null 2>&1 &\n'
         )
+    token = _secrets.token_hex(6)
     return (
         GROUP_SIGNAL
         + f"""rw_sh=$(command -v sh) || exit 5
@@ -257,12 +484,20 @@ rw_mv=$(command -v mv) || exit 5
 mkdir -p -- {quote(dir)} && cd -- {quote(dir)} || exit 3
 rm -f -- {EXIT_FILE} {CANCELLING_FILE} {CANCEL_FILE} {PID_FILE} {WATCHDOG_PID_FILE} \\
   {SNAPSHOT_REQUEST} {SNAPSHOT_FILE} {NOTICE_FILE} {NOTICE_STATE_FILE} {NOTICE_PID_FILE} \\
-  || exit 3
+  {END_FILE} || exit 3
+rw_go={JOBSIDE_DIR}/go.$$
+if ! {{ mkdir -p {JOBSIDE_DIR} && rm -f -- "$rw_go" && mkfifo -m 600 "$rw_go"; }} 2>/dev/null; then
+  rw_go="${{TMPDIR:-/tmp}}/rw-go.$$.{token}"
+  rm -f -- "$rw_go"
+  mkfifo -m 600 "$rw_go" || {{ echo 'cannot make the FIFO that starts the job' >&2; exit 5; }}
+fi
+exec 4<>"$rw_go" || exit 5
 rw_pid=$(
-  set -- "$rw_sh" "$rw_setsid" "$rw_mv"
+  set -- "$rw_sh" "$rw_setsid" "$rw_mv" "$rw_go"
 {exports}{reads}  "$1" -c {quote(reaper)} rw-job-parent "$2" "$1" \\
-    {quote(wrapper_script(dir, script))} "$3" </dev/null 2>/dev/null &
+    {quote(wrapper)} "$3" </dev/null 5<"$4" 4>&- 2>/dev/null &
 ) || exit 4
+rm -f -- "$rw_go"
 case $rw_pid in ''|*[!0-9]*) echo 'the job did not start' >&2; exit 6 ;; esac
 rw_i=0
 while [ ! -s {PID_FILE} ] && [ -d {quote(dir)} ]; do
@@ -272,6 +507,8 @@ while [ ! -s {PID_FILE} ] && [ -d {quote(dir)} ]; do
   sleep 0.05 2>/dev/null || sleep 1
 done
 rw_start "$rw_pid"
+printf 'go\\n' >&4
+exec 4>&-
 {companions}printf '%s %s\\n' "$rw_pid" "$rw_st"
 """
     )

@@ -128,7 +128,9 @@ def test_a_job_in_a_hostile_directory(sh: Shell) -> None:
     sh.executor.cancel(job)
     assert sh.executor.status(job) == JobStatus.CANCELLED
     assert not group_alive(job.pid)
-    assert (Path(job.dir) / JOB_LOG).read_text() == "ok\n"
+    # The job's shell outlives the SIGTERM to wait for `sleep`, and reports its end
+    # ("Terminated") before the cancel's marker makes it end too.
+    assert (Path(job.dir) / JOB_LOG).read_text().startswith("ok\n")
     assert no_pwned(sh.workdir)
 
 
