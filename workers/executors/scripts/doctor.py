@@ -45,8 +45,8 @@ SCRATCH_PREFIX: Final = ".runwarden-doctor."
 """The name of the probe's scratch directory starts with this."""
 
 UTILITIES: Final = (
-    "cat", "date", "df", "du", "find", "grep", "head", "ln", "mkdir", "mv", "rm",
-    "sed", "sleep", "tail", "tr", "xargs",
+    "cat", "date", "df", "du", "find", "grep", "head", "ln", "mkdir", "mkfifo", "mv",
+    "rm", "sed", "sleep", "tail", "tr", "xargs",
 )  # fmt: skip
 """The programs the scripts call besides the shell's builtins, `setsid`, `tar`,
 `sha256sum`, `dd`, `timeout` and the HTTP clients, which have checks of their own."""
