@@ -6,7 +6,7 @@ task may be sent with."""
 from __future__ import annotations
 
 import logging
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from schemas import RunRecord, RunwardenError, Settings, StopPhase, StopState
 from schemas.budget import SaveSample, StopBudget, save_lead_s, stop_budget
@@ -17,6 +17,7 @@ log = logging.getLogger("runwarden")
 
 __all__ = [
     "FOUND_BY",
+    "NOTICE_SLACK_S",
     "countdown_limit_s",
     "next_budget",
     "policy_save_lead_s",
@@ -28,6 +29,12 @@ FOUND_BY = "watch"
 """`asked_by` of a stop opened for a request someone else wrote in the run directory:
 its request was written before the stop was opened, at a time no worker knows, so
 such a stop is no sample (it would be shorter than the save took)."""
+
+
+NOTICE_SLACK_S = 5.0
+"""Seconds a follow tick may take, or be late, beyond its period: with it, how long
+before a worker first saw a preemption notice its watcher may have seen it
+([`request_time`])."""
 
 
 def next_budget(ctx: Context, run: RunRecord) -> StopBudget:
@@ -90,10 +97,12 @@ def request_time(ctx: Context, stop: StopState) -> datetime | None:
     (`notice:<source>`), when the watcher saw the notice (`RunNotice.seen_at`: it
     writes its request right after), by the target's clock, kept within what the
     workers' clock knows: never later than `asked_at` (a worker had seen the notice
-    then, so a target clock ahead cannot shorten the sample) nor earlier than the
-    run's start (a clock behind cannot stretch it past the run). None when that time
-    is unknown (no notice of that source recorded, its clock unread, the run record
-    unreadable): no sample. Never raises."""
+    then, so a target clock ahead cannot shorten the sample), nor earlier than one
+    follow period plus [`NOTICE_SLACK_S`] before it (the follow reads the notice
+    within a period of its writing: a target clock behind, or a service that was
+    down when the notice came, stretches the sample by at most that). None when that
+    time is unknown (no notice of that source recorded, its clock unread, the run
+    record unreadable): no sample. Never raises."""
     if not stop.asked_by.startswith("notice:"):
         return stop.asked_at
     try:
@@ -103,7 +112,8 @@ def request_time(ctx: Context, stop: StopState) -> datetime | None:
     notice = run.preemption.notice if run.preemption is not None else None
     if notice is None or notice.seen_at is None or f"notice:{notice.source}" != stop.asked_by:
         return None
-    return min(max(notice.seen_at, run.started or run.created), stop.asked_at)
+    window = timedelta(seconds=ctx.settings.follow_poll_s + NOTICE_SLACK_S)
+    return min(max(notice.seen_at, stop.asked_at - window), stop.asked_at)
 
 
 def countdown_limit_s(settings: Settings) -> float:

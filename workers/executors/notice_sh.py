@@ -182,15 +182,19 @@ rw_aws_loop() {
   done
 }
 rw_gcp_loop() {
-  # $1 key, $2 source. One plain GET, then long polls from the last ETag.
+  # $1 key, $2 source. One plain GET, then long polls from the last ETag. A plain
+  # read that gave an ETag is followed by its long poll at once (the long poll
+  # waits by itself); any other turn is paced.
   rw_files "$2"; rw_etag=
   while rw_go; do
     rw_now 0; rw_t0=$rw_ms
     rw_u="$rw_gcp/computeMetadata/v1/instance/$1"
+    rw_plain=
     if [ -n "$rw_etag" ]; then
       rw_http GET "$rw_u?wait_for_change=true&timeout_sec=@WAIT_S@&last_etag=$rw_etag" \
         @WAIT_MAX_S@ 'Metadata-Flavor: Google'
     else
+      rw_plain=1
       rw_http GET "$rw_u" @MAX_S@ 'Metadata-Flavor: Google'
     fi
     if [ "$rw_code" = 200 ]; then
@@ -203,6 +207,7 @@ maintenance-event:SHUTDOWN_ON_HOST_MAINTENANCE)
         rw_notice "$2" '' "$rw_v"
         return 0 ;;
       esac
+      [ -n "$rw_plain" ] && [ -n "$rw_etag" ] && continue
     fi
     rw_pace "$rw_t0"
   done

@@ -177,6 +177,8 @@ def notice_watch_script(
       detail `Preempt <EventStatus>`; other event types are ignored.
     - Each loop takes at most one turn per `poll_s` (min 0.1 s), however fast the
       server answers or fails: an erroring server is never asked in a busy loop.
+      One exception: GCP's plain read that gave an ETag is followed at once by its
+      first long poll (which waits by itself; at most two requests a turn).
       Every request goes past any proxy (the services are link-local), is bounded
       in time (`curl -m`, `timeout`; [`NOTICE_HTTP_MAX_S`], GCP's long poll 35 s)
       and in bytes (64 KiB of headers and of body: `head -c` after curl,
