@@ -245,6 +245,20 @@ class _Thread(_Child):
             self.stopper()
 
 
+_WORKERS: Final = {"runwarden": "worker", "retrieve": "retrieval worker", "watch": "watch worker"}
+
+
+def _named(command: list[str]) -> str:
+    """A process's name for people: a worker by its node (`-n`), else beat or Flower."""
+    if "-n" in command[:-1]:
+        node = command[command.index("-n") + 1].partition("@")[0]
+        return _WORKERS.get(node, f"{node} worker")
+    for name in ("beat", "flower"):
+        if name in command:
+            return name
+    return Path(command[0]).name
+
+
 def _hold(state_dir: Path) -> int:
     """Takes the lock of `state_dir`'s pid file and writes this pid into it; returns
     the descriptor that holds it.
@@ -300,22 +314,32 @@ class Service:
             SecretsError: the secrets directory cannot be written.
             ServeError: the metrics port cannot be bound.
         """
-        said = []
         self.settings.state_dir.mkdir(parents=True, exist_ok=True)
         self._lock = _hold(self.settings.state_dir)
+        try:
+            return self._prepare()
+        except BaseException:
+            self._stop()  # what did start, and the state directory's lock
+            raise
+
+    def _prepare(self) -> list[str]:
+        said = []
         for producer in (OPERATOR, WORKER):
             self.settings.secrets.ensure(producer_key_file(producer))
         if self.embedded is not None:
             self.embedded.start(orphan_wait_s=ORPHAN_WAIT_S)
-            self._children.append(_Redis("redis", embedded=self.embedded))
+            self._children.append(
+                _Redis("redis", up_since=time.monotonic(), embedded=self.embedded)
+            )
             said.append(f"redis: embedded, {self.settings.embedded_socket}")
         port = self.options.metrics_port
         if port is not None:
-            metrics = _Thread("metrics", make=lambda: self._metrics(port))
+            metrics = _Thread(
+                "metrics", up_since=time.monotonic(), make=lambda: self._metrics(port)
+            )
             try:
                 metrics.launch()
             except OSError as error:
-                self._stop()
                 raise ServeError(f"cannot serve metrics on 127.0.0.1:{port}: {error}") from error
             self._children.append(metrics)
             said.append(f"metrics: http://127.0.0.1:{port}/metrics")
@@ -374,10 +398,8 @@ class Service:
         return commands
 
     def _processes(self) -> list[_Child]:
-        """The processes of `commands`, named."""
-        names = ["worker", "retrieval worker", "watch worker", "beat", "flower"]
-        commands = self.commands()
-        return [_Process(n, command=c, env=self.env) for n, c in zip(names, commands, strict=False)]
+        """The processes of `commands`, each named by what it runs."""
+        return [_Process(_named(c), command=c, env=self.env) for c in self.commands()]
 
     def run(
         self,

@@ -23,6 +23,7 @@ from producers.service import (
     _Child,
     _hold,
     _how,
+    _named,
 )
 from schemas import Settings
 
@@ -113,3 +114,10 @@ def test_one_serve_per_state_directory_and_a_dead_ones_file_is_stale(tmp_path: P
     finally:
         os.close(held)
     os.close(_hold(tmp_path))  # released with its holder
+
+
+def test_each_process_is_named_by_what_it_runs(tmp_path: Path) -> None:
+    options = ServiceOptions(flower=True)
+    commands = Service(Settings(state_dir=tmp_path), options).commands()
+    names = ["worker", "retrieval worker", "watch worker", "beat", "flower"]
+    assert [_named(c) for c in commands] == names
