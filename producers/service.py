@@ -415,6 +415,8 @@ class Service:
         warn = warn or (lambda line: print(line, file=sys.stderr, flush=True))
         code = 0
         try:
+            if stopping.is_set():  # asked while preparing: start nothing more
+                return code
             web = [c for c in self._children if c.name == "web view"]
             fresh = self._processes() + web
             for child in fresh:
