@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
+from celery import Celery
+from celery.exceptions import TimeoutError as CeleryTimeout
 from pydantic import BaseModel, SecretStr
 
 from schemas import (
@@ -24,6 +26,7 @@ from schemas import (
     TargetConfig,
 )
 from schemas.auth import OPERATOR, sign, sign_target
+from schemas.budget import StopBudget, stop_budget
 from schemas.chain import MAX_CHAIN
 from schemas.doctor import DoctorReport
 from schemas.events import (
@@ -50,15 +53,14 @@ from schemas.run import ADOPTED_COMMAND, check_cancel, check_resumable, check_sn
 from schemas.secrets import SecretsError, producer_key_file
 from store import RunStore
 
-from .defaults import DOCTOR_WAIT_S
 from .health import read_health
-
-if TYPE_CHECKING:
-    from celery import Celery
 
 __all__ = ["OperationFailed", "Runwarden", "producer_app"]
 
 DEFAULT_WAIT_S: Final = 120.0
+DOCTOR_WAIT_S: Final = 150.0
+"""How long `Runwarden.doctor` waits by default: longer than the probe's and the
+clock readings' own deadlines together."""
 
 
 class OperationFailed(RunError):
@@ -70,9 +72,6 @@ def producer_app(settings: Settings) -> Celery:
     """A Celery app that only publishes, with the workers' wire contract
     (`schemas.events.wire_config`): JSON only, the same broker, result backend,
     visibility timeout, queues and routes."""
-    # Imported here: a command that only reads the store never loads Celery.
-    from celery import Celery  # noqa: PLC0415
-
     app = Celery("runwarden-producer")
     app.conf.update(wire_config(settings))
     return app
@@ -114,8 +113,6 @@ class Runwarden:
     def _call(self, task: str, body: BaseModel, wait_s: float | None) -> Any:
         """Publishes `task` with `body`, signed by this client's producer; with
         `wait_s`, waits for its result."""
-        from celery.exceptions import TimeoutError as CeleryTimeout  # noqa: PLC0415
-
         data = body.model_dump(mode="json")
         producer = self.settings.producer
         auth = sign(task, data, producer, self._key(producer), time.time())
@@ -298,6 +295,26 @@ class Runwarden:
 
     def list_stops(self) -> list[StopState]:
         return self.store.list_stops()
+
+    def next_stop_budget(self, run: RunRecord) -> tuple[StopBudget, str]:
+        """The timeouts the next stop of `run` would get, decided as a worker decides
+        them (`schemas.budget.stop_budget`: the run's own timeouts, else learned from
+        its saves, else the default), by the rule of the workers' settings: the one
+        the newest worker published at its start (`RunStore.budget_rules`), else this
+        client's own. With it, where the rule came from, for people.
+
+        Raises:
+            StoreError.
+        """
+        saves = self.store.learned_saves(run)
+        published = self.store.budget_rules()
+        if published:
+            rule, where = published[0].rule, f"the workers' settings ({published[0].worker})"
+        else:
+            rule = self.settings.budget_rule
+            where = "this client's settings: no worker has published its own"
+        return stop_budget(run.timeouts, saves, rule), where
+
 
     def ledger(self, run_id: str) -> list[LedgerEvent]:
         """The stop ledger of run `run_id`, oldest first (the order recorded): its

@@ -40,6 +40,7 @@ and on fakeredis with `lupa` installed.
 from __future__ import annotations
 
 from .base import HISTORY_CAP, LOG_CAP, METRICS_CAP
+from .budgets import PublishedRule
 from .follow import LogEntry, MetricsEntry, Offsets, StreamBytes
 from .keys import Keys
 from .memory import MEMORY_WARN_FRACTION, MemoryUse
@@ -55,6 +56,7 @@ __all__ = [
     "MemoryUse",
     "MetricsEntry",
     "Offsets",
+    "PublishedRule",
     "RunStore",
     "StreamBytes",
 ]

@@ -9,18 +9,21 @@ counted twice), and the end of a stop that proved ([`BudgetsMixin.record_save`])
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Sequence
-from typing import Any, Final
+from datetime import UTC, datetime
+from typing import Any, Final, NamedTuple
 
 from pydantic import ValidationError
 
 from schemas import NotFound, RunRecord
-from schemas.budget import SaveSample
+from schemas.budget import BudgetRule, SaveSample
 
 from .base import text, translated
 from .runs import RunsMixin
 
-__all__ = ["SAVES_KEPT", "BudgetsMixin", "queue_saves"]
+__all__ = ["SAVES_KEPT", "BudgetsMixin", "PublishedRule", "queue_saves"]
 
 SAVES_KEPT: Final = 20
 """Samples kept per run (the newest), and the most a run's budget is learned from,
@@ -40,8 +43,42 @@ def queue_saves(pipe: Any, key: str, samples: Sequence[SaveSample]) -> None:
     pipe.ltrim(key, 0, SAVES_KEPT - 1)
 
 
+class PublishedRule(NamedTuple):
+    """The rule a worker decides its stops' timeouts by, as it published it."""
+
+    worker: str
+    rule: BudgetRule
+    at: datetime
+    """When it was published (at the worker's start), on Redis's clock."""
+
+
 class BudgetsMixin(RunsMixin):
-    """The save samples of runs."""
+    """The save samples of runs, and the rules the workers decide timeouts by."""
+
+    @translated
+    def publish_budget_rule(self, worker: str, rule: BudgetRule) -> None:
+        """Records `rule` as the one worker `worker` decides its stops' timeouts by
+        (its settings), stamped with Redis's clock, so a producer predicts a stop's
+        timeouts as the workers will decide them."""
+        if not worker:
+            raise ValueError("a published rule needs its worker's name")
+        seconds, micros = self._r.time()
+        value = {**dataclasses.asdict(rule), "at": int(seconds) + int(micros) / 1e6}
+        self._r.hset(self.keys.budget_rules, worker[:255], json.dumps(value))
+
+    @translated
+    def budget_rules(self) -> list[PublishedRule]:
+        """The rules the workers published, newest first. An entry that cannot be
+        read (written by something else) is skipped."""
+        found = []
+        for name, raw in self._r.hgetall(self.keys.budget_rules).items():
+            try:
+                fields = json.loads(raw)
+                at = datetime.fromtimestamp(float(fields.pop("at")), UTC)
+                found.append(PublishedRule(text(name), BudgetRule(**fields), at))
+            except (ValueError, TypeError, KeyError, AttributeError, OverflowError):
+                continue
+        return sorted(found, key=lambda published: published.at, reverse=True)
 
     @translated
     def record_save(self, run_id: str, sample: SaveSample) -> None:

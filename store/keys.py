@@ -39,6 +39,7 @@ key, only `[A-Za-z0-9_.-]` as `schemas.idempotency` checks it; `<target>` a targ
 | `P hooks:failed` | list | deliveries given up (JSON), newest first, capped |
 | `P hb:<role>` | sorted set | processes of `<role>` (`worker`, `beat`), score = last beat (9) |
 | `P hb:<role>:<name>` | string | last heartbeat of `<name>` (`Heartbeat` JSON; expires) (9) |
+| `P rules` | hash | worker name -> its stops' timeouts' rule (`BudgetRule` and `at`, JSON) |
 | `P ticks` | hash | periodic task name -> when it last ran (unix seconds, Redis's clock) |
 | `P serves` | sorted set | names of the `runwarden serve` processes, score = last write (11) |
 | `P serve:<name>` | string | the record of serve `<name>` (`ServeState` JSON; expires) (11) |
@@ -263,6 +264,10 @@ class Keys:
         if not name:
             raise ValueError("a heartbeat needs a process name")
         return self._key("hb", _role(role), name)
+
+    @property
+    def budget_rules(self) -> str:
+        return self._key("rules")
 
     @property
     def ticks(self) -> str:

@@ -29,7 +29,7 @@ from schemas import RunwardenError, Settings
 from schemas.health import HEARTBEAT_INTERVAL_S, HEARTBEAT_TTL_S, Heartbeat, Role
 from store import RunStore
 
-__all__ = ["WRITE_TIMEOUT_S", "HeartbeatThread", "HeartbeatWriter", "install"]
+__all__ = ["WRITE_TIMEOUT_S", "HeartbeatThread", "HeartbeatWriter", "install", "publish_rule"]
 
 log = logging.getLogger("runwarden.heartbeat")
 
@@ -169,6 +169,27 @@ def _consumed(consumer: Any) -> Callable[[], tuple[str, ...]]:
     return queues
 
 
+def publish_rule(settings: Settings, name: str) -> bool:
+    """Publishes the rule worker `name` decides its stops' timeouts by (`settings`'
+    `budget_rule`: the default timeouts and how they are learned), so `runwarden
+    show` and the web view predict a stop's timeouts from the workers' settings, not
+    their own. Written at the worker's start, each wait on Redis bounded by
+    [`WRITE_TIMEOUT_S`]; never raises (a failure is logged): whether it was written."""
+    try:
+        store = RunStore.from_url(settings.store_url(), timeout_s=WRITE_TIMEOUT_S)
+    except (RunwardenError, ValueError) as error:
+        log.warning("worker %s: cannot publish its timeouts' rule: %s", name, error)
+        return False
+    try:
+        store.publish_budget_rule(name, settings.budget_rule)
+    except (RunwardenError, ValueError) as error:
+        log.warning("worker %s: cannot publish its timeouts' rule: %s", name, error)
+        return False
+    finally:
+        store.client.close()
+    return True
+
+
 def install(settings: Settings) -> None:
     """Connects the worker's heartbeat to Celery's signals, for `settings`' Redis
     (again: replaces the handlers of the last call). Started at `worker_ready` in the
@@ -180,6 +201,7 @@ def install(settings: Settings) -> None:
         if _running is not None:
             return
         name = str(getattr(sender, "hostname", "") or f"worker@{socket.gethostname()}")
+        publish_rule(settings, name)
         writer = HeartbeatWriter(settings, "worker", name, _consumed(sender))
         _running = HeartbeatThread(writer)
         _running.start()

@@ -71,7 +71,13 @@ def watch_target(ctx: Context, target: str, now: datetime) -> dict[str, int]:
         for run, o in zip(runs, offsets, strict=True)
         if run.job is not None
     ]
-    updates = executor.follow(entries, timeout_s=ctx.settings.follow_timeout_s)
+    # A log further behind than the store keeps of it is read from its last budget's
+    # worth: a job writing faster than a tick reads is never followed ever later.
+    updates = executor.follow(
+        entries,
+        timeout_s=ctx.settings.follow_timeout_s,
+        log_chunk=int(ctx.settings.log_bytes_per_run),
+    )
     ended = 0
     for run, offset, update in zip(runs, offsets, updates, strict=True):
         try:

@@ -7,6 +7,10 @@ from typing import Annotated
 
 import typer
 
+from schemas import Settings
+from schemas.auth import OPERATOR, WORKER
+from schemas.secrets import SecretsError, producer_key_file
+
 from .common import app, fail, json_option, one_line, print_json, run_op, say
 from .helpfmt import PlainTyper
 
@@ -31,8 +35,6 @@ ProducerName = Annotated[
 
 def _key_file(name: str) -> str:
     """The key file's name of producer `name`; an invalid name is bad input (exit 2)."""
-    from schemas.secrets import SecretsError, producer_key_file
-
     try:
         return producer_key_file(name)
     except SecretsError as error:
@@ -54,8 +56,6 @@ def producers_add(
       runwarden producers add billing
       runwarden producers add billing --json
     """
-    from schemas import Settings
-
     settings = Settings()
     file_name = _key_file(name)
     _, created = run_op(lambda: settings.secrets.ensure(file_name))
@@ -77,8 +77,6 @@ def producers_ls(
       runwarden producers ls
       runwarden producers ls --json
     """
-    from schemas import Settings
-
     settings = Settings()
     names = [
         n[len(_PREFIX) : -len(_SUFFIX)]
@@ -101,12 +99,8 @@ def producers_rm(name: ProducerName) -> None:
     Example:
       runwarden producers rm billing
     """
-    from schemas.auth import OPERATOR, WORKER
-
     if name in (OPERATOR, WORKER):
         fail(f"{name} is the service's own producer: it cannot be removed", 2)
-    from schemas import Settings
-
     settings = Settings()
     file_name = _key_file(name)
     if not settings.secrets.remove(file_name):

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 from rich.markup import escape
 from rich.table import Column, Table
 
+from schemas import RunRecord, StopState, StoreError
+from schemas.chain import lost_after_notice
 from schemas.text import clean_text
 
+from ..api import Runwarden
 from .common import (
     RunIdArgument,
     app,
@@ -28,11 +31,7 @@ from .common import (
     progress_bar,
     run_op,
 )
-
-if TYPE_CHECKING:
-    from schemas import RunRecord, StopState
-
-    from ..api import Runwarden
+from .ledger import ledger_table
 
 __all__ = ["LOG_TAIL_LINES", "logs", "runs", "show", "stops"]
 
@@ -144,8 +143,6 @@ def show(
     timeouts = _timeouts_line(api, run, current)
     if timeouts is not None:
         out.print(f"[bold]{timeouts[0]:12}[/] {escape(timeouts[1])}", highlight=False)
-    from schemas import StoreError
-
     try:
         warning = api.store.memory().warning()
     except StoreError:
@@ -155,8 +152,6 @@ def show(
     for label, text in _chain_lines(api, run):
         out.print(f"[bold]{label:12}[/] {escape(text)}", highlight=False, soft_wrap=True)
     if ledger:
-        from .ledger import ledger_table
-
         out.print("[bold]ledger[/]")
         out.print(ledger_table(ledger, with_run=False))
 
@@ -164,8 +159,6 @@ def show(
 def _preemption_lines(run: RunRecord) -> list[tuple[str, str]]:
     """What `show` says of the run's preemption watch and its notice, and of a run
     lost after a notice (`schemas.chain.lost_after_notice`), with labels."""
-    from schemas.chain import lost_after_notice
-
     if run.preemption is None:
         return []
     lines = [("preemption", clean_text(run.preemption.said(ended=run.state.is_terminal)))]
@@ -191,18 +184,18 @@ def _timeouts_line(
     api: Runwarden, run: RunRecord, current: StopState | None
 ) -> tuple[str, str] | None:
     """What `show` says of a stop's timeouts, and its label: those the open stop got;
-    without one, those a running run's next stop would get (learned from its saves as
-    a worker would, `schemas.budget`); else nothing."""
-    from schemas.budget import stop_budget
-
+    without one, those a running run's next stop would get (decided as a worker
+    would, by the rule the workers published, `Runwarden.next_stop_budget`), with
+    where that rule came from unless the run's own timeouts decide; else nothing."""
     if current is not None:
-        label, budget = "timeout", current.budget
-    elif run.state == "running" and run.snapshots:
-        saves = run_op(lambda: api.store.learned_saves(run))
-        label, budget = "next stop", stop_budget(run.timeouts, saves, api.settings.budget_rule)
-    else:
+        return None if current.budget is None else (
+            "timeout", f"{current.budget.describe()}: {current.budget.why}"
+        )  # fmt: skip
+    if run.state != "running" or not run.snapshots:
         return None
-    return None if budget is None else (label, f"{budget.describe()}: {budget.why}")
+    budget, where = run_op(lambda: api.next_stop_budget(run))
+    line = f"{budget.describe()}: {budget.why}"
+    return "next stop", line if budget.source == "explicit" else f"{line} ({where})"
 
 
 @app.command()
@@ -328,6 +321,4 @@ def _history(run_id: str | None, limit: int, as_json: bool) -> None:
     if as_json:
         print_json([e.model_dump(mode="json") for e in events])
         return
-    from .ledger import ledger_table
-
     out.print(ledger_table(events, with_run=checked is None))

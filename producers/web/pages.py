@@ -26,7 +26,6 @@ from schemas import (
     StoreError,
     validate_run_id,
 )
-from schemas.budget import stop_budget
 
 from ..api import OperationFailed
 from .render import Web
@@ -99,8 +98,8 @@ def page_router(web: Web) -> APIRouter:
             run = await run_in_threadpool(web.api.get_run, run_id)
             progress = await run_in_threadpool(web.api.store.last_metrics, run_id)
             # The timeouts the stop would get (a stop already open keeps its own).
-            saves = await run_in_threadpool(web.api.store.learned_saves, run)
-            budget = stop_budget(run.timeouts, saves, web.api.settings.budget_rule)
+            # Decided by the rule of the workers' settings, as they will decide it.
+            budget, _ = await run_in_threadpool(web.api.next_stop_budget, run)
             return web.page(
                 request, "confirm.html", action=action, run=run, progress=progress,
                 reason=reason, proof_timeout_s=budget.proof_timeout_s,

@@ -24,6 +24,7 @@ from .errors import ProtocolError
 from .lines import LineStream
 from .safetree import Downloaded
 from .scripts import FOLLOW_TIMEOUT_S, FollowEntry, FollowUpdate
+from .scripts.follow import FOLLOW_CHUNK_BYTES
 
 __all__ = ["Executor"]
 
@@ -185,7 +186,10 @@ class Executor(Protocol):
         ...
 
     def follow(
-        self, entries: Sequence[FollowEntry], timeout_s: float = FOLLOW_TIMEOUT_S
+        self,
+        entries: Sequence[FollowEntry],
+        timeout_s: float = FOLLOW_TIMEOUT_S,
+        log_chunk: int = FOLLOW_CHUNK_BYTES,
     ) -> list[FollowUpdate]:
         """One follow tick over `entries` (runs of this target), in one round trip
         bounded by `timeout_s` seconds:
@@ -193,8 +197,11 @@ class Executor(Protocol):
         `ProtocolError` for that run alone), the reason in `snapshot.request` (None
         without one), the first bytes of the notice watcher's `notice.json` and
         `.runwarden/notice.state` (None without them; read after the request), and
-        the bytes of `job.log` and `metrics.jsonl` past its offsets (at most
-        `scripts.FOLLOW_CHUNK_BYTES` of each) with the files' sizes.
+        the bytes of `job.log` and `metrics.jsonl` past its offsets (at most `log_chunk` bytes of
+        the log, the run's log budget in the store, and `scripts.FOLLOW_CHUNK_BYTES`
+        of the metrics) with the files' sizes; a log more than `log_chunk` bytes
+        behind is read from its last `log_chunk` bytes, the bytes skipped counted
+        (`FollowUpdate.log_skipped`, and a note line of `log_lines`).
 
         Raises:
             CommandError: (action `follow`) when the script fails or times out.

@@ -313,16 +313,19 @@ class ScriptExecutor:
         return parse_manifest(result.stdout)
 
     def follow(
-        self, entries: Sequence[FollowEntry], timeout_s: float = scripts.FOLLOW_TIMEOUT_S
+        self,
+        entries: Sequence[FollowEntry],
+        timeout_s: float = scripts.FOLLOW_TIMEOUT_S,
+        log_chunk: int = scripts.FOLLOW_CHUNK_BYTES,
     ) -> list[FollowUpdate]:
         if not entries:
             return []
         # A random token frames the answer: no content of a job's file can forge it.
         token = _secrets.token_hex(16)
-        script = scripts.follow_script(entries, token)
+        script = scripts.follow_script(entries, token, log_chunk=log_chunk)
         result = self._transport.run(script, action="follow", timeout_s=timeout_s)
         _checked(result, "follow")
-        return scripts.parse_follow(result.stdout, token, len(entries))
+        return scripts.parse_follow(result.stdout, token, len(entries), log_chunk)
 
     def disk_usage(self, run_dirs: Sequence[str]) -> list[DiskSample | ProtocolError]:
         if not run_dirs:

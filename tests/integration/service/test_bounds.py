@@ -22,7 +22,7 @@ from store.streams import ENTRY_OVERHEAD_BYTES
 from workers.executors import quote
 from workers.retrieval.quota import free_bytes
 
-from ...conftest import ROOT
+from ...conftest import ROOT, wait_for
 from ...pipeline import Pipeline, running_pipeline, toy
 
 pytestmark = pytest.mark.slow
@@ -119,14 +119,14 @@ CHATTY_JOB = (
 """About 850 KB of log, a line of 50 KB among it, then time for the follow to read it."""
 
 
-@pytest.fixture
-def bounded(tmp_path: Path) -> Iterator[Pipeline]:
+@pytest.fixture(scope="module")
+def bounded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
     env = {
         "RUNWARDEN_LOG_BYTES_PER_RUN": "64kib",
         "RUNWARDEN_LOG_LINE_BYTES": str(LINE_CAP),
         "RUNWARDEN_RETENTION_DAYS": str(RETENTION_S / 86400),
     }
-    with running_pipeline(tmp_path, extra_env=env) as started:
+    with running_pipeline(tmp_path_factory.mktemp("bounded"), extra_env=env) as started:
         yield started
 
 
@@ -149,8 +149,12 @@ def test_a_chatty_run_keeps_its_log_budget_and_its_follow_data_expires(
     held = sum(len(line.encode()) + ENTRY_OVERHEAD_BYTES for line in lines)
     assert held <= LOG_BUDGET
     assert len(lines) < 4000  # most were dropped, oldest first
-    first = int(lines[0].split()[1])
-    assert [line.split()[1] for line in lines[:-2]] == [
+    # Written faster than a tick reads: the follow went on from the log's last budget's
+    # worth, saying how many bytes it skipped; from there every line, in order.
+    skip = max(i for i, line in enumerate(lines) if line.startswith("runwarden: "))
+    assert " bytes of job.log skipped: " in lines[skip], lines[skip]
+    first = int(lines[skip + 1].split()[1])
+    assert [line.split()[1] for line in lines[skip + 1 : -2]] == [
         f"{i:05d}" for i in range(first, 4000)
     ]
     assert (Path(ended.remote_dir) / "job.log").stat().st_size > 800_000  # all of it there
@@ -163,3 +167,59 @@ def test_a_chatty_run_keeps_its_log_budget_and_its_follow_data_expires(
         time.sleep(0.2)
     assert store.read_log(run.id) == []
     assert pipeline.api.get_run(run.id).state is RunState.SUCCEEDED  # the record stays
+
+
+FAST_JOB = (
+    "import sys, time\n"
+    "line, i, start = 'x' * 100, 0, time.monotonic()\n"
+    "while time.monotonic() - start < 5:\n"
+    "    began = time.monotonic()\n"
+    "    sys.stdout.write(''.join(f'{i + k:07d} {line}\\n' for k in range(2000)))\n"
+    "    sys.stdout.flush()\n"
+    "    i += 2000\n"
+    "    time.sleep(max(0.0, 0.1 - (time.monotonic() - began)))\n"
+    "print('last line', flush=True)\n"
+    "time.sleep(60)\n"
+)
+"""About 2.2 MB/s of log for 5 s (2,000 lines of 109 bytes every 0.1 s), then quiet."""
+
+
+def test_the_follow_keeps_up_with_a_job_writing_megabytes_a_second(bounded: Pipeline) -> None:
+    """A tick reads at most the run's log budget (64 KiB here: 128 KiB/s at a 0.5 s
+    period), yet the recorded log is never more than about a tick behind: a tick
+    further behind skips to the log's last budget's worth, which the store would
+    keep of it anyway. It once read on from where it was, ever later."""
+    pipeline = bounded
+    command = f"exec {quote(sys.executable)} -u -c {quote(FAST_JOB)}"
+    run = pipeline.api.launch(LaunchSpec(target="local", command=command), wait_s=60)
+    log = Path(run.remote_dir) / "job.log"
+    store = pipeline.api.store
+
+    def newest() -> str:
+        entries = store.read_log_newest(run.id, count=1)
+        return entries[0].line if entries else ""
+
+    def written_last() -> bool:
+        with log.open("rb") as file:
+            file.seek(max(0, log.stat().st_size - 64))
+            return file.read().endswith(b"last line\n")
+
+    behind: list[int] = []
+
+    def sample() -> bool:
+        behind.append(log.stat().st_size - store.get_offsets(run.id).log if log.exists() else 0)
+        return written_last()
+
+    wait_for(sample, timeout_s=30)
+    written = time.monotonic()
+    wait_for(lambda: newest() == "last line", timeout_s=10)
+    lag = time.monotonic() - written
+    assert lag < 3.0, f"the follow caught up {lag:.1f} s after the job's last line"
+    # While the job wrote: never much more than the budget and a tick's writing behind
+    # (a second's, for a loaded machine).
+    assert max(behind) < 64 * 1024 + 2_200_000, max(behind)
+    lines = [entry.line for entry in store.read_log(run.id, count=100_000)]
+    held = sum(len(line.encode()) + ENTRY_OVERHEAD_BYTES for line in lines)
+    assert held <= LOG_BUDGET
+    assert log.stat().st_size > 10_000_000  # all of it on the target
+    pipeline.api.cancel(run.id)

@@ -403,6 +403,21 @@ def test_an_unknown_run_is_bad_input(pipeline: Pipeline, command: str) -> None:
     refused(rw(pipeline, command, UNKNOWN_RUN), 2, f"no run '{UNKNOWN_RUN}'")
 
 
+def test_show_predicts_the_next_stop_by_the_workers_settings(
+    pipeline: Pipeline, running: Launched
+) -> None:
+    """The CLI's own environment says 30 min; the workers (the pipeline's clocks) say
+    otherwise, and published it: `show` says theirs, and where it came from."""
+    assert pipeline.api.store.budget_rules(), "no worker published its rule"
+    cli_env = {**pipeline.env, "RUNWARDEN_PROOF_TIMEOUT_S": "1800"}
+    shown = ok(run_cli(cli_env, "show", running.run_id))
+    [line] = [line for line in shown.splitlines() if line.startswith("next stop")]
+    workers = float(CLOCKS["RUNWARDEN_PROOF_TIMEOUT_S"])
+    assert f"proof timeout {workers:g} s (default): no save seen yet: the configured " in line
+    assert "(the workers' settings (w1@" in line, line
+    assert "1800" not in line, line
+
+
 def test_logs_prints_what_the_job_wrote(pipeline: Pipeline, running: Launched) -> None:
     deadline = time.monotonic() + 15
     while True:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from schemas import RunState, StopPhase
-from schemas.budget import SaveSample, StopBudget, TimeoutSource
+from schemas.budget import BudgetRule, SaveSample, StopBudget, TimeoutSource
 from schemas.snapshot import SnapshotReason
 from store import Offsets, RunStore
 from store.budgets import SAVES_KEPT
@@ -115,3 +115,21 @@ def test_a_stop_keeps_its_budget_through_its_history(store: RunStore) -> None:
     # Without a budget, as before: none kept.
     again, _ = store.open_stop("r1", SnapshotReason.COST, "cli", T0, 60)
     assert again.budget is None
+
+
+# --- the rules the workers publish ---------------------------------------------------
+
+
+def test_the_workers_rules_are_read_newest_first(store: RunStore) -> None:
+    assert store.budget_rules() == []
+    old = BudgetRule(1800.0, 600.0, 3.0, 30.0, 60.0, 7200.0)
+    new = BudgetRule(10.0, 4.0, 2.0, 1.0, 5.0, 100.0)
+    store.publish_budget_rule("w1@a", old)
+    store.publish_budget_rule("watch@a", new)
+    store.client.hset(store.keys.budget_rules, "garbage@a", "{not json")
+    store.client.hset(store.keys.budget_rules, "bad@a", '{"at": 1, "factor": 0.5}')
+    rules = store.budget_rules()
+    assert [(p.worker, p.rule) for p in rules] == [("watch@a", new), ("w1@a", old)]
+    assert rules[0].at >= rules[1].at
+    store.publish_budget_rule("w1@a", new)  # a worker started again: its rule replaced
+    assert [(p.worker, p.rule) for p in store.budget_rules()] == [("w1@a", new), ("watch@a", new)]

@@ -56,7 +56,10 @@ class FollowEntry(NamedTuple):
 
 
 def follow_script(
-    entries: Sequence[tuple[JobId, int, int]], token: str, chunk: int = FOLLOW_CHUNK_BYTES
+    entries: Sequence[tuple[JobId, int, int]],
+    token: str,
+    chunk: int = FOLLOW_CHUNK_BYTES,
+    log_chunk: int = FOLLOW_CHUNK_BYTES,
 ) -> str:
     """One script for a whole target's follow tick: for each `(job, log_offset,
     metrics_offset)` it prints, each record introduced by `token` (random, so no
@@ -71,9 +74,13 @@ def follow_script(
       preemption-notice watcher's files), each only when it is a regular file; the
       notice is read after the request, and the watcher writes it before the
       request, so a request it wrote always comes with its notice;
-    - `L <i> <n>` then the bytes of `job.log` from its offset, and `M <i> <n>` then
-      those of `metrics.jsonl`, at most `chunk` bytes each, only for files that grew
-      past their offset (`n` is the file's size).
+    - `L <i> <n> <k>` then at most `log_chunk` bytes of `job.log` from its offset
+      plus `k`, and `M <i> <n>` then at most `chunk` bytes of `metrics.jsonl` from
+      its offset, only for files that grew past their offset (`n` is the file's
+      size). `k` is 0 unless the log is more than `log_chunk` bytes behind: then the
+      tick skips ahead to its last `log_chunk` bytes (`log_chunk` is the run's log
+      budget in the store, which would drop the older ones anyway), so a job that
+      writes fast is never followed further and further behind.
 
     Every file the job can write is read only when it is a regular file and not a
     symbolic link, bounded in bytes, and never blocking (`rw_read`): a directory, a
@@ -101,6 +108,7 @@ def follow_script(
         + f"""
 rw_t={token}
 rw_chunk={chunk}
+rw_lchunk={log_chunk}
 set --
 rw_flags=
 for rw_d in {" ".join(quote(job.dir) for job, _, _ in entries)}; do
@@ -130,6 +138,13 @@ rw_part() {{
     rw_n=${{9-}}
   fi
   [ "${{rw_n:-0}}" -gt "$4" ] 2>/dev/null || return 0
+  if [ "$1" = L ]; then
+    # More behind than a tick reads: on from the last `rw_lchunk` bytes.
+    rw_k=$((rw_n - $4 - rw_lchunk)); [ "$rw_k" -gt 0 ] || rw_k=0
+    printf '%s %s %s %s %s\\n' "$rw_t" "$1" "$2" "$rw_n" "$rw_k"
+    rw_read "$3" "$rw_lchunk" "$(($4 + rw_k))" || :
+    return 0
+  fi
   printf '%s %s %s %s\\n' "$rw_t" "$1" "$2" "$rw_n"
   rw_read "$3" "$rw_chunk" "$4" || :
 }}
@@ -181,11 +196,28 @@ class FollowUpdate:
     """The first bytes of `.runwarden/notice.state` (at most
     [`NOTICE_STATE_READ_BYTES`]), None when it is not there (parse with
     `notices.parse_notice_state`)."""
+    log_skipped: int = 0
+    """Bytes of `job.log` past the offset that this tick skipped, [`log`] starting
+    after them (the log was more than a tick reads behind)."""
+    log_chunk: int = FOLLOW_CHUNK_BYTES
+    """Most bytes of `job.log` the tick read (the script's `log_chunk`)."""
 
     def log_lines(self) -> tuple[list[str], int]:
-        """The complete lines of [`log`] and how many of its bytes they used (the
-        next tick reads on from there); see [`chunk_lines`]."""
-        return chunk_lines(self.log)
+        """The complete lines of [`log`] and how many bytes past the offset they used
+        (the next tick reads on from there); see [`chunk_lines`]. After a skip, the
+        first line is a note saying how many bytes were skipped (the skipped bytes,
+        and the rest of the line they cut, count as used)."""
+        if not self.log_skipped:
+            return chunk_lines(self.log, self.log_chunk)
+        # The read begins inside a line: its rest goes with the skipped bytes.
+        rest = self.log.find(b"\n") + 1
+        lines, used = chunk_lines(self.log[rest:], self.log_chunk - rest)
+        skipped = self.log_skipped + rest
+        note = (
+            f"runwarden: {skipped} bytes of {JOB_LOG} skipped: the follow was more than "
+            f"the {self.log_chunk} bytes of log the store keeps behind"
+        )
+        return [note, *lines], skipped + used
 
     def metrics_lines(self) -> tuple[list[str], int]:
         """The complete lines of [`metrics`], as [`log_lines`]."""
@@ -209,8 +241,11 @@ def chunk_lines(chunk: bytes, chunk_bytes: int = FOLLOW_CHUNK_BYTES) -> tuple[li
     return lines, used
 
 
-def parse_follow(output: bytes, token: str, count: int) -> list[FollowUpdate]:
-    """The updates of a [`follow_script`] run over `count` runs, in order.
+def parse_follow(
+    output: bytes, token: str, count: int, log_chunk: int = FOLLOW_CHUNK_BYTES
+) -> list[FollowUpdate]:
+    """The updates of a [`follow_script`] run over `count` runs, in order
+    (`log_chunk` as given to the script).
 
     Raises:
         ProtocolError: when the output is cut short (no end record) or malformed.
@@ -222,6 +257,7 @@ def parse_follow(output: bytes, token: str, count: int) -> list[FollowUpdate]:
     status: dict[int, JobStatus | ProtocolError] = {}
     request: dict[int, str | None] = {}
     files: dict[tuple[str, int], tuple[bytes, int]] = {}
+    skipped: dict[tuple[str, int], int] = {}
     ended = False
     for part in parts[1:]:
         head, _, payload = part.partition(b"\n")
@@ -245,6 +281,7 @@ def parse_follow(output: bytes, token: str, count: int) -> list[FollowUpdate]:
             elif kind in ("L", "M", "N", "W"):
                 size = int(words[3]) if kind in ("L", "M") else len(payload)
                 files[(kind, index)] = (payload, size)
+                skipped[(kind, index)] = int(words[4]) if kind == "L" and len(words) > 4 else 0
             else:
                 raise ProtocolError(f"follow record {kind!r}")
         except (IndexError, ValueError) as error:
@@ -267,6 +304,8 @@ def parse_follow(output: bytes, token: str, count: int) -> list[FollowUpdate]:
                 metrics_size,
                 notice=None if notice is None else notice[0],
                 notice_state=None if state is None else state[0],
+                log_skipped=skipped.get(("L", index), 0),
+                log_chunk=log_chunk,
             )
         )
     return updates

@@ -18,13 +18,18 @@ from workers.executors.scripts.follow import NOTICE_READ_BYTES, NOTICE_STATE_REA
 from .....conftest import Target, wait_for
 
 
-def tick(target: Target, entries: list[tuple[JobId, int, int]], chunk: int = 256 * 1024) -> list:  # type: ignore[type-arg]
+def tick(
+    target: Target,
+    entries: list[tuple[JobId, int, int]],
+    chunk: int = 256 * 1024,
+    log_chunk: int = 256 * 1024,
+) -> list:  # type: ignore[type-arg]
     token = secrets.token_hex(16)
     result = target.executor.transport.run(  # type: ignore[attr-defined]
-        follow_script(entries, token, chunk), action="follow"
+        follow_script(entries, token, chunk, log_chunk=log_chunk), action="follow"
     )
     assert result.exit_code == 0, result.stderr
-    return parse_follow(result.stdout, token, len(entries))
+    return parse_follow(result.stdout, token, len(entries), log_chunk)
 
 
 def test_one_script_reports_every_run(target: Target) -> None:
@@ -59,15 +64,45 @@ def test_a_file_larger_than_the_chunk_comes_in_pieces(target: Target) -> None:
     run = target.workdir / "big"
     run.mkdir()
     data = bytes(range(256)) * 100
-    (run / "job.log").write_bytes(data)
+    (run / "metrics.jsonl").write_bytes(data)
     job = JobId(dir=str(run), pid=999_999)
     offset, seen = 0, b""
     while offset < len(data):
-        update = tick(target, [(job, offset, 0)], chunk=4000)[0]
-        assert 0 < len(update.log) <= 4000
-        seen += update.log
-        offset += len(update.log)
+        update = tick(target, [(job, 0, offset)], chunk=4000)[0]
+        assert 0 < len(update.metrics) <= 4000
+        seen += update.metrics
+        offset += len(update.metrics)
     assert seen == data
+
+
+def test_a_log_further_behind_than_a_tick_reads_goes_on_from_its_last_bytes(
+    target: Target,
+) -> None:
+    """A job writing faster than the follow reads: the tick skips to the log's last
+    `log_chunk` bytes (the run's budget in the store), says how many it skipped,
+    and the next tick goes on from the end."""
+    run = target.workdir / "fast"
+    run.mkdir()
+    data = b"".join(b"line %06d\n" % i for i in range(2000))  # 24,000 bytes
+    (run / "job.log").write_bytes(data)
+    job = JobId(dir=str(run), pid=999_999)
+    update = tick(target, [(job, 100, 0)], log_chunk=4000)[0]
+    assert update.log_size == len(data)
+    assert update.log_skipped == len(data) - 100 - 4000
+    assert update.log == data[-4000:]
+    lines, used = update.log_lines()
+    assert used == len(data) - 100  # read to the end: the next tick starts there
+    rest = data[-4000:].index(b"\n") + 1  # the line the skip cut goes with it
+    assert lines[0] == (
+        f"runwarden: {update.log_skipped + rest} bytes of job.log skipped: the follow "
+        "was more than the 4000 bytes of log the store keeps behind"
+    )
+    assert lines[1:] == data[-4000 + rest :].decode().splitlines()
+    assert lines[-1] == "line 001999"
+    # Not behind by more than a tick reads: no skip, every byte from the offset.
+    near = tick(target, [(job, len(data) - 3000, 0)], log_chunk=4000)[0]
+    assert (near.log_skipped, near.log) == (0, data[-3000:])
+    assert near.log_lines()[0][0] == data[-3000:].decode().splitlines()[0]
 
 
 def test_a_garbage_exit_code_is_that_runs_alone(target: Target) -> None:
