@@ -6,8 +6,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 APT_PACKAGES := redis-server openssh-server openssh-client busybox procps tar coreutils findutils iproute2 docker-compose chromium curl wget sudo util-linux passwd
 PYTEST_ARGS ?=
+# pytest-xdist processes: the integration tests mostly wait (on services, jobs, SSH),
+# so more processes than cores pay; files are the unit of distribution, so a module's
+# shared services start once (docs/development.md).
+TEST_WORKERS ?= 4
 
-.PHONY: demo test lint system-deps venv clean
+.PHONY: demo test check check-ruff check-mypy check-unit lint system-deps venv clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -36,7 +40,21 @@ lint: venv
 # pytest runs under a subreaper: orphaned job processes are reaped even where this
 # machine's init does not reap them (a zombie counts as a live group member).
 test: system-deps venv lint
-	$(PY) -m workers.reaper -- $(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m workers.reaper -- $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+
+# Everyday check: ruff, mypy and the unit tests (tests/unit: no process, no server
+# but the session's redis-server) at once.
+check: venv
+	@$(MAKE) --no-print-directory -j3 -O check-ruff check-mypy check-unit
+
+check-ruff:
+	$(VENV)/bin/ruff check .
+
+check-mypy:
+	$(VENV)/bin/mypy schemas store producers workers
+
+check-unit:
+	$(PY) -m workers.reaper -- $(PY) -m pytest -q -n 2 --dist loadfile tests/unit $(PYTEST_ARGS)
 
 demo: venv
 	$(VENV)/bin/runwarden demo

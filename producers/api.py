@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from celery import Celery
-from celery.exceptions import TimeoutError as CeleryTimeout
 from pydantic import BaseModel, SecretStr
 
 from schemas import (
@@ -53,14 +51,15 @@ from schemas.run import ADOPTED_COMMAND, check_cancel, check_resumable, check_sn
 from schemas.secrets import SecretsError, producer_key_file
 from store import RunStore
 
+from .defaults import DOCTOR_WAIT_S
 from .health import read_health
+
+if TYPE_CHECKING:
+    from celery import Celery
 
 __all__ = ["OperationFailed", "Runwarden", "producer_app"]
 
 DEFAULT_WAIT_S: Final = 120.0
-DOCTOR_WAIT_S: Final = 150.0
-"""How long `Runwarden.doctor` waits by default: longer than the probe's and the
-clock readings' own deadlines together."""
 
 
 class OperationFailed(RunError):
@@ -72,6 +71,9 @@ def producer_app(settings: Settings) -> Celery:
     """A Celery app that only publishes, with the workers' wire contract
     (`schemas.events.wire_config`): JSON only, the same broker, result backend,
     visibility timeout, queues and routes."""
+    # Imported here: a command that only reads the store never loads Celery.
+    from celery import Celery  # noqa: PLC0415
+
     app = Celery("runwarden-producer")
     app.conf.update(wire_config(settings))
     return app
@@ -113,6 +115,8 @@ class Runwarden:
     def _call(self, task: str, body: BaseModel, wait_s: float | None) -> Any:
         """Publishes `task` with `body`, signed by this client's producer; with
         `wait_s`, waits for its result."""
+        from celery.exceptions import TimeoutError as CeleryTimeout  # noqa: PLC0415
+
         data = body.model_dump(mode="json")
         producer = self.settings.producer
         auth = sign(task, data, producer, self._key(producer), time.time())

@@ -30,6 +30,8 @@ from schemas.health import (
 from schemas.text import clean_text, format_bytes
 from store import RunStore
 
+from .defaults import HEALTH_TIMEOUT_S
+
 __all__ = [
     "HEALTH_TIMEOUT_S",
     "QUEUES_SHOWN",
@@ -39,8 +41,6 @@ __all__ = [
     "report_rows",
 ]
 
-HEALTH_TIMEOUT_S: Final = 2.0
-"""Default longest wait on Redis of one connect or reply, in seconds."""
 QUEUES_SHOWN: Final = (*REQUIRED_QUEUES, DEFAULT_QUEUE)
 """The queues whose depth is reported: every queue of `schemas.events`."""
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Annotated, Final
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from .defaults import DEFAULT_MAX_PREEMPTIONS
 from .snapshot import Snapshot, SnapshotReason
 from .targets import TargetName
 
@@ -41,8 +42,6 @@ __all__ = [
     "lost_after_notice",
 ]
 
-DEFAULT_MAX_PREEMPTIONS: Final = 3
-"""How many preemptions of one chain are resumed when the launch does not say."""
 MAX_CHAIN: Final = 1000
 """Longest chain followed when runs are counted or shown (a bound on the reads)."""
 

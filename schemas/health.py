@@ -29,6 +29,7 @@ from typing import Annotated, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .defaults import LATE_AFTER_S
 from .events import (
     QUEUE,
     QUEUE_RETRIEVE,
@@ -86,8 +87,6 @@ HEARTBEAT_BYTES: Final = 4096
 """Most bytes of one heartbeat record read back."""
 PROCESSES_SHOWN: Final = 100
 """Most processes of one role (workers, beats) read back, the latest seen first."""
-LATE_AFTER_S: Final = 30.0
-"""Default lateness of a periodic task past which the service is down, in seconds."""
 MEMORY_WARN_FRACTION: Final = 0.8
 """Share of Redis's `maxmemory` in use past which the report warns."""
 REQUIRED_QUEUES: Final = (QUEUE, QUEUE_RETRIEVE, QUEUE_WATCH)

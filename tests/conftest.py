@@ -125,7 +125,7 @@ def process_alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
             state = handle.read().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone before the open, or the read
         return False
     return state not in ("Z", "X")
 
@@ -179,7 +179,19 @@ def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Target]:
     """Each executor of the contract: `local` (LocalExecutor, native file access),
     `shell` (every operation through the shared scripts, over a local transport), and
     `ssh` (SshExecutor against a real sshd on loopback)."""
-    kind: str = request.param
+    yield from _target(request, tmp_path, request.param)
+
+
+@pytest.fixture(params=["local", "shell"])
+def argument_target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Target]:
+    """The executors for an argument check that must refuse before reaching the target:
+    `local` and `shell` are its two code paths (LocalExecutor overrides some operations);
+    SshExecutor is ScriptExecutor with another transport and overrides none, so `ssh`
+    would run `shell`'s check again behind an SSH connection."""
+    yield from _target(request, tmp_path, request.param)
+
+
+def _target(request: pytest.FixtureRequest, tmp_path: Path, kind: str) -> Iterator[Target]:
     workdir = tmp_path / "work"
     workdir.mkdir()
     factory: Callable[[Path], Executor]

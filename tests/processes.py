@@ -1,6 +1,11 @@
 """Processes on this machine, for the tests that count a job's processes: every
 process of a job carries `RUNWARDEN_RUN_ID=<run id>` in its environment
-(`/proc/<pid>/environ`)."""
+(`/proc/<pid>/environ`).
+
+Only this test process's descendants count: under pytest-xdist, another worker may
+run a job of the same run id (ids are a second's time stamp and a name) at the same
+time. Nothing of a job escapes that tree: every test process is a child subreaper
+(tests/conftest.py), so an orphan is re-parented to it or to a reaper below it."""
 
 from __future__ import annotations
 
@@ -11,7 +16,14 @@ from datetime import UTC, datetime
 from schemas import RunRecord, RunState
 from store import RunStore
 
-__all__ = ["assert_one_followed_job", "children", "job_processes", "read_proc", "trainers"]
+__all__ = [
+    "assert_one_followed_job",
+    "children",
+    "descends_from_this_process",
+    "job_processes",
+    "read_proc",
+    "trainers",
+]
 
 
 def read_proc(path: str) -> bytes:
@@ -33,6 +45,18 @@ def _ppid(pid: int) -> int:
     return int(stat.rsplit(b")", 1)[1].split()[1]) if stat else -1
 
 
+def descends_from_this_process(pid: int) -> bool:
+    """Whether `pid` is a descendant of this (test) process; False when it is gone."""
+    me = os.getpid()
+    for _ in range(256):  # deeper than any process tree a test builds
+        pid = _ppid(pid)
+        if pid == me:
+            return True
+        if pid <= 1:
+            return False
+    return False
+
+
 def children(pid: int) -> list[int]:
     """The processes whose parent is `pid`."""
     return [p for p in _pids() if _ppid(p) == pid]
@@ -42,7 +66,11 @@ def job_processes(run_id: str) -> list[int]:
     """Live processes whose environment holds `RUNWARDEN_RUN_ID=<run_id>` (a zombie's
     environment reads empty)."""
     needle = f"RUNWARDEN_RUN_ID={run_id}".encode()
-    return [p for p in _pids() if needle in read_proc(f"/proc/{p}/environ").split(b"\0")]
+    return [
+        p
+        for p in _pids()
+        if needle in read_proc(f"/proc/{p}/environ").split(b"\0") and descends_from_this_process(p)
+    ]
 
 
 def trainers(run_id: str) -> dict[int, int]:

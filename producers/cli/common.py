@@ -1,47 +1,36 @@
 """What every command shares: the Typer apps, the consoles, the error handling (one
 line on stderr and an exit code, never a traceback for a user error), the client, and
-the formatting of runs, stops and artifacts for a terminal."""
+the formatting of runs, stops and artifacts for a terminal.
+
+Every command imports what it uses in its body, and this module imports only typer,
+rich and what costs nothing: `runwarden --help` builds the command tree without
+loading the models, Celery, the store or the web stack (tests/unit/producers/cli/
+test_imports.py checks which modules it loads)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
-from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 from rich.measure import Measurement
 from rich.segment import Segments
 from rich.table import Table
 
-from schemas import (
-    Conflict,
-    InvalidPath,
-    InvalidRunId,
-    NoSnapshots,
-    NotFound,
-    NotRunning,
-    NotStarted,
-    RunError,
-    RunRecord,
-    Settings,
-    StopState,
-    StoreError,
-    UnknownTarget,
-    validate_run_id,
-    validation_message,
-)
-from schemas import Progress as RunProgress
-from schemas.chain import Continuation, is_preempted
-from schemas.secrets import SecretsError
 from schemas.text import clean_text, format_bytes
 
-from ..api import OperationFailed, Runwarden
-from ..embedded import EmbeddedRedis, NotServing
 from .helpfmt import PlainTyper
+
+if TYPE_CHECKING:
+    from schemas import Progress as RunProgress
+    from schemas import RunRecord, StopState
+    from schemas.chain import Continuation
+
+    from ..api import Runwarden
 
 __all__ = [
     "RunIdArgument",
@@ -90,8 +79,6 @@ RunIdArgument = Annotated[
 """The RUN_ID argument of a command acting on one run."""
 
 _T = TypeVar("_T")
-# Refusals of the request itself (bad input): exit 2. Everything else that fails: 1.
-_BAD_INPUT = (InvalidRunId, InvalidPath, UnknownTarget, NotFound, ValidationError, ValueError)
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
@@ -102,6 +89,10 @@ def fail(message: str, code: int = 1) -> NoReturn:
 
 def one_line(error: BaseException) -> str:
     """`error` as one line for a person (a `ValidationError` without its input)."""
+    from pydantic import ValidationError
+
+    from schemas import validation_message
+
     if isinstance(error, ValidationError):
         return validation_message(error)
     return " ".join(str(error).split()) or type(error).__name__
@@ -109,13 +100,34 @@ def one_line(error: BaseException) -> str:
 
 def run_op(call: Callable[[], _T]) -> _T:
     """Runs `call`, turning our errors into one line on stderr and an exit code."""
+    from pydantic import ValidationError
+
+    from schemas import (
+        Conflict,
+        InvalidPath,
+        InvalidRunId,
+        NoSnapshots,
+        NotFound,
+        NotRunning,
+        NotStarted,
+        RunError,
+        StoreError,
+        UnknownTarget,
+    )
+    from schemas.secrets import SecretsError
+
+    from ..api import OperationFailed
+    from ..embedded import NotServing
+
+    # Refusals of the request itself (bad input): exit 2. Everything else that fails: 1.
+    bad_input = (InvalidRunId, InvalidPath, UnknownTarget, NotFound, ValidationError, ValueError)
     try:
         return call()
     except NotServing as error:
         fail(f"{error} (start it with `runwarden serve`)")
     except (NotStarted, NotRunning, NoSnapshots, Conflict, SecretsError) as error:
         fail(one_line(error), 1)
-    except _BAD_INPUT as error:
+    except bad_input as error:
         fail(one_line(error), 2)
     except (StoreError, OperationFailed, RunError) as error:
         fail(one_line(error), 1)
@@ -123,6 +135,11 @@ def run_op(call: Callable[[], _T]) -> _T:
 
 def client() -> Runwarden:
     """The API client; with the embedded default, checks that `serve` is running."""
+    from schemas import Settings
+
+    from ..api import Runwarden
+    from ..embedded import EmbeddedRedis
+
     settings = Settings()
     if settings.redis_url is None and not EmbeddedRedis(settings).ping():
         fail(
@@ -161,6 +178,8 @@ def print_table(table: Table) -> None:
 
 def checked_run_id(run_id: str) -> str:
     """`run_id` when valid, else an error line and exit 2."""
+    from schemas import InvalidRunId, validate_run_id
+
     try:
         return validate_run_id(run_id)
     except InvalidRunId as error:
@@ -220,6 +239,8 @@ def progress_bar(progress: RunProgress | None, width: int = 20) -> str:
 def chain_line(chain: list[RunRecord], current: str) -> str:
     """A chain of runs in one line, oldest first: `id (target, state[, preempted])`
     joined by arrows, the shown run marked with `*`."""
+    from schemas.chain import is_preempted
+
     parts = []
     for run in chain:
         what = [run.target, str(run.state)]

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Final
+from typing import TYPE_CHECKING, Annotated, Final
 
 import typer
 from rich.markup import escape
 from rich.table import Column, Table
 
-from schemas.doctor import DoctorReport
 from schemas.text import clean_text
 
-from ..api import DOCTOR_WAIT_S
+from ..defaults import DOCTOR_WAIT_S
 from .common import app, client, json_option, out, print_json, run_op
+
+if TYPE_CHECKING:
+    from schemas.doctor import DoctorReport
 
 __all__ = ["doctor", "render"]
 

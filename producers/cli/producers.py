@@ -7,10 +7,6 @@ from typing import Annotated
 
 import typer
 
-from schemas import Settings
-from schemas.auth import OPERATOR, WORKER
-from schemas.secrets import SecretsError, producer_key_file
-
 from .common import app, fail, json_option, one_line, print_json, run_op, say
 from .helpfmt import PlainTyper
 
@@ -35,6 +31,8 @@ ProducerName = Annotated[
 
 def _key_file(name: str) -> str:
     """The key file's name of producer `name`; an invalid name is bad input (exit 2)."""
+    from schemas.secrets import SecretsError, producer_key_file
+
     try:
         return producer_key_file(name)
     except SecretsError as error:
@@ -56,6 +54,8 @@ def producers_add(
       runwarden producers add billing
       runwarden producers add billing --json
     """
+    from schemas import Settings
+
     settings = Settings()
     file_name = _key_file(name)
     _, created = run_op(lambda: settings.secrets.ensure(file_name))
@@ -77,6 +77,8 @@ def producers_ls(
       runwarden producers ls
       runwarden producers ls --json
     """
+    from schemas import Settings
+
     settings = Settings()
     names = [
         n[len(_PREFIX) : -len(_SUFFIX)]
@@ -99,8 +101,12 @@ def producers_rm(name: ProducerName) -> None:
     Example:
       runwarden producers rm billing
     """
+    from schemas.auth import OPERATOR, WORKER
+
     if name in (OPERATOR, WORKER):
         fail(f"{name} is the service's own producer: it cannot be removed", 2)
+    from schemas import Settings
+
     settings = Settings()
     file_name = _key_file(name)
     if not settings.secrets.remove(file_name):

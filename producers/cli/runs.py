@@ -7,16 +7,11 @@ import shlex
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from producers.api import OperationFailed, Runwarden
-from schemas import RunLimits, RunRecord, SnapshotReason
-from schemas.budget import StopTimeouts
-from schemas.chain import DEFAULT_MAX_PREEMPTIONS, OnPreempt
-from schemas.events import LaunchSpec
-from schemas.idempotency import new_launch_key
+from schemas.defaults import DEFAULT_MAX_PREEMPTIONS
 
 from .common import (
     app,
@@ -32,6 +27,13 @@ from .common import (
     run_op,
     say,
 )
+
+if TYPE_CHECKING:
+    from schemas import RunRecord
+    from schemas.chain import OnPreempt
+    from schemas.events import LaunchSpec
+
+    from ..api import Runwarden
 
 __all__ = ["cancel", "follow", "launch", "resume", "retrieve", "stop"]
 
@@ -235,6 +237,11 @@ def launch(
         fail(f"invalid --on-preempt {on_preempt!r}: use stop or resume", 2)
     if on_preempt == "stop" and (targets is not None or max_preemptions is not None):
         fail("--targets and --max-preemptions go with --on-preempt resume", 2)
+    from schemas import RunLimits
+    from schemas.budget import StopTimeouts
+    from schemas.chain import OnPreempt
+    from schemas.events import LaunchSpec
+    from schemas.idempotency import new_launch_key
 
     def plan() -> OnPreempt | None:
         if on_preempt == "stop":
@@ -277,6 +284,8 @@ def _launch_once(api: Runwarden, spec: LaunchSpec) -> RunRecord:
     """`api.launch(spec)`, waiting for the upload (a resume: a whole checkpoint) to
     arrive; a launch that fails or is not answered in time names its key, so that the
     same launch given again (`--key`) finds its run instead of starting another job."""
+    from ..api import OperationFailed
+
     try:
         return api.launch(spec, wait_s=api.settings.launch_max_runtime_s + 60)
     except OperationFailed as error:
@@ -311,6 +320,9 @@ def resume(
       runwarden resume 20260601-020000-gpt
       runwarden resume 20260601-020000-gpt --target gpu2
     """
+    from schemas.events import LaunchSpec
+    from schemas.idempotency import new_launch_key
+
     api = client()
     source = checked_run_id(run_id)
     spec = run_op(lambda: api.resume_spec(source, target=target, command=command))
@@ -444,6 +456,8 @@ def stop(
       runwarden stop 20260601-020000-gpt
       runwarden stop 20260601-020000-gpt --reason cost --wait --timeout 3600
     """
+    from schemas import SnapshotReason
+
     try:
         why = SnapshotReason(reason)
     except ValueError:

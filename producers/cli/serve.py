@@ -8,13 +8,7 @@ from typing import Annotated
 
 import typer
 
-from schemas import Settings
-from schemas.webhooks import WebhookConfigError, load_webhooks
-
-from ..demo import run_demo
-from ..embedded import NotServing
-from ..service import ServeError, Service, ServiceOptions
-from ..web import DEFAULT_PORT as DEFAULT_WEB_PORT
+from ..defaults import DEFAULT_WEB_PORT
 from .common import app, err, fail, out
 
 __all__ = ["demo", "serve"]
@@ -89,6 +83,12 @@ def serve(
       runwarden serve --flower --web --concurrency 4
       runwarden serve --metrics-port 9464
     """
+    from schemas import Settings
+    from schemas.webhooks import WebhookConfigError, load_webhooks
+
+    from ..embedded import NotServing
+    from ..service import ServeError, Service, ServiceOptions
+
     settings = Settings()
     try:
         load_webhooks(settings.webhooks)
@@ -130,4 +130,6 @@ def demo() -> None:
     Example:
       runwarden demo
     """
+    from ..demo import run_demo
+
     raise typer.Exit(run_demo(out))

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from pydantic import ValidationError
 from rich.text import Text
 
-from schemas import Settings
-from schemas.health import LATE_AFTER_S, HealthReport
+from schemas.defaults import LATE_AFTER_S
 from schemas.text import clean_text
 
-from ..health import HEALTH_TIMEOUT_S, read_health, report_rows
+from ..defaults import HEALTH_TIMEOUT_S
 from .common import app, fail, one_line, out, print_json
+
+if TYPE_CHECKING:
+    from schemas.health import HealthReport
 
 __all__ = ["render", "status"]
 
@@ -29,6 +30,8 @@ _STATE_STYLE = {
 def render(report: HealthReport) -> list[Text]:
     """The lines `runwarden status` prints for `report`: a verdict, an aligned table
     (what, state, name, detail), then one line per problem and per warning."""
+    from ..health import report_rows
+
     verdict = "OK" if report.ok else f"DOWN ({len(report.problems)} problem(s))"
     lines = [Text.assemble("runwarden: ", (verdict, "bold green" if report.ok else "bold red"))]
     rows = report_rows(report)
@@ -99,6 +102,12 @@ def status(
       runwarden status
       runwarden status --json --timeout 2
     """
+    from pydantic import ValidationError
+
+    from schemas import Settings
+
+    from ..health import read_health
+
     try:
         settings = Settings()
     except ValidationError as error:

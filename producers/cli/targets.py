@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
-from schemas import SshOptions, TargetConfig
-
 from .common import client, fail, json_option, print_json, print_table, run_op, say, targets_app
+
+if TYPE_CHECKING:
+    from schemas import TargetConfig
 
 __all__ = ["targets_add", "targets_ls", "targets_rm"]
 
@@ -113,6 +114,8 @@ def targets_add(
       runwarden targets add here --workdir /data/runs
       runwarden targets add gpu1 --workdir /srv/runs --ssh me@gpu1:2222 --allow-secret HF_TOKEN
     """
+
+    from schemas import SshOptions, TargetConfig
 
     def build() -> TargetConfig:
         options = None

@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
 from rich.table import Column, Table
 
-from schemas import RunRecord, StopState, StoreError
-from schemas.chain import lost_after_notice
 from schemas.text import clean_text
 
-from ..api import Runwarden
 from .common import (
     RunIdArgument,
     app,
@@ -31,7 +28,11 @@ from .common import (
     progress_bar,
     run_op,
 )
-from .ledger import ledger_table
+
+if TYPE_CHECKING:
+    from schemas import RunRecord, StopState
+
+    from ..api import Runwarden
 
 __all__ = ["LOG_TAIL_LINES", "logs", "runs", "show", "stops"]
 
@@ -143,6 +144,8 @@ def show(
     timeouts = _timeouts_line(api, run, current)
     if timeouts is not None:
         out.print(f"[bold]{timeouts[0]:12}[/] {escape(timeouts[1])}", highlight=False)
+    from schemas import StoreError
+
     try:
         warning = api.store.memory().warning()
     except StoreError:
@@ -152,6 +155,8 @@ def show(
     for label, text in _chain_lines(api, run):
         out.print(f"[bold]{label:12}[/] {escape(text)}", highlight=False, soft_wrap=True)
     if ledger:
+        from .ledger import ledger_table
+
         out.print("[bold]ledger[/]")
         out.print(ledger_table(ledger, with_run=False))
 
@@ -159,6 +164,8 @@ def show(
 def _preemption_lines(run: RunRecord) -> list[tuple[str, str]]:
     """What `show` says of the run's preemption watch and its notice, and of a run
     lost after a notice (`schemas.chain.lost_after_notice`), with labels."""
+    from schemas.chain import lost_after_notice
+
     if run.preemption is None:
         return []
     lines = [("preemption", clean_text(run.preemption.said(ended=run.state.is_terminal)))]
@@ -321,4 +328,6 @@ def _history(run_id: str | None, limit: int, as_json: bool) -> None:
     if as_json:
         print_json([e.model_dump(mode="json") for e in events])
         return
+    from .ledger import ledger_table
+
     out.print(ledger_table(events, with_run=checked is None))

@@ -9,16 +9,15 @@ plain HTTP with basic auth, so off this machine it belongs behind a TLS proxy.
 from __future__ import annotations
 
 import ipaddress
-from typing import Final
 
 import uvicorn
 
 from ..api import Runwarden
+from ..defaults import DEFAULT_WEB_PORT as DEFAULT_PORT
 from .app import create_app
 
 __all__ = ["DEFAULT_PORT", "is_loopback", "make_server", "serve"]
 
-DEFAULT_PORT: Final = 8350
 
 
 def is_loopback(host: str) -> bool:

@@ -208,9 +208,9 @@ def test_a_notice_becomes_a_checkpoint(
     (stop,) = pipeline.api.store.stop_history(run.id)
     assert (stop.asked_at - switched).total_seconds() < 5, stop
     # It taught its save time, counted from the notice (its request's time).
-    (sample,) = pipeline.api.store.saves(run.id)
-    assert sample.kind == "stop"
-    assert 0 < sample.seconds < 30, sample
+    samples = [s for s in pipeline.api.store.saves(run.id) if s.kind == "stop"]
+    assert samples, (stop, pipeline.logs())
+    assert all(0 < s.seconds < 30 for s in samples), samples
     # What people read.
     text = cli(pipeline, "show", run.id)
     lines = {line.split(None, 1)[0]: line for line in text.splitlines() if line.strip()}

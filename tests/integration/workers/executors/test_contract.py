@@ -253,15 +253,15 @@ def test_a_job_cannot_forge_its_end(target: Target, marker: str) -> None:
     assert target.executor.status(job) == JobStatus.CANCELLED
 
 
-def test_pid_zero_and_one_are_never_signalled(target: Target) -> None:
-    run = target.workdir / "run"
+def test_pid_zero_and_one_are_never_signalled(argument_target: Target) -> None:
+    run = argument_target.workdir / "run"
     run.mkdir()
     for pid in (0, 1, -5):
         job = JobId.model_construct(dir=str(run), pid=pid, container=None)
         with pytest.raises(InvalidArgument):
-            target.executor.cancel(job)
+            argument_target.executor.cancel(job)
         with pytest.raises(InvalidArgument):
-            target.executor.status(job)
+            argument_target.executor.status(job)
     assert not (run / CANCELLING_FILE).exists()
 
 
@@ -392,21 +392,21 @@ def test_secrets_named_like_the_launcher_s_own_reach_the_job_exactly(target: Tar
         ("OPTIND", "x"),
     ],
 )
-def test_invalid_secrets_start_nothing(target: Target, name: str, value: str) -> None:
+def test_invalid_secrets_start_nothing(argument_target: Target, name: str, value: str) -> None:
     # Built without validation, as a careless caller could: the executor checks again.
     job = JobCommand.model_construct(
-        dir=target.run_dir(),
+        dir=argument_target.run_dir(),
         script="echo started > started",
         env={},
         secrets={name: SecretStr(value)},
         container=None,
     )
     with pytest.raises(InvalidSecret) as raised:
-        target.executor.spawn(job)
+        argument_target.executor.spawn(job)
     assert value not in str(raised.value) or value == "x"
     time.sleep(0.2)
-    assert not (target.workdir / "run" / "started").exists()
-    assert not (target.workdir / "run" / PID_FILE).exists()
+    assert not (argument_target.workdir / "run" / "started").exists()
+    assert not (argument_target.workdir / "run" / PID_FILE).exists()
 
 
 def test_job_env_is_set(target: Target) -> None:
@@ -472,10 +472,10 @@ def test_concurrent_claims_have_one_winner(target: Target) -> None:
 
 
 @pytest.mark.parametrize("owner", ["", "two\nlines", "cr\r", "nul\0"])
-def test_claim_refuses_a_bad_owner(target: Target, owner: str) -> None:
+def test_claim_refuses_a_bad_owner(argument_target: Target, owner: str) -> None:
     with pytest.raises(InvalidArgument):
-        target.executor.claim(target.run_dir(), owner)
-    assert not (target.workdir / "run").exists()
+        argument_target.executor.claim(argument_target.run_dir(), owner)
+    assert not (argument_target.workdir / "run").exists()
 
 
 def test_read_from_ranges(target: Target) -> None:
@@ -626,20 +626,20 @@ def test_download_and_manifest_of_a_missing_root(target: Target, tmp_path: Path)
 
 @pytest.mark.parametrize("entry", ["../escape", "/etc", "a/../../b", "./a", "a//b", "", "a/"])
 def test_entries_that_leave_the_run_directory_are_refused(
-    target: Target, tmp_path: Path, entry: str
+    argument_target: Target, tmp_path: Path, entry: str
 ) -> None:
-    remote = target.workdir / "run"
+    remote = argument_target.workdir / "run"
     remote.mkdir()
     with pytest.raises(InvalidArgument):
-        target.executor.manifest(str(remote), [entry])
+        argument_target.executor.manifest(str(remote), [entry])
     with pytest.raises(InvalidArgument):
-        target.executor.download(str(remote), tmp_path / "x", [entry])
+        argument_target.executor.download(str(remote), tmp_path / "x", [entry])
 
 
 @pytest.mark.parametrize("pattern", ["a/b", "[ab]", "back\\slash", ""])
-def test_unsupported_exclude_patterns_are_refused(target: Target, pattern: str) -> None:
+def test_unsupported_exclude_patterns_are_refused(argument_target: Target, pattern: str) -> None:
     with pytest.raises(InvalidArgument):
-        target.executor.manifest(str(target.workdir), ["x"], [pattern])
+        argument_target.executor.manifest(str(argument_target.workdir), ["x"], [pattern])
 
 
 # --- tail --------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """What the tests of the job side share with the toy trainer's
-(tests/unit/examples/): the job's environment as launch builds it, the protocol's
+(tests/integration/examples/): the job's environment as launch builds it, the protocol's
 way of writing a file, and no `RUNWARDEN_*` variable of this process leaking in."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The job side: `workers/jobside/runwarden_job.py`, which any training loop uses to
 see requests, write proofs and metrics. (The toy trainer that uses it:
-tests/unit/examples/test_toy_trainer.py.)"""
+tests/integration/examples/test_toy_trainer.py.)"""
 
 from __future__ import annotations
 
@@ -291,7 +291,8 @@ def test_the_proof_is_never_seen_partially(run: Path) -> None:
         stop.set()
         thread.join()
     assert len(seen) > 10
-    for content in seen:
+    # The reader takes thousands of snapshots, mostly alike: each distinct one parsed.
+    for content in set(seen):
         proof = parse_proof(content)
         assert isinstance(proof, ProofNone | ProofSaved), (content, proof)
         if content:

@@ -24,7 +24,7 @@ from workers.executors import (
 from workers.executors.scripts import parse_statuses
 
 from .....conftest import wait_for
-from ..conftest import DEAD_PID, HOSTILE_DIR, HOSTILE_NAMES, Shell, crafted, group_alive, no_pwned
+from .....shells import DEAD_PID, HOSTILE_DIR, HOSTILE_NAMES, Shell, crafted, group_alive, no_pwned
 
 # --- status -----------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ import pytest
 from schemas.protocol import CLAIM_FILE
 from workers.executors import CommandError, InvalidArgument, ProtocolError, local_manifest
 
-from ..conftest import HOSTILE_DIR, HOSTILE_NAMES, Shell, no_pwned
+from .....shells import HOSTILE_DIR, HOSTILE_NAMES, Shell, no_pwned
 
 # --- claim ------------------------------------------------------------------------
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .conftest import EXPECTED_BINARY, Shell
+from ....shells import EXPECTED_BINARY, Shell
 
 
 def test_scripts_run_under_the_shell_asked_for(sh: Shell) -> None:

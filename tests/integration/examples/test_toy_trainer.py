@@ -26,7 +26,7 @@ from schemas.snapshot import ProofSaved, parse_proof
 from workers.jobside import runwarden_job as job
 
 from ...conftest import ROOT
-from ..workers.jobside.conftest import job_env, put, read_jsonl
+from ...unit.workers.jobside.conftest import job_env, put, read_jsonl
 
 TOY = ROOT / "examples" / "toy_trainer.py"
 
