@@ -10,9 +10,10 @@ the time it happened (`at`, UTC) and, when it belongs to one, the stop's id:
                       found in the run directory): reason, asked_by, proof_deadline,
                       proof_timeout_s and timeout_source (`explicit`, `learned`,
                       `default`: `schemas.budget`) (`at` is when it was asked)
-    proof_seen        the job's proof was seen, at the proof deadline (`due` set) or
-                      at the run's end (`due` None): step, checkpoint, asked_at, due,
-                      end_deadline
+    proof_seen        the job's proof was seen, by a follow tick, at the proof
+                      deadline (`due` set) or at the run's end: step, checkpoint,
+                      asked_at, due, end_deadline, seen_at, seen_by (`at` is when
+                      the proof was written, bounded by asked_at and seen_at)
     cancel_decided    a deadline passed (proof_timeout, end_timeout), a person
                       cancelled (manual), or a failed cancel is tried again (retry):
                       cause, due, attempt, note, asked_by (a manual one's producer)
@@ -60,6 +61,7 @@ __all__ = [
     "OpenStop",
     "PolicyDecision",
     "ProofSeen",
+    "ProofSeenBy",
     "RetrievalDone",
     "RetrievalFailed",
     "RunEnded",
@@ -166,8 +168,15 @@ class StopOpened(_Event):
         return text
 
 
+ProofSeenBy = Literal["follow", "deadline", "end"]
+"""Who saw a proof first: a follow tick (the job still running), the proof deadline's
+task (the job still running), or the run's end."""
+
+
 class ProofSeen(_Event):
-    """The job's proof (a valid `snapshot.json`) was seen."""
+    """The job's proof (a valid `snapshot.json`, its checkpoint a real directory in
+    the run directory) was seen. `at` is when the proof was written: its own `time`,
+    bounded by `asked_at` and `seen_at` (`schemas.snapshot.proof_moment`)."""
 
     kind: Literal["proof_seen"] = "proof_seen"
     step: Annotated[int, Field(ge=0)]
@@ -175,30 +184,62 @@ class ProofSeen(_Event):
     asked_at: UtcDatetime | None = None
     """When its stop was asked (`at - asked_at` is the proof latency)."""
     due: UtcDatetime | None = None
-    """The proof deadline when it was seen there (the job still ran); None when it
-    was seen at the run's end."""
+    """The proof deadline, when the proof was first seen there (the job still ran);
+    None when a follow tick or the run's end saw it first."""
     end_deadline: UtcDatetime | None = None
-    """The end deadline it set (seen at the proof deadline)."""
+    """The end deadline it set (seen while the job still ran): `at` plus the stop's
+    end timeout."""
+    seen_at: UtcDatetime | None = None
+    """When runwarden first saw the proof (None in events recorded before it was
+    kept: `at` was that moment then)."""
+    seen_by: ProofSeenBy | None = None
+    """Who saw it first (None in events recorded before it was kept: `due` told)."""
+
+    @classmethod
+    def seen(
+        cls,
+        stop: StopState,
+        snapshot: Snapshot,
+        proved_at: datetime,
+        *,
+        seen_at: datetime,
+        by: ProofSeenBy,
+        end_deadline: datetime | None = None,
+    ) -> ProofSeen:
+        """The proof of `stop` written at `proved_at` (already bounded) and first
+        seen at `seen_at` by `by`, setting `end_deadline` (the job still running)."""
+        return cls(
+            run_id=stop.run_id,
+            stop_id=stop.stop_id,
+            at=proved_at,
+            step=snapshot.step,
+            checkpoint=snapshot.checkpoint,
+            asked_at=stop.asked_at,
+            due=stop.proof_deadline if by == "deadline" else None,
+            end_deadline=end_deadline,
+            seen_at=seen_at,
+            seen_by=by,
+        )
 
     @classmethod
     def at_deadline(
         cls, stop: StopState, snapshot: Snapshot, now: datetime, end_deadline: datetime | None
     ) -> ProofSeen:
-        """Seen at the proof deadline of `stop`, the job still running."""
-        return cls(
-            run_id=stop.run_id,
-            stop_id=stop.stop_id,
-            at=now,
-            step=snapshot.step,
-            checkpoint=snapshot.checkpoint,
-            asked_at=stop.asked_at,
-            due=stop.proof_deadline,
-            end_deadline=end_deadline,
-        )
+        """Seen first at the proof deadline of `stop` (at `now`, its written time
+        unknown), the job still running."""
+        return cls.seen(stop, snapshot, now, seen_at=now, by="deadline", end_deadline=end_deadline)
 
     def describe(self) -> str:
-        where = "at the proof deadline" if self.due is not None else "at the run's end"
+        by = self.seen_by or ("deadline" if self.due is not None else "end")
+        where = {
+            "follow": "by the follow",
+            "deadline": "at the proof deadline",
+            "end": "at the run's end",
+        }[by]
         text = f"proof seen {where}: step {self.step}, {self.checkpoint}"
+        if self.asked_at is not None:
+            took = max(0.0, (self.at - self.asked_at).total_seconds())
+            text += f", written {round(took, 1):g} s after it was asked"
         if self.end_deadline is not None:
             text += f"; end deadline {_time(self.end_deadline)}"
         return text

@@ -85,7 +85,8 @@ CANCELS: Final = MetricSpec(
 )
 PROOF_LATENCY: Final = MetricSpec(
     "runwarden_proof_latency_seconds",
-    "From a stop's request to its proof being seen (at the proof deadline or the run's end).",
+    "From a stop's request to its proof: the proof's own time, bounded by the request and "
+    "the moment it was first seen (by a follow tick, at the proof deadline or the run's end).",
     "histogram",
     buckets=_SECONDS,
 )
@@ -172,7 +173,8 @@ def event_samples(event: LedgerEvent) -> list[Sample]:
             latency = max(0.0, (event.at - event.asked_at).total_seconds())
             samples.append(Sample(PROOF_LATENCY, (), latency))
         if event.due is not None:
-            late = max(0.0, (event.at - event.due).total_seconds())
+            seen = event.seen_at or event.at
+            late = max(0.0, (seen - event.due).total_seconds())
             samples.append(Sample(DEADLINE_LATENESS, ("proof",), late))
     elif isinstance(event, CancelDecided):
         if event.cause != "retry":

@@ -9,6 +9,8 @@ the end of its current step, stops, and writes `snapshot.json`, the proof.
 from __future__ import annotations
 
 import json
+import math
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Final, Literal
 
@@ -28,6 +30,7 @@ __all__ = [
     "SnapshotReason",
     "expected_checkpoint",
     "parse_proof",
+    "proof_moment",
 ]
 
 PROOF_TIMEOUT_S: Final = 30 * 60.0
@@ -113,6 +116,10 @@ class ProofSaved(BaseModel):
     model_config = ConfigDict(frozen=True)
     kind: Literal["saved"] = "saved"
     snapshot: Snapshot
+    time: float | None = None
+    """When the job says it wrote the proof (its `time`: seconds since the epoch, on
+    the target's clock); None when the proof holds no finite number there. Never
+    trusted alone: [`proof_moment`] bounds it by when runwarden asked and saw."""
 
 
 class ProofInvalid(BaseModel):
@@ -149,8 +156,9 @@ def parse_proof(content: bytes) -> ProofNone | ProofSaved | ProofInvalid:
     - Empty or ASCII-whitespace-only content is no proof.
     - Content that is not one JSON object with a string `checkpoint` and a
       non-negative integer `step` (below 2**64) is invalid; a JSON syntax error says
-      its line and column. `reason`, when present, is a string or null; `time` and
-      other fields are ignored. JSON that serde_json would refuse (NaN, Infinity,
+      its line and column. `reason`, when present, is a string or null; `time`,
+      when a finite number, is kept (`ProofSaved.time`), else ignored, as are other
+      fields. JSON that serde_json would refuse (NaN, Infinity,
       repeated keys, lone surrogate escapes) is invalid here too.
     - The checkpoint must be exactly `output/checkpoint-<step>`: it names local
       directories later, so nothing else (absolute, `..`, `.`, doubled slashes,
@@ -196,5 +204,38 @@ def parse_proof(content: bytes) -> ProofNone | ProofSaved | ProofInvalid:
     return ProofSaved(
         snapshot=Snapshot(
             checkpoint=checkpoint, step=step, reason=SnapshotReason.parse(reason)
-        )
+        ),
+        time=_written_time(written.get("time")),
     )
+
+
+def _written_time(stamp: object) -> float | None:
+    """A proof's `time` when it is a finite number (an integer within a float's
+    range), else None: a bad time never makes a proof invalid."""
+    if isinstance(stamp, bool) or not isinstance(stamp, int | float):
+        return None
+    try:
+        at = float(stamp)
+    except OverflowError:
+        return None
+    return at if math.isfinite(at) else None
+
+
+def proof_moment(written: float | None, asked_at: datetime, seen_at: datetime) -> datetime:
+    """When a proof counts as written, for its stop's end deadline, the ledger and the
+    proof latency: the proof's own `time` (`written`, seconds since the epoch, as
+    the job put it), never before the stop was asked (`asked_at`) and never after
+    the proof was first seen (`seen_at`); `seen_at` when `written` is None or not
+    finite. So a job's clock, or its lie, moves the moment only within the window
+    in which the proof really came. Both bounds are timezone-aware; so is the
+    result (UTC)."""
+    low, high = asked_at.astimezone(UTC), seen_at.astimezone(UTC)
+    if high <= low:
+        return low  # seen "before" it was asked (workers' clocks disagree): no earlier
+    if written is None or not math.isfinite(written):
+        return high
+    if written <= low.timestamp():
+        return low
+    if written >= high.timestamp():
+        return high
+    return datetime.fromtimestamp(written, UTC)

@@ -137,6 +137,18 @@ class StopsMixin(RunsMixin):
         return None if raw is None else load_model(StopState, raw, f"stop of run {run_id!r}")
 
     @translated
+    def get_stops(self, run_ids: Sequence[str]) -> list[StopState | None]:
+        """The open stops of `run_ids`, in order, in one round trip (MGET); None for a
+        run without one."""
+        if not run_ids:
+            return []
+        raws = self._r.mget([self.keys.stop(run_id) for run_id in run_ids])
+        return [
+            None if raw is None else load_model(StopState, raw, f"stop of run {run_id!r}")
+            for run_id, raw in zip(run_ids, raws, strict=True)
+        ]
+
+    @translated
     def list_stops(self) -> list[StopState]:
         """Every open stop, oldest request first."""
         ids = sorted(text(i) for i in self._r.smembers(self.keys.stops))

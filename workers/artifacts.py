@@ -79,9 +79,11 @@ def retrieve_artifacts(
     against the target's manifest (`workers.retrieval.retrieve`), and records the
     result, within the artifact store's quotas and disk reserve (a retrieval that
     would pass one is recorded failed at once, with the reason: a person acts, then
-    forces it). The attempt is counted before it starts (a worker killed mid-way
-    still counts it); any other failure is recorded with its error and tried again
-    after a backoff (`retrieve_backoff_s`, doubled each time, at most
+    forces it); a retrieval of a run with a snapshot that did not bring its
+    checkpoint home (no regular file under it on the target) is recorded failed at
+    once, with the reason, never done. The attempt is counted before it starts (a
+    worker killed mid-way still counts it); any other failure is recorded with its
+    error and tried again after a backoff (`retrieve_backoff_s`, doubled each time, at most
     `retrieve_backoff_max_s`; the maximum at once for an error that needs a person)
     until `retrieve_attempts`, then marked failed: never dropped silently. A call
     before the next attempt is due, or for a retrieval done or given up, changes
@@ -198,6 +200,17 @@ def _attempt(ctx: Context, run: RunRecord, attempts: int, now: datetime) -> Arti
         failed_at = now + timedelta(seconds=time.monotonic() - started)
         upcoming = failed_at + timedelta(seconds=wait_s)
         return Artifacts(attempts=attempts, error=text, next_attempt=upcoming)
+    if run.snapshot is not None and run.snapshot.checkpoint in done.absent:
+        # What the run's record promises is its checkpoint: a retrieval without it
+        # (gone from the target, or a link there now) is no retrieval. Not tried again
+        # by itself: the target holds no more; `runwarden retrieve` does, when asked.
+        text = (
+            f"the checkpoint {run.snapshot.checkpoint} did not come home: the target "
+            "holds no regular file under it (missing, empty, or a symbolic link on its "
+            f"path); what came is in {done.path}"
+        )
+        log.error("run %s: artifacts NOT retrieved: %s", run.id, text)
+        return Artifacts(phase=ArtifactsPhase.FAILED, attempts=attempts, error=text)
     log.info(
         "run %s: artifacts retrieved and verified: %d files, %d bytes in %.1f s",
         run.id, done.files, done.bytes, time.monotonic() - started,

@@ -61,15 +61,15 @@ def policy_save_lead_s(ctx: Context, run: RunRecord) -> float:
 
 
 def record_stop_save(ctx: Context, stop: StopState | None, proved: bool, now: datetime) -> None:
-    """Records how long `stop` took from its request to the proof, when the run it
-    belongs to has just ended (`now`) with a valid proof (`proved`) while the stop
-    still waited for it: `now - asked_at`, both read on the workers' clock. That is at
-    least the true time (the job wrote its proof, then ended, then a worker saw it),
-    so a budget learned from it is never too short by a target's clock. Nothing is
-    recorded for a stop whose proof was first seen at its proof deadline (it only
-    says "less than the timeout"), nor for one opened for a request found in the run
-    directory (`FOUND_BY`): it was written before a worker saw it, at a time no
-    worker knows, so the time would be short. A stop opened by a preemption notice
+    """Records how long `stop` took from its request to the proof, when a follow tick
+    first saw its valid proof (`proved`), or the run it belongs to has just ended
+    with one, at `now`, while the stop still waited for it: `now - asked_at`, both
+    read on the workers' clock. That is at least the true time (the job wrote its
+    proof, then a worker saw it), so a budget learned from it is never too short by a
+    target's clock. Nothing is recorded for a stop whose proof was first seen at its
+    proof deadline (it only says "less than the timeout"), nor for one opened for a
+    request found in the run directory (`FOUND_BY`): it was written before a worker
+    saw it, at a time no worker knows, so the time would be short. A stop opened by a preemption notice
     (`notice:<source>`) counts from when the watcher saw the notice and wrote its
     request ([`request_time`]). A failure to record is logged only: a sample is
     advice."""

@@ -5,18 +5,21 @@ retrieval sent."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from schemas import (
     Conflict,
     JobStatus,
     ProofInvalid,
+    ProofSaved,
     RunRecord,
+    StopPhase,
     decide_outcome,
     parse_proof,
 )
-from schemas.ledger import RunEnded
+from schemas.ledger import ProofSeen, RunEnded
 from schemas.protocol import PROOF_LIMIT, SNAPSHOT_FILE
-from schemas.snapshot import Proof
+from schemas.snapshot import Proof, proof_moment
 
 from .artifacts import queue_retrieval
 from .budgets import record_stop_save
@@ -27,13 +30,15 @@ from .notify import emit
 
 log = logging.getLogger("runwarden")
 
-__all__ = ["finish", "read_proof"]
+__all__ = ["finish", "judge_proofs", "read_proof"]
 
 
 def read_proof(executor: Executor, run: RunRecord) -> Proof | None:
-    """What the run's `snapshot.json` says (at most its first 64 KiB): a file the job
-    put there that is not a regular file (a directory, a FIFO, a link) is an invalid
-    proof, saying why; None when the target could not be read (logged)."""
+    """What the run's `snapshot.json` says (at most its first 64 KiB), its checkpoint
+    judged on the target by the one rule ([`judge_proofs`]): a file the job put there
+    that is not a regular file (a directory, a FIFO, a link), or a checkpoint that is
+    not a real directory in the run directory, is an invalid proof, saying why; None
+    when the target could not be read (logged)."""
     try:
         content = executor.read_from(f"{run.remote_dir}/{SNAPSHOT_FILE}", 0, PROOF_LIMIT)
     except ProtocolError as error:
@@ -41,7 +46,40 @@ def read_proof(executor: Executor, run: RunRecord) -> Proof | None:
     except ExecError as error:
         log.warning("run %s: cannot read its proof: %s", run.id, error)
         return None
-    return parse_proof(content)
+    return judge_proofs(executor, [(run, parse_proof(content))])[0]
+
+
+def judge_proofs(
+    executor: Executor, proofs: Sequence[tuple[RunRecord, Proof | None]]
+) -> list[Proof | None]:
+    """`proofs` (runs of `executor`'s target, each with its parsed proof) with every
+    valid proof's checkpoint judged in one script on the target
+    (`Executor.check_checkpoints`: with no symbolic link on its path, a non-empty
+    directory inside the run directory): one that fails is a `ProofInvalid` saying
+    why; one that could not be judged (the target unreachable, a garbled answer) is
+    None, logged, as a proof that could not be read. Anything but a valid proof is
+    returned as it is."""
+    saved = [
+        (index, run, proof)
+        for index, (run, proof) in enumerate(proofs)
+        if isinstance(proof, ProofSaved)
+    ]
+    judged: list[Proof | None] = [proof for _, proof in proofs]
+    if not saved:
+        return judged
+    try:
+        verdicts = executor.check_checkpoints(
+            [(run.remote_dir, proof.snapshot.checkpoint) for _, run, proof in saved]
+        )
+    except ExecError as error:
+        log.warning("cannot judge the checkpoints of %d proof(s): %s", len(saved), error)
+        for index, _, _ in saved:
+            judged[index] = None
+        return judged
+    for (index, _, _), why in zip(saved, verdicts, strict=True):
+        if why is not None:
+            judged[index] = ProofInvalid(why=why)
+    return judged
 
 
 def finish(ctx: Context, run: RunRecord, status: JobStatus, executor: Executor) -> RunRecord:
@@ -49,9 +87,13 @@ def finish(ctx: Context, run: RunRecord, status: JobStatus, executor: Executor) 
     from the target: a proof is never thrown away) and, in the same transaction, closes
     its stop (its deadlines cleared) and stops following it; the first to record the
     end sends the retrieval, and records how long a stop that proved took
-    (`workers.budgets.record_stop_save`). A run already ended keeps its state.
-    Returns the stored record."""
-    outcome = decide_outcome(status, read_proof(executor, run), read_job_end(executor, run, status))
+    (`workers.budgets.record_stop_save`) and, for a stop whose proof no one saw
+    before, tells the proof (`proof_seen` by the end, written at its own time bounded
+    by the request and now). A run already ended keeps its state. Returns the stored
+    record."""
+    proof = read_proof(executor, run)
+    seen = utcnow()  # the proof read was there by now
+    outcome = decide_outcome(status, proof, read_job_end(executor, run, status))
     note = f"the run ended {outcome.state}"
     stop = ctx.store.get_stop(run.id)  # read before the end closes it: its save time
     try:
@@ -66,7 +108,15 @@ def finish(ctx: Context, run: RunRecord, status: JobStatus, executor: Executor) 
         ctx.store.unfollow(run.id)
     if changed:
         log.info("run %s: %s (%s)", run.id, record.state, record.message or "")
-        record_stop_save(ctx, stop, outcome.snapshot is not None, utcnow())
+        record_stop_save(ctx, stop, outcome.snapshot is not None, seen)
+        if (
+            isinstance(proof, ProofSaved)
+            and outcome.snapshot is not None
+            and stop is not None
+            and stop.phase is StopPhase.WAITING_PROOF
+        ):
+            proved_at = proof_moment(proof.time, stop.asked_at, seen)
+            emit(ctx, ProofSeen.seen, stop, outcome.snapshot, proved_at, seen_at=seen, by="end")
         emit(ctx, RunEnded.of, record, utcnow())
         queue_retrieval(ctx, record)
     return record

@@ -18,7 +18,9 @@ Guarantees:
   retrieval, or a job cancelled after its run's end was recorded, gets the stop the
   run ended with. A run that ended with a snapshot while
   its stop had no `proof_seen` gets one first (the proof seen at the run's end), so
-  every stop's proof is in the ledger and in the proof latency histogram.
+  every stop's proof is in the ledger and in the proof latency histogram; the run's
+  end tells its own (`workers.finish`, with the proof's time), and a `proof_seen`
+  by the end is dropped when the ledger already has this stop's.
 """
 
 from __future__ import annotations
@@ -91,6 +93,11 @@ def _record(ctx: Context, event: LedgerEvent) -> None:
 def _completed(ctx: Context, event: LedgerEvent) -> list[LedgerEvent]:
     """`event` with its stop filled in from the run's ledger, preceded by the
     `proof_seen` a run's end with a snapshot implies."""
+    if isinstance(event, ProofSeen) and event.seen_by == "end":
+        # The run's end tells a proof no one saw before: unless a follow tick or the
+        # deadline told it meanwhile (they race the end by one read).
+        found = open_stop_of(ctx.store.ledger(event.run_id, last=LEDGER_TAIL))
+        return [] if found is not None and found.proved else [event]
     if isinstance(event, StopOpened | PolicyDecision | ProofSeen):
         return [event]
     if isinstance(event, CancelDecided) and event.stop_id is not None:

@@ -26,13 +26,13 @@ from schemas import (
     StopState,
 )
 from schemas.events import TASK_END_TIMEOUT, TASK_PROOF_TIMEOUT
-from schemas.ledger import CancelDecided, JobCancelled, ProofSeen, StopOpened
+from schemas.ledger import CancelDecided, JobCancelled, ProofSeen, ProofSeenBy, StopOpened
 from schemas.protocol import SNAPSHOT_REQUEST
 from schemas.run import check_cancel, check_snapshot_request
-from schemas.snapshot import Proof
+from schemas.snapshot import Proof, proof_moment
 
 from .artifacts import resend_due_retrievals
-from .budgets import FOUND_BY, countdown_limit_s, next_budget
+from .budgets import FOUND_BY, countdown_limit_s, next_budget, record_stop_save
 from .context import Context, utcnow
 from .executors import CANCEL_DEADLINE_S, ExecError, ProtocolError, SshError
 from .finish import finish, read_proof
@@ -49,6 +49,7 @@ __all__ = [
     "cancelling_now",
     "notice_request",
     "on_deadline",
+    "proof_seen",
     "reconcile",
     "request_snapshot",
     "schedule_deadline",
@@ -245,25 +246,52 @@ def on_deadline(ctx: Context, run_id: str, stop_id: str, now: datetime) -> str:
     return _escalate(ctx, stop, note, now)
 
 
+def proof_seen(
+    ctx: Context, stop: StopState, proof: ProofSaved, seen_at: datetime, by: ProofSeenBy
+) -> StopState | None:
+    """The valid proof of the running job of `stop` (as read, waiting for its proof),
+    first seen at `seen_at` by `by` (a follow tick, or the proof deadline's task):
+    moves the stop to `waiting_end` as one compare-and-set, its end deadline the
+    stop's end timeout after the proof was written (the proof's own `time`, never
+    before the request nor after `seen_at`: `schemas.snapshot.proof_moment`), then
+    sends the end countdown, tells the ledger and, when a follow tick saw it, records
+    the stop's save time (`workers.budgets.record_stop_save`). Returns the moved stop;
+    None, with nothing done, when another task moved it first (a tick and a deadline
+    racing move it once)."""
+    end_s = ctx.settings.end_timeout_s if stop.budget is None else stop.budget.end_timeout_s
+    proved_at = proof_moment(proof.time, stop.asked_at, seen_at)
+    end = proved_at + timedelta(seconds=end_s)
+    after = round((proved_at - stop.asked_at).total_seconds(), 1)
+    moved = ctx.store.advance_stop(
+        stop.run_id,
+        stop.stop_id,
+        StopPhase.WAITING_PROOF,
+        StopPhase.WAITING_END,
+        end_deadline=end,
+        note=f"proof at step {proof.snapshot.step}, {after:g} s after it was asked "
+        f"(seen by the {by}): waiting for the job to end",
+    )
+    if moved is None:
+        return None
+    schedule_deadline(ctx, moved, "end", max(0.0, (end - seen_at).total_seconds()))
+    emit(ctx, ProofSeen.seen, stop, proof.snapshot, proved_at, seen_at=seen_at, by=by,
+         end_deadline=end)  # fmt: skip
+    if by == "follow":
+        record_stop_save(ctx, stop, True, seen_at)
+    log.info("run %s: proof at step %d seen by the %s: end deadline in %g s",
+             stop.run_id, proof.snapshot.step, by,
+             round((end - seen_at).total_seconds(), 1))  # fmt: skip
+    return moved
+
+
 def _proof_deadline(
     ctx: Context, stop: StopState, run: RunRecord, proof: Proof | None, now: datetime
 ) -> str:
-    """The proof deadline of a running job: a valid proof gets the end deadline;
-    anything else (no proof, an invalid one, one that cannot be read) cancels it."""
-    end_s = ctx.settings.end_timeout_s if stop.budget is None else stop.budget.end_timeout_s
+    """The proof deadline of a running job: a valid proof gets the end deadline
+    ([`proof_seen`], the same path as a follow tick's); anything else (no proof, an
+    invalid one, one that cannot be read) cancels it."""
     if isinstance(proof, ProofSaved):
-        end = now + timedelta(seconds=end_s)
-        moved = ctx.store.advance_stop(
-            run.id,
-            stop.stop_id,
-            StopPhase.WAITING_PROOF,
-            StopPhase.WAITING_END,
-            end_deadline=end,
-            note=f"proof seen at step {proof.snapshot.step}: waiting for the job to end",
-        )
-        if moved is not None:
-            schedule_deadline(ctx, moved, "end", end_s)
-            emit(ctx, ProofSeen.at_deadline, stop, proof.snapshot, now, end)
+        proof_seen(ctx, stop, proof, now, "deadline")
         return "proved"
     what = "no snapshot"
     if isinstance(proof, ProofInvalid):

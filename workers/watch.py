@@ -1,6 +1,8 @@
 """The watch: one follow tick over a target's followed runs, through one batched read
 of the target (`Executor.follow`): records new log lines and metrics, opens a stop for
-a request someone else wrote, and finishes runs whose job ended."""
+a request someone else wrote, sees the proof of a stop that waits for it (its
+checkpoint judged in one more script for the whole target), and finishes runs whose
+job ended."""
 
 from __future__ import annotations
 
@@ -9,14 +11,24 @@ import logging
 from datetime import datetime
 from typing import Any
 
-from schemas import JobStatus, NotFound, RunRecord, StoreError
+from schemas import (
+    JobStatus,
+    NotFound,
+    ProofInvalid,
+    ProofSaved,
+    RunRecord,
+    StopPhase,
+    StopState,
+    StoreError,
+    parse_proof,
+)
 from store import Offsets
 
-from .context import Context
+from .context import Context, utcnow
 from .executors import ExecError, Executor, FollowEntry, FollowUpdate
-from .finish import finish
+from .finish import finish, judge_proofs
 from .notice_watch import observe_notices
-from .stops import cancelling_now, notice_request
+from .stops import cancelling_now, notice_request, proof_seen
 
 log = logging.getLogger("runwarden")
 
@@ -46,10 +58,12 @@ def records(ctx: Context, run_ids: list[str]) -> list[RunRecord | None]:
 
 def watch_target(ctx: Context, target: str, now: datetime) -> dict[str, int]:
     """One tick over every followed run of `target`: one batched read for their
-    statuses, new log and metrics bytes and snapshot requests; records lines, opens
-    stops for requests someone else wrote, finishes runs that ended. Runs that ended
-    or have no job are no longer followed. Returns how many runs it looked at and how
-    many ended.
+    statuses, new log and metrics bytes and snapshot requests, and the proof of each
+    run whose stop waits for it; records lines, opens stops for requests someone else
+    wrote, moves a stop whose running job proved to `waiting_end` (its checkpoint
+    judged first, one script for every new proof: `workers.stops.proof_seen`),
+    finishes runs that ended. Runs that ended or have no job are no longer followed.
+    Returns how many runs it looked at and how many ended.
 
     Raises:
         ExecError: the target could not be read (the tick is retried next time).
@@ -66,9 +80,10 @@ def watch_target(ctx: Context, target: str, now: datetime) -> dict[str, int]:
         return {"runs": 0}
     executor = ctx.executor(target)
     offsets = ctx.store.get_offsets_many([run.id for run in runs])
+    stops = ctx.store.get_stops([run.id for run in runs])
     entries = [
-        FollowEntry(run.job, o.log, o.metrics)
-        for run, o in zip(runs, offsets, strict=True)
+        FollowEntry(run.job, o.log, o.metrics, _waits_for_proof(stop))
+        for run, o, stop in zip(runs, offsets, stops, strict=True)
         if run.job is not None
     ]
     # A log further behind than the store keeps of it is read from its last budget's
@@ -78,10 +93,15 @@ def watch_target(ctx: Context, target: str, now: datetime) -> dict[str, int]:
         timeout_s=ctx.settings.follow_timeout_s,
         log_chunk=int(ctx.settings.log_bytes_per_run),
     )
+    seen = utcnow()  # the proofs read were there by now
+    proofs = _new_proofs(executor, runs, stops, updates)
     ended = 0
-    for run, offset, update in zip(runs, offsets, updates, strict=True):
+    for run, offset, update, stop in zip(runs, offsets, updates, stops, strict=True):
         try:
             ended += _one(ctx, run, offset, update, executor, now=now)
+            proof = proofs.get(run.id)
+            if proof is not None and stop is not None:
+                proof_seen(ctx, stop, proof, seen, "follow")
         except (StoreError, ExecError) as error:
             # Redis or the target failed for this run: the next tick tries again.
             log.warning("run %s: this tick failed: %s", run.id, error)
@@ -91,6 +111,41 @@ def watch_target(ctx: Context, target: str, now: datetime) -> dict[str, int]:
             log.exception("run %s: its files could not be recorded", run.id)
             _skip(ctx, run, offset, update, error)
     return {"runs": len(runs), "ended": ended}
+
+
+def _waits_for_proof(stop: StopState | None) -> bool:
+    return stop is not None and stop.phase is StopPhase.WAITING_PROOF
+
+
+def _new_proofs(
+    executor: Executor,
+    runs: list[RunRecord],
+    stops: list[StopState | None],
+    updates: list[FollowUpdate],
+) -> dict[str, ProofSaved]:
+    """The valid proofs this tick read of running jobs whose stop waits for its proof,
+    by run id, each checkpoint judged by the one rule (`workers.finish.judge_proofs`:
+    one script for them all). A proof not yet valid is left for a later tick or the
+    proof deadline; a failure to judge is logged, and leaves them all for next time.
+    Never raises for what a job wrote."""
+    read: list[tuple[RunRecord, ProofSaved]] = []
+    for run, stop, update in zip(runs, stops, updates, strict=True):
+        if not _waits_for_proof(stop) or update.proof is None:
+            continue
+        if not isinstance(update.status, JobStatus) or update.status.kind != "running":
+            continue  # ended (its end reads and judges the proof itself), or unknown
+        parsed = parse_proof(update.proof)
+        if isinstance(parsed, ProofSaved):
+            read.append((run, parsed))
+    if not read:
+        return {}
+    found = {}
+    for (run, _), judged in zip(read, judge_proofs(executor, read), strict=True):
+        if isinstance(judged, ProofSaved):
+            found[run.id] = judged
+        elif isinstance(judged, ProofInvalid):
+            log.info("run %s: its proof is not valid (yet): %s", run.id, judged.why)
+    return found
 
 
 def _one(

@@ -23,7 +23,7 @@ from .doctor import DoctorFindings
 from .errors import ProtocolError
 from .lines import LineStream
 from .safetree import Downloaded
-from .scripts import FOLLOW_TIMEOUT_S, FollowEntry, FollowUpdate
+from .scripts import CHECKPOINT_TIMEOUT_S, FOLLOW_TIMEOUT_S, FollowEntry, FollowUpdate
 from .scripts.follow import FOLLOW_CHUNK_BYTES
 
 __all__ = ["Executor"]
@@ -196,8 +196,10 @@ class Executor(Protocol):
         for each, in order, its status (as [`status`] decides it, or a
         `ProtocolError` for that run alone), the reason in `snapshot.request` (None
         without one), the first bytes of the notice watcher's `notice.json` and
-        `.runwarden/notice.state` (None without them; read after the request), and
-        the bytes of `job.log` and `metrics.jsonl` past its offsets (at most `log_chunk` bytes of
+        `.runwarden/notice.state` (None without them; read after the request), for
+        an entry whose `proof` is set the first `PROOF_LIMIT` bytes of
+        `snapshot.json` (None when it is not a regular file), and the bytes of
+        `job.log` and `metrics.jsonl` past its offsets (at most `log_chunk` bytes of
         the log, the run's log budget in the store, and `scripts.FOLLOW_CHUNK_BYTES`
         of the metrics) with the files' sizes; a log more than `log_chunk` bytes
         behind is read from its last `log_chunk` bytes, the bytes skipped counted
@@ -205,6 +207,26 @@ class Executor(Protocol):
 
         Raises:
             CommandError: (action `follow`) when the script fails or times out.
+            ProtocolError: when its answer is cut short or malformed.
+        """
+        ...
+
+    def check_checkpoints(
+        self,
+        checks: Sequence[tuple[str, str]],
+        timeout_s: float = CHECKPOINT_TIMEOUT_S,
+    ) -> list[str | None]:
+        """Judges the checkpoint of each `(run_dir, checkpoint)` (the checkpoint as a
+        proof names it, relative to the run directory) by the one rule every proof
+        is judged by, in one script on the target (`scripts.checkpoint_script`), in
+        order: None when it resolves, with no symbolic link on any component of its
+        path, to a non-empty directory inside the run directory; else why not, for a
+        person (`checkpoint output/checkpoint-21 is a symbolic link`). Reads no file
+        and follows no link; bounded by `timeout_s` seconds.
+
+        Raises:
+            InvalidArgument: a checkpoint that is not a relative path of plain names.
+            CommandError: (action `checkpoint`) when the script fails or times out.
             ProtocolError: when its answer is cut short or malformed.
         """
         ...

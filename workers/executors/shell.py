@@ -327,6 +327,21 @@ class ScriptExecutor:
         _checked(result, "follow")
         return scripts.parse_follow(result.stdout, token, len(entries), log_chunk)
 
+    def check_checkpoints(
+        self,
+        checks: Sequence[tuple[str, str]],
+        timeout_s: float = scripts.CHECKPOINT_TIMEOUT_S,
+    ) -> list[str | None]:
+        if not checks:
+            return []
+        token = _secrets.token_hex(16)
+        script = scripts.checkpoint_script(
+            [(check_remote(run_dir), checkpoint) for run_dir, checkpoint in checks], token
+        )
+        result = self._transport.run(script, action="checkpoint", timeout_s=timeout_s)
+        _checked(result, "checkpoint")
+        return scripts.parse_checkpoints(result.stdout, token, [c for _, c in checks])
+
     def disk_usage(self, run_dirs: Sequence[str]) -> list[DiskSample | ProtocolError]:
         if not run_dirs:
             return []

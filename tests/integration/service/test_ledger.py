@@ -1,9 +1,9 @@
 """The stop ledger end to end, with real redis-server, Celery worker and beat, real
 jobs and shortened clocks (tests/pipeline.py): four runs stopped four ways at once:
 by the CLI (proof, then the end), by the API with a job that ignores the request
-(cancelled at the proof deadline), by the API with a job that proves and hangs (the
-end deadline cancels it), and by the cost policy, and a fifth cancelled by a person;
-each run's ledger tells who asked,
+(cancelled at the proof deadline), by the API with a job that proves and hangs (its
+proof seen by the follow, the end deadline from the proof cancels it), and by the
+cost policy, and a fifth cancelled by a person; each run's ledger tells who asked,
 the timers, what came of it, and the checkpoint's digest once it is home; `runwarden
 stops --history` and `show --json` show it."""
 
@@ -37,6 +37,7 @@ pytestmark = pytest.mark.slow
 
 PROOF_S = float(CLOCKS["RUNWARDEN_PROOF_TIMEOUT_S"])
 END_S = float(CLOCKS["RUNWARDEN_END_TIMEOUT_S"])
+TICK_S = float(CLOCKS["RUNWARDEN_FOLLOW_POLL_S"])
 ON_TIME_S = float(CLOCKS["RUNWARDEN_RECONCILE_S"]) + 3.0
 """How late a deadline may be acted on here: the countdown fires it, reconcile (every
 second) if the countdown is late; the rest is this shared machine's noise."""
@@ -147,15 +148,18 @@ def test_each_stop_s_story_is_in_the_ledger(pipeline: Pipeline) -> None:
     assert (ended.state, ended.stop_id) == (RunState.CANCELLED, opened.stop_id)
     assert all(e.stop_id == opened.stop_id for e in events)
 
-    # 3. The job proves and hangs: proof seen at the deadline, cancelled at the end's.
+    # 3. The job proves and hangs: proof seen by the follow, written at its own time;
+    # cancelled at the end deadline, counted from the proof.
     events = ledger_when(pipeline, hanging.id, "retrieval_done")
     assert kinds(events)[:3] == ["stop_opened", "proof_seen", "cancel_decided"]
     opened, proof, cancel = events[:3]
     assert isinstance(opened, StopOpened)
     assert (opened.asked_by, opened.stop_id) == ("operator/svc-trainer-ops", hung_stop.stop_id)
     assert isinstance(proof, ProofSeen)
-    assert proof.due == opened.proof_deadline
-    assert timedelta(0) <= proof.at - opened.proof_deadline < timedelta(seconds=ON_TIME_S)
+    assert (proof.due, proof.seen_by) == (None, "follow")
+    assert proof.seen_at is not None
+    assert opened.at <= proof.at <= proof.seen_at < opened.proof_deadline
+    assert proof.seen_at - proof.at < timedelta(seconds=TICK_S + ON_TIME_S)
     assert proof.end_deadline == proof.at + timedelta(seconds=END_S)
     assert isinstance(cancel, CancelDecided)
     assert (cancel.cause, cancel.due) == ("end_timeout", proof.end_deadline)
@@ -202,10 +206,10 @@ def test_each_stop_s_story_is_in_the_ledger(pipeline: Pipeline) -> None:
     table = ok(run_cli(pipeline.env, "stops", "--history"))
     for needle in ("cancel decided: proof timeout", "cancel decided: end timeout",
                    "asked by operator/svc-trainer-ops", "policy:cost",
-                   "proof seen at the run's end", "manual (asked by operator)",
+                   "proof seen by the follow", "manual (asked by operator)",
                    "artifacts retrieved", proving.id, costly.id):  # fmt: skip
         assert needle in table, table
     text = ok(run_cli(pipeline.env, "show", hanging.id))
-    assert "proof seen at the proof deadline" in text
+    assert "proof seen by the follow" in text
     refused(run_cli(pipeline.env, "stops", proving.id), 2, "a run id goes with --history")
     refused(run_cli(pipeline.env, "stops", "--history", "20990101-000000-nobody"), 2, "no run")

@@ -1,11 +1,14 @@
 """`schemas.snapshot`: overbrainer's snapshot tests ported (its behaviour is described in
-docs/protocol.md), the proof parser's edge cases and properties, the reasons, and the
-`Snapshot` shape shared with overbrainer's serde type."""
+docs/protocol.md), the proof parser's edge cases and properties, the reasons, the
+`Snapshot` shape shared with overbrainer's serde type, and when a proof counts as
+written (`proof_moment`)."""
 
 from __future__ import annotations
 
 import json
+import math
 import re
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -23,6 +26,7 @@ from schemas import (
     parse_proof,
 )
 from schemas.protocol import PROOF_LIMIT
+from schemas.snapshot import proof_moment
 
 U64_MAX = 2**64 - 1
 LINE_COLUMN = re.compile(r"\(line \d+, column \d+\)")
@@ -32,8 +36,12 @@ def proof(**fields: Any) -> bytes:
     return json.dumps(fields).encode()
 
 
-def saved(checkpoint: str, step: int, reason: SnapshotReason) -> ProofSaved:
-    return ProofSaved(snapshot=Snapshot(checkpoint=checkpoint, step=step, reason=reason))
+def saved(
+    checkpoint: str, step: int, reason: SnapshotReason, time: float | None = None
+) -> ProofSaved:
+    return ProofSaved(
+        snapshot=Snapshot(checkpoint=checkpoint, step=step, reason=reason), time=time
+    )
 
 
 # --- overbrainer's snapshot tests, ported -----------------------------------------
@@ -43,7 +51,7 @@ def test_a_proof_names_its_checkpoint_step_and_reason() -> None:
     got = parse_proof(
         b'{"checkpoint": "output/checkpoint-120", "step": 120, "time": 1.5, "reason": "cost"}'
     )
-    assert got == saved("output/checkpoint-120", 120, SnapshotReason.COST)
+    assert got == saved("output/checkpoint-120", 120, SnapshotReason.COST, 1.5)
     without = parse_proof(b'{"checkpoint": "output/checkpoint-1", "step": 1}')
     assert isinstance(without, ProofSaved), without
     assert without.snapshot.reason is SnapshotReason.REQUESTED
@@ -239,7 +247,7 @@ def test_syntax_errors_say_line_and_column(content: bytes, line: int) -> None:
     assert f"(line {line}, column " in got.why, got.why
 
 
-def test_extra_fields_and_time_are_ignored() -> None:
+def test_extra_fields_are_ignored_and_only_a_finite_time_is_kept() -> None:
     content = proof(
         checkpoint="output/checkpoint-3",
         step=3,
@@ -249,10 +257,15 @@ def test_extra_fields_and_time_are_ignored() -> None:
         checkpoints=["/etc/passwd"],
     )
     assert parse_proof(content) == saved("output/checkpoint-3", 3, SnapshotReason.DISK)
-    times: list[Any] = [1.5, None, -1, "x", [], {}]
-    for time in times:
+    times: list[tuple[Any, float | None]] = [
+        (1.5, 1.5), (None, None), (-1, -1.0), ("x", None), ([], None), ({}, None),
+        (True, None), (10**400, None), (1764500000, 1764500000.0),
+    ]  # fmt: skip
+    for time, kept in times:
         content = proof(checkpoint="output/checkpoint-3", step=3, time=time)
-        assert parse_proof(content) == saved("output/checkpoint-3", 3, SnapshotReason.REQUESTED)
+        assert parse_proof(content) == saved(
+            "output/checkpoint-3", 3, SnapshotReason.REQUESTED, kept
+        ), time
 
 
 def test_surrounding_whitespace_is_fine() -> None:
@@ -424,3 +437,39 @@ def test_a_step_of_another_type_is_invalid(step: int, wrong: Any) -> None:
 def test_a_step_out_of_u64_is_invalid(step: int) -> None:
     content = json.dumps({"checkpoint": expected_checkpoint(step), "step": step})
     assert isinstance(parse_proof(content.encode()), ProofInvalid)
+
+
+# --- when a proof counts as written ---------------------------------------------------
+
+ASKED = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
+SEEN = ASKED + timedelta(seconds=40)
+
+
+@pytest.mark.parametrize(
+    ("written", "moment"),
+    [
+        (ASKED.timestamp() + 2.5, ASKED + timedelta(seconds=2.5)),  # its own time
+        (ASKED.timestamp() - 3600, ASKED),  # before the request: the request
+        (1.0, ASKED),  # a clock at the epoch
+        (SEEN.timestamp() + 5, SEEN),  # after it was seen: when it was seen
+        (None, SEEN),  # no time: when it was seen
+        (math.nan, SEEN),
+        (math.inf, SEEN),
+        (-math.inf, SEEN),
+        (1e300, SEEN),  # past any datetime: never overflows
+        (-1e300, ASKED),
+    ],
+)
+def test_a_proof_counts_from_its_time_bounded_by_the_request_and_its_sight(
+    written: float | None, moment: datetime
+) -> None:
+    got = proof_moment(written, ASKED, SEEN)
+    assert got == moment
+    assert got.tzinfo is not None
+
+
+def test_a_proof_seen_before_its_request_counts_from_the_request() -> None:
+    # The workers' clocks disagree: the request's time is the earliest a proof counts.
+    assert proof_moment(ASKED.timestamp(), ASKED, ASKED - timedelta(seconds=1)) == ASKED
+    other_zone = SEEN.astimezone(timezone(timedelta(hours=5)))
+    assert proof_moment(None, ASKED, other_zone) == SEEN

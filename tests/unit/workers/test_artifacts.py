@@ -153,3 +153,27 @@ def test_a_done_retrieval_needs_no_target_to_be_recorded_again(tmp_path: Path) -
     assert retrieve(worker, "e1", datetime.now(UTC)).phase is ArtifactsPhase.DONE
     store.remove_target("local")
     assert retrieve(worker, "e1", datetime.now(UTC), force=True).phase is ArtifactsPhase.DONE
+
+
+@pytest.mark.parametrize("how", ["link", "gone"])
+def test_a_retrieval_without_the_snapshot_s_checkpoint_is_failed_never_done(
+    tmp_path: Path, how: str
+) -> None:
+    worker, store, _ = policy_worker(tmp_path, artifact_dir=tmp_path / "artifacts")
+    run = ended_run(store, tmp_path)
+    ended = finish.finish(worker, run, JobStatus.CANCELLED, worker.executor("local"))
+    assert ended.state is RunState.STOPPED  # its checkpoint was real at the end
+    checkpoint = tmp_path / "e1" / "output" / "checkpoint-3"
+    for child in checkpoint.iterdir():
+        child.unlink()
+    checkpoint.rmdir()
+    if how == "link":  # the job (or anyone) swapped it for a link since
+        checkpoint.symlink_to("/etc")
+    result = retrieve(worker, "e1", datetime.now(UTC))
+    assert result.phase is ArtifactsPhase.FAILED
+    assert result.error is not None
+    assert "the checkpoint output/checkpoint-3 did not come home" in result.error
+    assert store.get_run("e1").artifacts == result
+    kinds = [e.kind for e in store.ledger("e1")]
+    assert kinds[-1] == "retrieval_failed"
+    assert "retrieval_done" not in kinds

@@ -63,10 +63,14 @@ def test_a_stop_proved_at_the_end_is_told_in_order_with_its_digest(tmp_path: Pat
     assert isinstance(proof, ProofSeen)
     assert (proof.stop_id, proof.step, proof.checkpoint) == (stop.stop_id, 3, "output/checkpoint-3")
     assert proof.due is None  # seen at the run's end, not at its deadline
+    assert proof.seen_by == "end"
     assert proof.asked_at == stop.asked_at
     assert isinstance(ended, RunEnded)
     assert (ended.stop_id, ended.state) == (stop.stop_id, RunState.STOPPED)
-    assert proof.at == ended.at
+    # The proof says it was written at 1.0 (1970): never before it was asked.
+    assert proof.at == stop.asked_at
+    assert proof.seen_at is not None
+    assert stop.asked_at <= proof.seen_at <= ended.at
     assert isinstance(retrieved, RetrievalDone)
     assert retrieved.stop_id == stop.stop_id
     # The digest, computed here from the stored manifest.json as documented.

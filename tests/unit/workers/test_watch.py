@@ -1,17 +1,34 @@
 """`workers.watch`: a follow tick over a real run directory of a local target, over
 fakeredis. A dead job's `exit_code` is its end, except while a cancel of its run is
 under way: the job may have forged it before the kill, and the cancel records the
-end from its own reading once its `cancelled` marker is written."""
+end from its own reading once its `cancelled` marker is written. A tick sees the
+proof of a stop that waits for it (the end deadline from the proof's own time, once,
+whoever races it), and never one whose checkpoint is a link."""
 
 from __future__ import annotations
 
+import json
 import subprocess
-from datetime import UTC, datetime
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from schemas import JobId, RunState
+from schemas import (
+    JobId,
+    JobStatus,
+    ProofInvalid,
+    ProofSaved,
+    RunState,
+    SnapshotReason,
+    StopPhase,
+)
+from schemas.events import TASK_END_TIMEOUT
+from schemas.ledger import ProofSeen
+from workers import stops
+from workers.finish import finish
 from workers.stops import CANCEL_RETRY_S, cancel_key
 from workers.watch import watch_target
 
@@ -48,3 +65,106 @@ def test_an_exit_code_during_a_cancel_is_left_to_the_cancel(
     else:
         assert found["ended"] == 1
         assert after.state is RunState.SUCCEEDED
+
+
+# --- a proof seen by the follow -------------------------------------------------------
+
+
+@pytest.fixture
+def job() -> Iterator[int]:
+    """A live job: a process leading a process group of its own; its pid."""
+    proc = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    yield proc.pid
+    proc.kill()
+    proc.wait()
+
+
+def prove(run_dir: Path, written: float, step: int = 21, link: str | None = None) -> None:
+    """The job's side: its checkpoint (a link to `link` instead, when given), then its
+    proof, saying it was written at `written`."""
+    checkpoint = run_dir / "output" / f"checkpoint-{step}"
+    checkpoint.parent.mkdir(parents=True, exist_ok=True)
+    if link is None:
+        checkpoint.mkdir()
+        (checkpoint / "weights.bin").write_bytes(b"w" * 64)
+    else:
+        checkpoint.symlink_to(link)
+    proof = {"checkpoint": f"output/checkpoint-{step}", "step": step, "time": written}
+    (run_dir / "snapshot.json").write_text(json.dumps(proof))
+
+
+def test_a_tick_sees_the_proof_and_the_end_deadline_counts_from_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, job: int
+) -> None:
+    ctx, store, sent = policy_worker(tmp_path, end_timeout_s=60)
+    run = running_run(store, tmp_path, "r1", job=JobId(dir=str(tmp_path / "r1"), pid=job))
+    asked = datetime.now(UTC) - timedelta(seconds=10)
+    stop = stops.request_snapshot(ctx, "r1", SnapshotReason.REQUESTED, "cli", asked)
+    watch_target(ctx, "local", datetime.now(UTC))  # no proof yet: nothing moves
+    assert store.get_stop("r1") == stop
+    written = asked + timedelta(seconds=3)
+    prove(tmp_path / "r1", written.timestamp())
+    watch_target(ctx, "local", datetime.now(UTC))
+    moved = store.get_stop("r1")
+    assert moved is not None
+    assert moved.phase is StopPhase.WAITING_END
+    assert moved.end_deadline == written + timedelta(seconds=60)
+    [countdown] = [c for n, _, c in sent.calls if n == TASK_END_TIMEOUT]
+    assert 48 < countdown <= 53  # from the proof (10 s ago, 3 s after asking): not 60
+    [seen] = [e for e in store.ledger("r1") if isinstance(e, ProofSeen)]
+    assert (seen.at, seen.seen_by, seen.due, seen.step) == (written, "follow", None, 21)
+    assert seen.seen_at is not None
+    assert seen.at < seen.seen_at
+    assert seen.end_deadline == moved.end_deadline
+    assert [s.kind for s in store.saves("r1")] == ["stop"]  # a save time learned
+    # The proof deadline's task, racing with the tick on the stop it read, moves nothing.
+    monkeypatch.setattr(stops, "_escalate", lambda *a: pytest.fail("no cancel"))
+    proof = stops.read_proof(ctx.executor("local"), run)
+    assert isinstance(proof, ProofSaved)
+    assert stops._proof_deadline(ctx, stop, run, proof, stop.proof_deadline) == "proved"
+    assert stops.proof_seen(ctx, stop, proof, datetime.now(UTC), "follow") is None
+    assert store.get_stop("r1") == moved
+    assert [e.kind for e in store.ledger("r1")].count("proof_seen") == 1
+    assert len([n for n, _, _ in sent.calls if n == TASK_END_TIMEOUT]) == 1
+    # The next ticks read no proof: the stop waits for the end now.
+    watch_target(ctx, "local", datetime.now(UTC))
+    assert store.get_stop("r1") == moved
+
+
+@pytest.mark.parametrize(
+    ("link", "why"),
+    [
+        ("/etc", "checkpoint output/checkpoint-21 is a symbolic link"),
+        (None, "checkpoint output/checkpoint-21: output is a symbolic link"),
+    ],
+)
+def test_a_proof_with_a_linked_checkpoint_is_never_seen_and_its_deadline_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, link: str | None, why: str, job: int
+) -> None:
+    ctx, store, _ = policy_worker(tmp_path)
+    run = running_run(store, tmp_path, "r1", job=JobId(dir=str(tmp_path / "r1"), pid=job))
+    stop = stops.request_snapshot(ctx, "r1", SnapshotReason.REQUESTED, "cli", datetime.now(UTC))
+    if link is not None:
+        prove(tmp_path / "r1", time.time(), link=link)
+    else:  # a link on a parent component: `output` leads out of the run directory
+        prove(tmp_path / "elsewhere", time.time())
+        (tmp_path / "r1" / "output").symlink_to(tmp_path / "elsewhere" / "output")
+        (tmp_path / "r1" / "snapshot.json").write_bytes(
+            (tmp_path / "elsewhere" / "snapshot.json").read_bytes()
+        )
+    for _ in range(2):
+        watch_target(ctx, "local", datetime.now(UTC))
+        assert store.get_stop("r1") == stop
+    assert not [e for e in store.ledger("r1") if isinstance(e, ProofSeen)]
+    assert stops.read_proof(ctx.executor("local"), run) == ProofInvalid(why=why)
+    notes: list[str] = []
+    monkeypatch.setattr(stops, "_escalate", lambda ctx, stop, note, now: notes.append(note) or "")
+    stops.on_deadline(ctx, "r1", stop.stop_id, stop.proof_deadline)
+    assert len(notes) == 1
+    assert notes[0].startswith(f"no valid snapshot ({why})")
+    # Its end says so too: never stopped with that snapshot.
+    record = finish(ctx, run, JobStatus.CANCELLED, ctx.executor("local"))
+    assert record.state is RunState.CANCELLED
+    assert record.snapshot is None
+    assert record.message is not None
+    assert why in record.message

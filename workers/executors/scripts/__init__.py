@@ -11,6 +11,7 @@ utilities plus `setsid`, `head -c`, `find -print0`, `xargs -0` (and GNU `tar` an
     files    claim, byte ranges, small files, archives, manifests, sizes
     launch   launcher, job wrapper, on-target watchdog
     follow   the batched follow tick
+    proof    the rule for a proof's checkpoint (a real directory in the run directory)
     doctor   the doctor's probe of what a target has, and its clock reading
 """
 
@@ -40,6 +41,7 @@ from .follow import (
     parse_follow,
 )
 from .launch import WATCHDOG_PID_FILE, launcher_script, watchdog_script, wrapper_script
+from .proof import CHECKPOINT_TIMEOUT_S, checkpoint_script, parse_checkpoints
 from .status import (
     CANCEL_KILL_WAIT_S,
     CANCEL_TERM_WAIT_S,
@@ -52,6 +54,7 @@ from .status import (
 __all__ = [
     "CANCEL_KILL_WAIT_S",
     "CANCEL_TERM_WAIT_S",
+    "CHECKPOINT_TIMEOUT_S",
     "CLOCK",
     "FOLLOW_CHUNK_BYTES",
     "FOLLOW_TIMEOUT_S",
@@ -64,10 +67,12 @@ __all__ = [
     "cancel_script",
     "check_exclude",
     "check_owner",
+    "checkpoint_script",
     "claim_script",
     "follow_script",
     "launcher_script",
     "manifest_script",
+    "parse_checkpoints",
     "parse_claim",
     "parse_follow",
     "parse_size_answer",

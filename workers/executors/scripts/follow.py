@@ -13,6 +13,8 @@ from schemas.protocol import (
     METRICS_FILE,
     NOTICE_FILE,
     NOTICE_STATE_FILE,
+    PROOF_LIMIT,
+    SNAPSHOT_FILE,
     SNAPSHOT_REQUEST,
 )
 
@@ -48,22 +50,24 @@ NOTICE_STATE_READ_BYTES: Final = 200
 
 
 class FollowEntry(NamedTuple):
-    """One run of a follow tick: its job, and how far its files were read (bytes)."""
+    """One run of a follow tick: its job, how far its files were read (bytes), and
+    whether its proof is read too (a run whose stop waits for its proof)."""
 
     job: JobId
     log_offset: int
     metrics_offset: int
+    proof: bool = False
 
 
 def follow_script(
-    entries: Sequence[tuple[JobId, int, int]],
+    entries: Sequence[FollowEntry | tuple[JobId, int, int]],
     token: str,
     chunk: int = FOLLOW_CHUNK_BYTES,
     log_chunk: int = FOLLOW_CHUNK_BYTES,
 ) -> str:
     """One script for a whole target's follow tick: for each `(job, log_offset,
-    metrics_offset)` it prints, each record introduced by `token` (random, so no
-    file content can forge one):
+    metrics_offset[, proof])` it prints, each record introduced by `token` (random,
+    so no file content can forge one):
 
     - `S <i> <status>`: the job's status, as `status_script` decides it;
     - `Q <i> <reason>` when `snapshot.request` is a regular file that is not empty
@@ -74,6 +78,9 @@ def follow_script(
       preemption-notice watcher's files), each only when it is a regular file; the
       notice is read after the request, and the watcher writes it before the
       request, so a request it wrote always comes with its notice;
+    - `P <i>` then the first `PROOF_LIMIT` bytes of `snapshot.json`, only for an
+      entry whose `proof` is set and only when it is a regular file (a run without
+      an open stop costs nothing);
     - `L <i> <n> <k>` then at most `log_chunk` bytes of `job.log` from its offset
       plus `k`, and `M <i> <n>` then at most `chunk` bytes of `metrics.jsonl` from
       its offset, only for files that grew past their offset (`n` is the file's
@@ -93,12 +100,14 @@ def follow_script(
     if not token.isalnum():
         raise InvalidArgument("the follow token is alphanumeric")
     rows = []
-    for index, (job, log_offset, metrics_offset) in enumerate(entries):
+    for index, entry in enumerate(entries):
+        job, log_offset, metrics_offset = entry[0], entry[1], entry[2]
+        proof = 1 if len(entry) > 3 and entry[3] else 0
         if log_offset < 0 or metrics_offset < 0:
             raise InvalidArgument("offsets are non-negative")
         rows.append(
             f"rw_one {index} {quote(job.dir)} {check_job_pid(job)} {job_start(job)} "
-            f"{log_offset} {metrics_offset}"
+            f"{log_offset} {metrics_offset} {proof}"
         )
     body = "\n".join(rows)
     return (
@@ -111,7 +120,7 @@ rw_chunk={chunk}
 rw_lchunk={log_chunk}
 set --
 rw_flags=
-for rw_d in {" ".join(quote(job.dir) for job, _, _ in entries)}; do
+for rw_d in {" ".join(quote(entry[0].dir) for entry in entries)}; do
   for rw_f in "$rw_d/{JOB_LOG}" "$rw_d/{METRICS_FILE}"; do
     if [ -f "$rw_f" ] && [ ! -h "$rw_f" ]; then set -- "$@" "$rw_f"; rw_flags="${{rw_flags}}1"
     else rw_flags="${{rw_flags}}0"; fi
@@ -169,6 +178,7 @@ rw_one() {{
   printf '%s Q %s %.32s\\n' "$rw_t" "$1" "$rw_q"
   rw_file N "$1" "$2/{NOTICE_FILE}" {NOTICE_READ_BYTES}
   rw_file W "$1" "$2/{NOTICE_STATE_FILE}" {NOTICE_STATE_READ_BYTES}
+  [ "$7" != 1 ] || rw_file P "$1" "$2/{SNAPSHOT_FILE}" {PROOF_LIMIT}
   rw_part L "$1" "$2/{JOB_LOG}" "$5"
   rw_part M "$1" "$2/{METRICS_FILE}" "$6"
 }}
@@ -196,6 +206,9 @@ class FollowUpdate:
     """The first bytes of `.runwarden/notice.state` (at most
     [`NOTICE_STATE_READ_BYTES`]), None when it is not there (parse with
     `notices.parse_notice_state`)."""
+    proof: bytes | None = None
+    """The first `PROOF_LIMIT` bytes of `snapshot.json` when the entry asked for its
+    proof and it is a regular file, else None (parse with `schemas.parse_proof`)."""
     log_skipped: int = 0
     """Bytes of `job.log` past the offset that this tick skipped, [`log`] starting
     after them (the log was more than a tick reads behind)."""
@@ -278,7 +291,7 @@ def parse_follow(
             elif kind == "Q":
                 reason = " ".join(words[3:]).strip()
                 request[index] = reason or None
-            elif kind in ("L", "M", "N", "W"):
+            elif kind in ("L", "M", "N", "W", "P"):
                 size = int(words[3]) if kind in ("L", "M") else len(payload)
                 files[(kind, index)] = (payload, size)
                 skipped[(kind, index)] = int(words[4]) if kind == "L" and len(words) > 4 else 0
@@ -294,6 +307,7 @@ def parse_follow(
         metrics, metrics_size = files.get(("M", index), (b"", 0))
         notice = files.get(("N", index))
         state = files.get(("W", index))
+        proof = files.get(("P", index))
         updates.append(
             FollowUpdate(
                 status[index],
@@ -304,6 +318,7 @@ def parse_follow(
                 metrics_size,
                 notice=None if notice is None else notice[0],
                 notice_state=None if state is None else state[0],
+                proof=None if proof is None else proof[0],
                 log_skipped=skipped.get(("L", index), 0),
                 log_chunk=log_chunk,
             )

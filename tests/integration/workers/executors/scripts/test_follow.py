@@ -1,6 +1,6 @@
 """The batched follow script of a target's tick, on every executor (one script for
 all followed runs: status, snapshot request, new log and metrics bytes, the notice
-watcher's files)."""
+watcher's files, the proof of a run whose stop waits for it)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 from schemas import JobCommand, JobId, JobStatus
-from schemas.protocol import NOTICE_FILE, NOTICE_STATE_FILE
-from workers.executors import quote
+from schemas.protocol import NOTICE_FILE, NOTICE_STATE_FILE, PROOF_LIMIT, SNAPSHOT_FILE
+from workers.executors import FollowEntry, quote
 from workers.executors.scripts import follow_script, parse_follow
 from workers.executors.scripts.follow import NOTICE_READ_BYTES, NOTICE_STATE_READ_BYTES
 
@@ -158,3 +158,51 @@ def test_the_notice_watcher_s_files_are_read_bounded(target: Target) -> None:
     for update in (fifo, link, none):
         assert (update.notice, update.notice_state) == (None, None)
     assert [u.status for u in (plain, big, fifo, link, none)] == [JobStatus.LOST] * 5
+
+
+def test_the_proof_is_read_bounded_only_for_the_runs_that_wait_for_it(target: Target) -> None:
+    proof = b'{"checkpoint": "output/checkpoint-2", "step": 2, "time": 1.5}\nS 0 cancelled\n'
+    runs = {}
+    for name in ("asked", "unasked", "big", "fifo", "link", "none"):
+        run = target.workdir / name
+        run.mkdir()
+        runs[name] = run
+    for name in ("asked", "unasked"):
+        (runs[name] / SNAPSHOT_FILE).write_bytes(proof)
+    (runs["big"] / SNAPSHOT_FILE).write_bytes(b"{" * (PROOF_LIMIT + 1000))
+    os.mkfifo(runs["fifo"] / SNAPSHOT_FILE)  # a read would block: never opened
+    (runs["link"] / SNAPSHOT_FILE).symlink_to(runs["asked"] / SNAPSHOT_FILE)
+    entries = [
+        FollowEntry(JobId(dir=str(run), pid=999_999), 0, 0, proof=name != "unasked")
+        for name, run in runs.items()
+    ]
+    started = time.monotonic()
+    asked, unasked, big, fifo, link, none = tick(target, entries)  # type: ignore[arg-type]
+    assert time.monotonic() - started < 10
+    assert asked.proof == proof  # its bytes as written: forging no record
+    assert asked.status == JobStatus.LOST
+    assert unasked.proof is None  # a run without an open stop costs nothing
+    assert big.proof == b"{" * PROOF_LIMIT
+    for update in (fifo, link, none):
+        assert update.proof is None
+    # Through the executor, the same.
+    [again] = target.executor.follow([entries[0]])
+    assert again.proof == proof
+
+
+def test_every_executor_judges_a_checkpoint_by_the_same_rule(target: Target) -> None:
+    good, linked, parent = (target.workdir / n for n in ("good", "linked", "parent"))
+    (good / "output" / "checkpoint-21").mkdir(parents=True)
+    (good / "output" / "checkpoint-21" / "weights.bin").write_bytes(b"w")
+    (linked / "output").mkdir(parents=True)
+    (linked / "output" / "checkpoint-21").symlink_to("/etc")
+    parent.mkdir()
+    (parent / "output").symlink_to(good / "output")
+    verdicts = target.executor.check_checkpoints(
+        [(str(run), "output/checkpoint-21") for run in (good, linked, parent)]
+    )
+    assert verdicts == [
+        None,
+        "checkpoint output/checkpoint-21 is a symbolic link",
+        "checkpoint output/checkpoint-21: output is a symbolic link",
+    ]
