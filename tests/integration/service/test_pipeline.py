@@ -18,8 +18,17 @@ from ...pipeline import Pipeline, running_pipeline, toy
 pytestmark = pytest.mark.slow
 
 
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
+    """One service for the module: each test works on runs of its own and leaves the
+    service serving."""
+    with running_pipeline(tmp_path_factory.mktemp("pipeline")) as started:
+        yield started
+
+
 @pytest.fixture
-def pipeline(tmp_path: Path) -> Iterator[Pipeline]:
+def own_pipeline(tmp_path: Path) -> Iterator[Pipeline]:
+    """A service for one test, which restarts its Redis."""
     with running_pipeline(tmp_path) as started:
         yield started
 
@@ -179,9 +188,10 @@ def test_the_hf_trainer_launched_through_runwarden_stops_with_a_loadable_checkpo
     assert loaded.stdout.strip() == "GPT2LMHeadModel"
 
 
-def test_a_redis_restart_in_the_middle_of_a_stop(pipeline: Pipeline) -> None:
+def test_a_redis_restart_in_the_middle_of_a_stop(own_pipeline: Pipeline) -> None:
     # The job ignores requests: the stop can only end through the proof deadline,
     # which must survive the restart (AOF) and still be acted on.
+    pipeline = own_pipeline
     run_id = launch(pipeline, "--ignore-requests")
     pipeline.wait_step(run_id, 2)
     stop = pipeline.api.stop(run_id, asked_by="test")

@@ -27,8 +27,17 @@ LEAD_S = 3.0
 POLICY_ENV = {"RUNWARDEN_DEADLINE_LEAD_S": str(LEAD_S)}
 
 
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
+    """One service for the module: each test works on runs of its own and leaves the
+    service serving."""
+    with running_pipeline(tmp_path_factory.mktemp("policies"), extra_env=POLICY_ENV) as started:
+        yield started
+
+
 @pytest.fixture
-def pipeline(tmp_path: Path) -> Iterator[Pipeline]:
+def own_pipeline(tmp_path: Path) -> Iterator[Pipeline]:
+    """A service for one test, which stops all of it."""
     with running_pipeline(tmp_path, extra_env=POLICY_ENV) as started:
         yield started
 
@@ -138,8 +147,9 @@ def _fill_and_stop(pipeline: Pipeline, small_disk: Path) -> None:
 
 
 def test_the_watchdog_asks_alone_when_redis_and_every_worker_are_gone(
-    pipeline: Pipeline,
+    own_pipeline: Pipeline,
 ) -> None:
+    pipeline = own_pipeline
     # Asked 17 s after the start: long enough to stop everything first.
     run = launch(pipeline, limits=RunLimits(max_hours=20 / 3600, disk=False))
     run_dir = Path(run.remote_dir)
@@ -242,9 +252,10 @@ def test_a_failed_retrieval_is_retried_with_backoff_and_shown(tmp_path: Path) ->
         assert (blocked / run.id / "job.log").is_file()
 
 
-def test_stop_resume_stop_resume_continues_the_steps(pipeline: Pipeline, tmp_path: Path) -> None:
+def test_stop_resume_stop_resume_continues_the_steps(pipeline: Pipeline) -> None:
     # An upload directory that carries a stale request and proof: never inherited.
-    upload = tmp_path / "upload"
+    # Under the service's directory: the target's upload root.
+    upload = pipeline.tmp / "stop-resume-upload"
     upload.mkdir()
     (upload / "snapshot.request").write_text("requested")
     (upload / "snapshot.json").write_text('{"checkpoint": "output/checkpoint-1", "step": 1}')
