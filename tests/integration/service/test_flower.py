@@ -19,6 +19,7 @@ import pytest
 
 from producers.service import FLOWER_CONFIG
 from schemas import RunState, SnapshotReason
+from schemas.budget import StopTimeouts
 from schemas.events import (
     TASK_FOLLOW_TICK,
     TASK_POLICY_TARGET,
@@ -136,7 +137,12 @@ def test_the_periodic_tasks_leave_the_task_list_to_the_stops(
     """The ticks (one every second or so here) never reach Flower's task list, by
     their workers' events or their senders': a countdown shows, with its name."""
     pipeline, flower = setup
-    spec = LaunchSpec(target="local", command=toy("--steps", "100000", "--ignore-requests"))
+    # Its own proof timeout, longer than the test: one countdown, never fired meanwhile.
+    spec = LaunchSpec(
+        target="local",
+        command=toy("--steps", "100000", "--ignore-requests"),
+        timeouts=StopTimeouts(proof_timeout_s=300),
+    )
     run_id = pipeline.api.launch(spec).id
     since = time.time()
     pipeline.api.stop(run_id, reason=SnapshotReason.COST, asked_by="test")
