@@ -41,7 +41,11 @@ HOSTILE = [
 ]
 
 
-@pytest.mark.parametrize("good", ["k", "0", "A-b_c.d", str(uuid.uuid4()), "k" * LAUNCH_KEY_MAX_LEN])
+# A fixed uuid4, not a fresh one: every pytest-xdist process must collect the same ids.
+UUID4 = "9f1c2b7e-4d3a-4f6b-8e2d-5a7c9b1d3e4f"
+
+
+@pytest.mark.parametrize("good", ["k", "0", "A-b_c.d", UUID4, "k" * LAUNCH_KEY_MAX_LEN])
 def test_a_valid_key_is_kept(good: str) -> None:
     assert validate_launch_key(good) == good
     assert LaunchSpec(target="t", command="true", key=good).key == good
