@@ -186,8 +186,9 @@ def cancel_script(job: JobId) -> str:
       or `cancelled` exists (the pid may have gone to another process): writes
       `cancelling` (when it can), stops the container if any (`<engine> stop -t 30
       <name>`), SIGTERMs the group, waits up to 10 s, SIGKILLs it, waits up to 10 s
-      for it to be gone; exit 5 with a message when it survives (`cancelling` stays,
-      and a later cancel retries);
+      for it to be gone (both waits by the clock where `/proc/uptime` tells it, so a
+      loaded machine's slow naps never stretch them); exit 5 with a message when it
+      survives (`cancelling` stays, and a later cancel retries);
     - then, when the job has a mark (`JobId.mark`), every process still carrying it
       (one that left the group: `setsid`, a daemon) gets SIGTERM, SIGKILL after
       10 s, and exit 5 when one survives 10 s more. A process that cleared or
@@ -222,11 +223,21 @@ fi
 rw_dir={quote(job.dir)}
 rw_pid={check_job_pid(job)}
 rw_begun={job_start(job)}
+rw_up() {{
+  # Seconds since boot, read with a builtin (empty without /proc): a loaded machine
+  # stretches the naps, never the waits measured by it.
+  rw_s=; {{ read -r rw_s _ < /proc/uptime; }} 2>/dev/null || :
+  rw_s=${{rw_s%%.*}}; case $rw_s in *[!0-9]*) rw_s= ;; esac
+}}
 rw_gone() {{
-  rw_i=0
+  # $1 turns of 0.1 s at most, and $1 / {TICKS_PER_S} s by the clock when it is known.
+  rw_i=0; rw_up; rw_t0=$rw_s
   while rw_ours "$rw_pid" "$rw_begun"; do
     rw_i=$((rw_i + 1))
     [ "$rw_i" -gt "$1" ] && return 1
+    if [ -n "$rw_t0" ]; then
+      rw_up; [ -n "$rw_s" ] && [ $((rw_s - rw_t0)) -ge $(($1 / {TICKS_PER_S})) ] && return 1
+    fi
     rw_nap
   done
   return 0

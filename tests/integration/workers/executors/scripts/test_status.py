@@ -18,10 +18,13 @@ from schemas.protocol import CANCEL_FILE, CANCELLING_FILE, EXIT_FILE, JOB_LOG, P
 from workers.executors import (
     InvalidArgument,
     LocalExecutor,
+    LocalTransport,
     ProtocolError,
+    ScriptExecutor,
     parse_status,
 )
 from workers.executors.scripts import parse_statuses
+from workers.executors.scripts import status as status_scripts
 
 from .....conftest import wait_for
 from .....shells import DEAD_PID, HOSTILE_DIR, HOSTILE_NAMES, Shell, crafted, group_alive, no_pwned
@@ -192,6 +195,30 @@ def test_a_job_handling_sigterm_is_cancelled_quickly(sh: Shell) -> None:
     assert time.monotonic() - started < 3  # well before the 10 s SIGKILL escalation
     assert sh.executor.status(job) == JobStatus.CANCELLED
     assert "handled" in log.read_text()
+    assert not group_alive(job.pid)
+
+
+def test_the_waits_of_a_cancel_go_by_the_clock_not_the_naps(
+    sh: Shell, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loaded machine makes each 0.1 s nap of the cancel script take far longer (here
+    every `sleep` takes 0.5 s): the wait after SIGTERM still ends by the clock (1 s
+    here, 10 s in service), so a deaf job gets its SIGKILL in time and the cancel ends
+    within its deadline."""
+    bin_dir = tmp_path / "slow-bin"
+    bin_dir.mkdir()
+    (bin_dir / "sleep").write_text("#!/bin/sh\nexec /bin/sleep 0.5\n")
+    (bin_dir / "sleep").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    loaded = ScriptExecutor(LocalTransport(env=env, shell=sh.shell), str(sh.workdir))
+    monkeypatch.setattr(status_scripts, "CANCEL_TERM_WAIT_S", 1)
+    job = sh.spawn("trap '' TERM; echo ready; while :; do sleep 0.05; done")
+    log = Path(job.dir) / JOB_LOG
+    wait_for(lambda: log.exists() and "ready" in log.read_text())
+    started = time.monotonic()
+    loaded.cancel(job)
+    assert time.monotonic() - started < 4.0  # by the naps alone: 10 x 0.5 s, then more
+    assert sh.executor.status(job) == JobStatus.CANCELLED
     assert not group_alive(job.pid)
 
 
