@@ -142,7 +142,9 @@ rw_scan() {
         case " $rw_left " in *" $rw_p "*) continue ;; esac
         rw_l=; { IFS= read -r rw_l < "/proc/$rw_p/stat"; } 2>/dev/null || continue
         rw_l=${rw_l##*) }
-        case $rw_l in Z*) continue ;; esac
+        set -f; set -- $rw_l; set +f
+        # A subshell of this wrapper (the grep's) still has the mark in its environ.
+        [ "$#" -ge 2 ] && [ "$1" != Z ] && [ "$2" != "$$" ] || continue
         rw_left="$rw_left $rw_p"
       done
     fi
@@ -166,7 +168,8 @@ rw_count() { set -f; set -- $1; set +f; rw_n=$#; }
 """`rw_scan` sets `rw_left` to the pids of the run's processes other than the wrapper
 and its own helpers: the members of the wrapper's process group (not the wrapper,
 not its children, not zombies), and with `/proc` every process whose environment
-holds `$rw_entry` (the run's mark; not the wrapper, not its parent, pid 1 never).
+holds `$rw_entry` (the run's mark; not the wrapper, not its parent, not its children,
+whose environment a fork copied, not zombies, pid 1 never).
 Without `/proc`, the group's members come from `ps` (POSIX `-o`), and marks cannot be
 read; exit 1 when `ps` fails too. `rw_count LIST` sets `rw_n` to its words."""
 
