@@ -9,12 +9,13 @@ import os
 import secrets as _secrets
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any, Final, NoReturn
 
 import paramiko
 
-from ..errors import SshError
+from ..errors import CommandError, SshError
 from ..scripts import quote
 from ..transport import Completed
 from .config import SshDestination
@@ -283,11 +284,20 @@ class SshConnection:
     @contextlib.contextmanager
     def shell(self, timeout_s: float | None) -> Iterator[_Shell]:
         """A persistent shell for one command, from the idle ones or a new one (at
-        most [`MAX_SHELLS`] at once; beyond, waits). A shell whose command failed is
-        closed, never reused."""
+        most [`MAX_SHELLS`] at once; beyond, waits, at most `timeout_s` seconds: the
+        command's own deadline). A shell whose command failed is closed, never
+        reused.
+
+        Raises:
+            CommandError: no shell came free within `timeout_s`.
+        """
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._lock:
             while not self._shells and self._shell_count >= MAX_SHELLS:
-                self._lock.wait()
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise CommandError("run", f"no free shell within {timeout_s:g} s")
+                self._lock.wait(left)
             if self._shells:
                 shell = self._shells.pop()
             else:

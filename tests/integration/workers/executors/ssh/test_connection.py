@@ -19,6 +19,7 @@ import pytest
 from schemas import JobCommand, JobStatus
 from workers.executors import CommandError, SshError
 from workers.executors.ssh import SshDestination, SshExecutor, connection_pool
+from workers.executors.ssh.connection import MAX_SHELLS
 
 from .....conftest import ssh_executor, wait_for
 from .....sshd import (
@@ -208,6 +209,27 @@ def test_a_cancel_past_its_deadline_frees_the_worker_and_ends_on_the_target(
         )
     assert time.monotonic() - started < 3
     wait_for(done.exists, timeout_s=10)
+    assert executor.probe("echo next") == b"next\n"
+
+
+def test_waiting_for_a_free_shell_counts_in_the_deadline(sshd: SshServer, tmp_path: Path) -> None:
+    """Every shell of the connection busy: a script waits for one no longer than its
+    own deadline (a cancel never waits on the follow's scripts for ever)."""
+    executor = ssh_executor(sshd, tmp_path)
+    run = executor.transport.run
+    busy = [
+        threading.Thread(target=run, args=("sleep 2",), kwargs={"action": "probe"})
+        for _ in range(MAX_SHELLS)
+    ]
+    for thread in busy:
+        thread.start()
+    wait_for(lambda: executor.transport.connection._shell_count == MAX_SHELLS)
+    started = time.monotonic()
+    with pytest.raises(CommandError, match=r"no free shell within 0\.3 s"):
+        executor.transport.run_to_end("echo late", action="cancel", timeout_s=0.3)
+    assert time.monotonic() - started < 1.5
+    for thread in busy:
+        thread.join()
     assert executor.probe("echo next") == b"next\n"
 
 
