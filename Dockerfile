@@ -10,7 +10,8 @@ COPY producers ./producers
 COPY store ./store
 COPY workers ./workers
 COPY examples ./examples
-RUN pip install --no-cache-dir . flower
+# The workers' extra (SSH) and Flower's: the image runs no web view.
+RUN pip install --no-cache-dir '.[worker,flower]'
 # Jobs on the local target live under /runs; SSH keys and known_hosts come in /keys.
 RUN useradd --create-home --uid 1000 runwarden && mkdir -p /runs /home/runwarden/state/runs \
     && chown -R runwarden /runs /home/runwarden/state

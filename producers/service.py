@@ -39,6 +39,7 @@ from typing import Final
 
 from schemas import RunError, RunwardenError, Settings
 from schemas.auth import OPERATOR, WORKER
+from schemas.errors import require_extra
 from schemas.events import DEFAULT_QUEUE, QUEUE, QUEUE_RETRIEVE, QUEUE_WATCH
 from schemas.health import SERVE_TTL_S, SERVE_WRITE_S, ServeChild, ServeState
 from schemas.secrets import FLOWER_AUTH, producer_key_file
@@ -47,8 +48,6 @@ from workers.deathsig import wrapped
 
 from .api import Runwarden
 from .embedded import EmbeddedRedis, NotServing
-from .metrics import serve_metrics
-from .web import make_server
 
 __all__ = [
     "FLOWER_CONFIG",
@@ -103,6 +102,8 @@ class _WebThread:
     the main thread only, so the caller's stay in charge)."""
 
     def __init__(self, api: Runwarden, options: ServiceOptions, user: str, password: str) -> None:
+        from .web import make_server  # noqa: PLC0415 - the `web` extra, checked by prepare
+
         flower_url = f"http://127.0.0.1:{options.flower_port}" if options.flower else None
         self._server = make_server(
             api, "127.0.0.1", options.web_port, user=user, password=password, flower_url=flower_url
@@ -313,7 +314,11 @@ class Service:
                 `ORPHAN_WAIT_S` to end first).
             SecretsError: the secrets directory cannot be written.
             ServeError: the metrics port cannot be bound.
+            MissingExtra: a package of what was asked for is not installed (the
+                workers' `worker` extra; `web` for the web view and the metrics
+                endpoint; `flower`), checked before anything starts.
         """
+        self._check_extras()
         self.settings.state_dir.mkdir(parents=True, exist_ok=True)
         self._lock = _hold(self.settings.state_dir)
         try:
@@ -321,6 +326,15 @@ class Service:
         except BaseException:
             self._stop()  # what did start, and the state directory's lock
             raise
+
+    def _check_extras(self) -> None:
+        require_extra("worker", "runwarden serve (its workers)", "paramiko")
+        if self.options.web:
+            require_extra("web", "the web view (--web)", "fastapi", "jinja2", "uvicorn")
+        if self.options.metrics_port is not None:
+            require_extra("web", "the metrics endpoint (--metrics-port)", "prometheus_client")
+        if self.options.flower:
+            require_extra("flower", "Flower (--flower)", "flower")
 
     def _prepare(self) -> list[str]:
         said = []
@@ -356,6 +370,8 @@ class Service:
         return said
 
     def _metrics(self, port: int) -> tuple[threading.Thread, Callable[[], None]]:
+        from .metrics import serve_metrics  # noqa: PLC0415 - the `web` extra, checked by prepare
+
         server = serve_metrics(self.settings, port=port)
         return server.thread, server.close
 

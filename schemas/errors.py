@@ -29,8 +29,10 @@ cause stays visible.
     │   ├── Conflict                     a compare-and-set lost (run_id, state, wanted)
     │   ├── OperationFailed              a task failed or no worker answered
     │   │                                (producers.api)
-    │   └── NotServing                   nothing serves the embedded Redis
-    │                                    (producers.embedded)
+    │   ├── NotServing                   nothing serves the embedded Redis
+    │   │                                (producers.embedded)
+    │   └── ServeError                   a part of the service cannot start
+    │                                    (producers.service)
     ├── ExecError                        a target could not be reached or acted on
     │   │                                (workers.executors.errors)
     │   ├── IoError                      a local file could not be read or written
@@ -41,6 +43,9 @@ cause stays visible.
     │   ├── InvalidArgument              an argument cannot be used
     │   └── ProtocolError                the target answered something unexpected
     │       └── UnsafeArchive            an archive member would leave its destination
+    ├── MissingExtra                     a part of runwarden is used without the
+    │                                    optional packages it needs (extra, what,
+    │                                    module): names the extra to install
     └── WorkerError                      a task of the workers failed (workers.errors)
         ├── LaunchError                  a launch could not be carried out
         │   ├── SecretMissing            a secret the launch names is not set
@@ -63,6 +68,8 @@ Every message is meant to be shown to a person as is.
 
 from __future__ import annotations
 
+import importlib.util
+
 from pydantic import ValidationError
 
 __all__ = [
@@ -70,6 +77,7 @@ __all__ = [
     "Conflict",
     "InvalidPath",
     "InvalidRunId",
+    "MissingExtra",
     "NoSnapshots",
     "NotFound",
     "NotResumable",
@@ -80,6 +88,7 @@ __all__ = [
     "SchemaError",
     "StoreError",
     "UnknownTarget",
+    "require_extra",
     "validation_message",
 ]
 
@@ -104,6 +113,35 @@ class BadRequest(SchemaError):
 class InvalidPath(SchemaError):
     """A path is not acceptable where it is used: not absolute, not relative, holds a NUL
     byte, or would leave the directory it is relative to."""
+
+
+class MissingExtra(RunwardenError):
+    """A part of runwarden is used without the optional packages it needs (the web
+    view, Flower, the workers' SSH client): the message names the extra that
+    installs them, as `pip install 'runwarden[web]'`."""
+
+    def __init__(self, extra: str, what: str, module: str) -> None:
+        self.extra, self.what, self.module = extra, what, module
+        super().__init__(extra, what, module)
+
+    def __str__(self) -> str:
+        return (
+            f"{self.what} needs the {self.extra!r} extra ({self.module} is not installed): "
+            f"pip install 'runwarden[{self.extra}]'"
+        )
+
+
+def require_extra(extra: str, what: str, *modules: str) -> None:
+    """Checks, without importing them, that the top-level `modules` of the extra
+    `extra` are installed, before the caller imports the code that needs them; `what`
+    names that code for a person ("the web view (--web)").
+
+    Raises:
+        MissingExtra: naming the first module missing.
+    """
+    for module in modules:
+        if importlib.util.find_spec(module) is None:
+            raise MissingExtra(extra, what, module)
 
 
 class RunError(RunwardenError):

@@ -18,6 +18,7 @@ from celery import Celery, Task
 from kombu.entity import Queue
 
 from schemas import Settings
+from schemas.errors import require_extra
 from schemas.events import (
     DEFAULT_QUEUE,
     QUEUE,
@@ -100,6 +101,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     }
 
 
+# A worker without its extra says so at start, before its tasks import the SSH client.
+require_extra("worker", "a runwarden worker", "paramiko")
 settings = Settings()
 app = Celery("runwarden", include=["workers.tasks"])
 app.conf.update(celery_config(settings))

