@@ -4,8 +4,8 @@ the formatting of runs, stops and artifacts for a terminal.
 
 Every command imports what it uses in its body, and this module imports only typer,
 rich and what costs nothing: `runwarden --help` builds the command tree without
-loading the models, Celery, the store or the web stack (tests/unit/producers/cli/
-test_imports.py checks which modules it loads)."""
+loading the models, Celery, the store or the web stack (tests/integration/
+producers/test_cli_imports.py checks which modules it loads)."""
 
 from __future__ import annotations
 

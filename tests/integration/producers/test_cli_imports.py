@@ -2,7 +2,8 @@
 `runwarden --help` and `runwarden show --help` build the command tree without the
 models, Celery, the store, the SSH client, the doctor's checks or the web stack, so a
 person's `--help` (and a command's own parsing) does not pay for them. Each case runs
-in a fresh interpreter, which lists the modules it ended with. No timing here:
+in a fresh interpreter, which lists the modules it ended with; so does `import
+schemas`, which loads its submodules on first use. No timing here:
 bench/cli_startup.py measures the CPU time."""
 
 from __future__ import annotations
@@ -85,3 +86,16 @@ def test_the_top_help_does_not_load_pydantic() -> None:
 def test_the_probe_sees_a_heavy_import() -> None:
     # What a command body imports when it runs: the check above would see it.
     assert {"producers.api", "store", "redis"} <= set(heavy_in(loaded(also="import producers.api")))
+
+
+def test_importing_the_package_builds_no_model() -> None:
+    code = (
+        "import json, sys, schemas, schemas.text, schemas.defaults; "
+        "print(json.dumps(sorted(sys.modules)))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    modules = set(json.loads(done.stdout))
+    assert not {m for m in modules if m.startswith("pydantic")}
+    assert {m for m in modules if m.startswith("schemas.")} == {"schemas.text", "schemas.defaults"}
