@@ -198,7 +198,8 @@ def cancel_script(job: JobId) -> str:
       itself is left as it is.
 
     A run directory that is gone is no error: there is nothing to mark. The group
-    gets one SIGTERM per cancel.
+    gets one SIGTERM per cancel from this script (and one more a second later from
+    the job wrapper, which sees `cancelling`: `scripts.launch.wrapper_script`).
     """
     container = ""
     if job.container is not None:
