@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import secrets
+import shutil
 import statistics
 import sys
 import tempfile
@@ -170,6 +171,7 @@ def main() -> None:
                 left -= size
         finally:
             pipeline.kill_jobs()
+    shutil.rmtree(tmp, ignore_errors=True)  # our own temporary directory
     target = args.follow + 2.0
     print(
         f"local target, follow period {args.follow:g} s, end timeout {END_S:g} s, "
