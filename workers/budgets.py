@@ -69,10 +69,10 @@ def record_stop_save(ctx: Context, stop: StopState | None, proved: bool, now: da
     target's clock. Nothing is recorded for a stop whose proof was first seen at its
     proof deadline (it only says "less than the timeout"), nor for one opened for a
     request found in the run directory (`FOUND_BY`): it was written before a worker
-    saw it, at a time no worker knows, so the time would be short. A stop opened by a preemption notice
-    (`notice:<source>`) counts from when the watcher saw the notice and wrote its
-    request ([`request_time`]). A failure to record is logged only: a sample is
-    advice."""
+    saw it, at a time no worker knows, so the time would be short. A stop opened by a
+    preemption notice (`notice:<source>`) counts from when the watcher saw the notice
+    and wrote its request ([`request_time`]). A failure to record is logged only: a
+    sample is advice."""
     if stop is None or not proved or stop.phase is not StopPhase.WAITING_PROOF:
         return
     if stop.asked_by == FOUND_BY:
