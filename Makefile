@@ -4,14 +4,14 @@
 
 VENV ?= .venv
 PY := $(VENV)/bin/python
-APT_PACKAGES := redis-server openssh-server openssh-client busybox procps tar coreutils findutils iproute2 docker-compose chromium curl wget sudo util-linux passwd
+APT_PACKAGES := redis-server openssh-server openssh-client busybox procps tar coreutils findutils iproute2 docker-compose chromium curl wget sudo util-linux passwd shellcheck
 PYTEST_ARGS ?=
 # pytest-xdist processes: the integration tests mostly wait (on services, jobs, SSH),
 # so more processes than cores pay; files are the unit of distribution, so a module's
 # shared services start once (docs/development.md).
 TEST_WORKERS ?= 4
 
-.PHONY: demo test check check-ruff check-mypy check-unit lint lock system-deps venv clean
+.PHONY: demo test check check-ruff check-mypy check-unit check-sh lint lock system-deps venv clean
 
 # Everything the tests use (every extra), at the versions of requirements-dev.lock.
 $(VENV)/.installed: pyproject.toml requirements-dev.lock
@@ -24,7 +24,7 @@ venv: $(VENV)/.installed
 
 # Re-resolves `.[dev]` (pyproject.toml) into requirements-dev.lock; installs nothing.
 lock: venv
-	$(PY) tools/lock.py > requirements-dev.lock.new
+	$(PY) .ci/lock.py > requirements-dev.lock.new
 	mv requirements-dev.lock.new requirements-dev.lock
 
 # Installs the Debian packages the tests need when any is missing (root only; else
@@ -33,25 +33,30 @@ system-deps:
 	@if command -v redis-server >/dev/null && [ -x /usr/sbin/sshd ] && command -v busybox >/dev/null \
 	    && command -v ps >/dev/null && command -v ssh-keygen >/dev/null && command -v ip >/dev/null && command -v docker-compose >/dev/null \
 	    && [ -x /usr/bin/chromium ] && command -v curl >/dev/null && command -v wget >/dev/null \
-	    && command -v sudo >/dev/null && command -v setpriv >/dev/null && command -v useradd >/dev/null; then :; \
+	    && command -v sudo >/dev/null && command -v setpriv >/dev/null && command -v useradd >/dev/null \
+	    && command -v shellcheck >/dev/null; then :; \
 	elif [ "$$(id -u)" = 0 ]; then \
 	  echo "installing $(APT_PACKAGES)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES) >/dev/null; \
 	else echo "please install: $(APT_PACKAGES)" >&2; exit 1; fi
 
-lint: venv
+# The on-target scripts (workers/executors/sh/) are POSIX sh: dash and busybox run them.
+lint: venv check-sh
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy schemas store producers workers
+
+check-sh:
+	shellcheck -s sh workers/executors/sh/*.sh
 
 # pytest runs under a subreaper: orphaned job processes are reaped even where this
 # machine's init does not reap them (a zombie counts as a live group member).
 test: system-deps venv lint
 	$(PY) -m workers.reaper -- $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
-# Everyday check: ruff, mypy and the unit tests (tests/unit: no process, no server
+# Everyday check: ruff, mypy, shellcheck and the unit tests (tests/unit: no process, no server
 # but the session's redis-server) at once.
 check: venv
-	@$(MAKE) --no-print-directory -j3 -O check-ruff check-mypy check-unit
+	@$(MAKE) --no-print-directory -j3 -O check-ruff check-mypy check-unit check-sh
 
 check-ruff:
 	$(VENV)/bin/ruff check .

@@ -2,7 +2,7 @@
 as pip resolves it now from the package index (and this machine's wheels), without
 installing anything.
 
-    make lock     # = .venv/bin/python tools/lock.py > requirements-dev.lock
+    make lock     # = .venv/bin/python .ci/lock.py > requirements-dev.lock
 
 `make venv` installs `.[dev]` within these versions (`pip install -c`). No hashes:
 torch comes from this machine's CPU wheel (`torch==2.13.0+cpu`), which no index hash
@@ -42,7 +42,7 @@ def resolved() -> dict[str, str]:
 def main() -> None:
     pins = resolved()
     print("# Exact versions of the test environment: `make venv` installs `.[dev]` within")
-    print("# them (pip -c). Made by `make lock` (tools/lock.py) from pyproject.toml.")
+    print("# them (pip -c). Made by `make lock` (.ci/lock.py) from pyproject.toml.")
     for name in sorted(pins):
         print(f"{name}=={pins[name]}")
 
