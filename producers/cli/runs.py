@@ -317,8 +317,8 @@ def resume(
 
     \b
     Examples:
-      runwarden resume 20260601-020000-gpt
-      runwarden resume 20260601-020000-gpt --target gpu2
+      runwarden resume 20260601-020000-kqzmx-gpt
+      runwarden resume 20260601-020000-kqzmx-gpt --target gpu2
     """
     from schemas.events import LaunchSpec
     from schemas.idempotency import new_launch_key
@@ -353,8 +353,8 @@ def retrieve(
 
     \b
     Examples:
-      runwarden retrieve 20260601-020000-gpt
-      runwarden retrieve 20260601-020000-gpt --no-wait
+      runwarden retrieve 20260601-020000-kqzmx-gpt
+      runwarden retrieve 20260601-020000-kqzmx-gpt --no-wait
     """
     api = client()
     checked = checked_run_id(run_id)
@@ -404,7 +404,7 @@ def follow(
 
     \b
     Examples:
-      runwarden follow 20260601-020000-gpt
+      runwarden follow 20260601-020000-kqzmx-gpt
       runwarden follow --target here --dir /data/runs/started-by-hand
     """
     if (run_id is None) == (dir is None):
@@ -453,8 +453,8 @@ def stop(
 
     \b
     Examples:
-      runwarden stop 20260601-020000-gpt
-      runwarden stop 20260601-020000-gpt --reason cost --wait --timeout 3600
+      runwarden stop 20260601-020000-kqzmx-gpt
+      runwarden stop 20260601-020000-kqzmx-gpt --reason cost --wait --timeout 3600
     """
     from schemas import SnapshotReason
 
@@ -500,7 +500,7 @@ def cancel(
 
     \b
     Example:
-      runwarden cancel 20260601-020000-gpt
+      runwarden cancel 20260601-020000-kqzmx-gpt
     """
     api = client()
     run = run_op(lambda: api.cancel(checked_run_id(run_id)))

@@ -114,8 +114,8 @@ def show(
 
     \b
     Examples:
-      runwarden show 20260601-020000-gpt
-      runwarden show 20260601-020000-gpt --json
+      runwarden show 20260601-020000-kqzmx-gpt
+      runwarden show 20260601-020000-kqzmx-gpt --json
     """
     api = client()
     run = run_op(lambda: api.get_run(checked_run_id(run_id)))
@@ -232,10 +232,10 @@ def logs(
 
     \b
     Examples:
-      runwarden logs 20260601-020000-gpt
-      runwarden logs 20260601-020000-gpt --tail 50
-      runwarden logs 20260601-020000-gpt --head 20
-      runwarden logs 20260601-020000-gpt -f
+      runwarden logs 20260601-020000-kqzmx-gpt
+      runwarden logs 20260601-020000-kqzmx-gpt --tail 50
+      runwarden logs 20260601-020000-kqzmx-gpt --head 20
+      runwarden logs 20260601-020000-kqzmx-gpt -f
     """
     if head is not None and follow_:
         fail("--head reads the oldest lines: it does not go with -f", 2)
@@ -294,7 +294,7 @@ def stops(
     Examples:
       runwarden stops
       runwarden stops --json
-      runwarden stops --history 20260601-020000-gpt
+      runwarden stops --history 20260601-020000-kqzmx-gpt
     """
     if history:
         _history(run_id, limit, as_json)

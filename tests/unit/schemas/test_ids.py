@@ -71,17 +71,26 @@ def test_run_id_errors_are_schema_errors_and_bounded() -> None:
 
 def test_new_run_id_format() -> None:
     now = datetime(2026, 11, 30, 2, 25, 18, tzinfo=UTC)
-    assert new_run_id("My Run!", now=now) == "20261130-022518-my-run"
-    assert new_run_id("", now=now) == "20261130-022518"
-    assert new_run_id("ÄÖÜ", now=now) == "20261130-022518"
-    assert new_run_id("$(rm -rf /); ../..", now=now) == "20261130-022518-rm-rf"
+    stamp = r"20261130-022518-[a-z]{5}"
+    assert re.fullmatch(stamp + "-my-run", new_run_id("My Run!", now=now))
+    assert re.fullmatch(stamp, new_run_id("", now=now))
+    assert re.fullmatch(stamp, new_run_id("ÄÖÜ", now=now))
+    assert re.fullmatch(stamp + "-rm-rf", new_run_id("$(rm -rf /); ../..", now=now))
     plus_one = datetime(2026, 11, 30, 3, 25, 18, tzinfo=timezone(timedelta(hours=1)))
-    assert new_run_id("x", now=plus_one) == "20261130-022518-x"
+    assert re.fullmatch(stamp + "-x", new_run_id("x", now=plus_one))
     long = new_run_id("Z" * 500, now=now)
     validate_run_id(long)
-    assert long.startswith("20261130-022518-zzz")
+    assert re.match(stamp + "-zzz", long)
     assert len(long) <= 64 - 7  # room left for a `-<n>` suffix of up to 6 digits
-    assert re.fullmatch(r"\d{8}-\d{6}", new_run_id())
+    assert re.fullmatch(r"\d{8}-\d{6}-[a-z]{5}", new_run_id())
+
+
+def test_new_run_ids_of_one_second_differ() -> None:
+    # Two services starting a run of the same name in the same second: a run's id is
+    # its processes' mark, so the same id would let one's cancel sweep the other's job.
+    now = datetime(2026, 11, 30, 2, 25, 18, tzinfo=UTC)
+    ids = {new_run_id("toy", now=now) for _ in range(200)}
+    assert len(ids) == 200
 
 
 def test_next_run_id_sequence() -> None:
