@@ -242,10 +242,15 @@ class RunAsTransport(LocalTransport):
             self._ready = True
 
     def _popen(
-        self, script: str, *, stdin: int, env: Mapping[str, str] | None = None
+        self,
+        script: str,
+        *,
+        stdin: int,
+        env: Mapping[str, str] | None = None,
+        args: Sequence[str] = (),
     ) -> subprocess.Popen[bytes]:
         self._ensure_ready()
-        return super()._popen(script, stdin=stdin, env=env)
+        return super()._popen(script, stdin=stdin, env=env, args=args)
 
     def _kill(self, proc: subprocess.Popen[bytes]) -> None:
         if proc.returncode is None and self.how == "sudo":

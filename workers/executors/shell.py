@@ -243,14 +243,17 @@ class ScriptExecutor:
             return []
         for job in jobs:
             self._transport.reap(job.pid)
+        script = scripts.status_script(jobs)
         result = _checked(
-            self._transport.run(scripts.status_script(jobs), action="status"), "status"
+            self._transport.run(script.text, action="status", args=script.args), "status"
         )
         return scripts.parse_statuses(result.stdout, len(jobs))
 
     def cancel(self, job: JobId) -> None:
+        script = scripts.cancel_script(job)
         result = self._transport.run_to_end(
-            scripts.cancel_script(job),
+            script.text,
+            args=script.args,
             action="cancel",
             pgid=job.pid,
             timeout_s=cancel_deadline_s(job),
@@ -338,7 +341,9 @@ class ScriptExecutor:
         script = scripts.checkpoint_script(
             [(check_remote(run_dir), checkpoint) for run_dir, checkpoint in checks], token
         )
-        result = self._transport.run(script, action="checkpoint", timeout_s=timeout_s)
+        result = self._transport.run(
+            script.text, action="checkpoint", timeout_s=timeout_s, args=script.args
+        )
         _checked(result, "checkpoint")
         return scripts.parse_checkpoints(result.stdout, token, [c for _, c in checks])
 

@@ -15,11 +15,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Final, Protocol
 
-from .errors import CommandError, SpawnError
+from .errors import CommandError, InvalidArgument, SpawnError
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
     "MAX_SCRIPT_BYTES",
+    "SCRIPT_NAME",
     "Completed",
     "LocalTransport",
     "Transport",
@@ -29,7 +30,26 @@ __all__ = [
 DEFAULT_TIMEOUT_S: Final = 120.0
 """Deadline of a small operation's script, in seconds: no call waits for ever."""
 MAX_SCRIPT_BYTES: Final = 120 * 1024
-"""Largest script a transport takes: Linux caps one argument at 128 KiB."""
+"""Largest script a transport takes, its text and its arguments together: Linux caps
+one argument at 128 KiB."""
+SCRIPT_NAME: Final = "rw"
+"""A script's `$0` (`sh -c SCRIPT rw ARG...`)."""
+
+
+def check_size(script: str, args: Sequence[str], action: str) -> None:
+    """Checks that `script` and `args` can be passed to a shell.
+
+    Raises:
+        InvalidArgument: an argument holding a NUL byte (no shell word can).
+        CommandError: when they are more than [`MAX_SCRIPT_BYTES`].
+    """
+    size = len(script.encode())
+    for arg in args:
+        if "\0" in arg:
+            raise InvalidArgument("a shell argument cannot hold a NUL byte")
+        size += len(arg.encode()) + 1
+    if size > MAX_SCRIPT_BYTES:
+        raise CommandError(action, f"script of {size} bytes is too long")
 
 
 @dataclass(frozen=True)
@@ -65,8 +85,11 @@ class Transport(Protocol):
         action: str,
         stdin: bytes = b"",
         timeout_s: float | None = DEFAULT_TIMEOUT_S,
+        args: Sequence[str] = (),
     ) -> Completed:
-        """Runs `script` to its end, `stdin` on its standard input then EOF.
+        """Runs `script` to its end, `stdin` on its standard input then EOF, with
+        `args` as its positional parameters (`sh -c SCRIPT rw ARG...`: a value
+        reaches a script only so, or on its standard input, never in its text).
 
         Raises:
             CommandError: when it does not end within `timeout_s` (then it is killed).
@@ -81,12 +104,14 @@ class Transport(Protocol):
         action: str,
         pgid: int | None = None,
         timeout_s: float | None = None,
+        args: Sequence[str] = (),
     ) -> Completed:
-        """Runs `script` to its end, never interrupted midway (a Ctrl-C reaching this
-        process is delivered once the script ended), for at most `timeout_s` seconds
-        (None: no deadline). While it runs, members of the process group `pgid` that
-        are this process's children are reaped. Used by cancel, whose script is
-        idempotent: one cut at its deadline is tried again.
+        """Runs `script` (with `args`, as [`run`]) to its end, never interrupted
+        midway (a Ctrl-C reaching this process is delivered once the script ended),
+        for at most `timeout_s` seconds (None: no deadline). While it runs, members
+        of the process group `pgid` that are this process's children are reaped.
+        Used by cancel, whose script is idempotent: one cut at its deadline is tried
+        again.
 
         Raises:
             CommandError: when it does not end within `timeout_s` (a local script is
@@ -143,13 +168,17 @@ class LocalTransport:
         self._lock = threading.Lock()
 
     def _popen(
-        self, script: str, *, stdin: int, env: Mapping[str, str] | None = None
+        self,
+        script: str,
+        *,
+        stdin: int,
+        env: Mapping[str, str] | None = None,
+        args: Sequence[str] = (),
     ) -> subprocess.Popen[bytes]:
-        if len(script.encode()) > MAX_SCRIPT_BYTES:
-            raise CommandError("run", f"script of {len(script)} bytes is too long")
+        check_size(script, args, "run")
         try:
             proc = subprocess.Popen(
-                [*self._shell, "-c", script],
+                [*self._shell, "-c", script, SCRIPT_NAME, *args],
                 stdin=stdin,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -173,11 +202,12 @@ class LocalTransport:
         stdin: bytes = b"",
         timeout_s: float | None = DEFAULT_TIMEOUT_S,
         env: Mapping[str, str] | None = None,
+        args: Sequence[str] = (),
     ) -> Completed:
         """As [`Transport.run`]; `env`, when given, is the script's whole environment
         (spawn passes the job's filtered one)."""
         proc = self._popen(
-            script, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL, env=env
+            script, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL, env=env, args=args
         )
         # `communicate(timeout=...)` waits for the exit by polling with sleeps, which
         # doubles the cost of a small script; a timer enforces the deadline instead.
@@ -211,8 +241,9 @@ class LocalTransport:
         action: str,
         pgid: int | None = None,
         timeout_s: float | None = None,
+        args: Sequence[str] = (),
     ) -> Completed:
-        proc = self._popen(script, stdin=subprocess.DEVNULL)
+        proc = self._popen(script, stdin=subprocess.DEVNULL, args=args)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         interrupted: BaseException | None = None
         expired = False

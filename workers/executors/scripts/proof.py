@@ -1,7 +1,8 @@
 """The one rule for a proof's checkpoint, on the target: it must resolve, with no
 symbolic link on any component of its path, to a non-empty directory inside the run
 directory. One script judges a batch of checkpoints (every proof judged in a follow
-tick, or the one a deadline or a run's end reads), and the parser of its answer."""
+tick, or the one a deadline or a run's end reads: `sh/checkpoint.sh`, the checks its
+arguments), and the parser of its answer."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from ..errors import InvalidArgument, ProtocolError
-from .common import quote
+from .common import Script, sh
 
 __all__ = ["CHECKPOINT_TIMEOUT_S", "checkpoint_script", "parse_checkpoints"]
 
@@ -18,38 +19,6 @@ CHECKPOINT_TIMEOUT_S: Final = 30.0
 names and lists one directory's first entries, so only an unreachable or overloaded
 target takes this long."""
 
-_CHECK: Final = r"""
-rw_ck() {
-  # $1 index, $2 run directory, then the checkpoint's path components.
-  rw_i=$1; rw_d=$2; shift 2
-  if [ ! -d "$rw_d" ]; then printf '%s C %s rundir 0\n' "$rw_t" "$rw_i"; return 0; fi
-  rw_p=$rw_d; rw_n=0
-  for rw_c in "$@"; do
-    rw_p=$rw_p/$rw_c; rw_n=$((rw_n + 1))
-    if [ -h "$rw_p" ]; then printf '%s C %s link %s\n' "$rw_t" "$rw_i" "$rw_n"; return 0; fi
-    if [ ! -e "$rw_p" ]; then printf '%s C %s missing %s\n' "$rw_t" "$rw_i" "$rw_n"; return 0; fi
-    if [ ! -d "$rw_p" ]; then printf '%s C %s notdir %s\n' "$rw_t" "$rw_i" "$rw_n"; return 0; fi
-  done
-  # Inside: the physical path under the run directory's own (a component swapped for
-  # a link between the tests above and here is caught; builtins only, in subshells).
-  rw_top=$(cd -P -- "$rw_d" 2>/dev/null && pwd -P) || rw_top=
-  rw_in=$(cd -P -- "$rw_p" 2>/dev/null && pwd -P) || rw_in=
-  case $rw_in in
-  "$rw_top"/?*) ;;
-  *) printf '%s C %s outside 0\n' "$rw_t" "$rw_i"; return 0 ;;
-  esac
-  if [ ! -r "$rw_p" ] || [ ! -x "$rw_p" ]; then
-    printf '%s C %s unreadable 0\n' "$rw_t" "$rw_i"; return 0
-  fi
-  set -- "$rw_p"/* "$rw_p"/.[!.]* "$rw_p"/..?*
-  for rw_e in "$@"; do
-    if [ -e "$rw_e" ] || [ -h "$rw_e" ]; then printf '%s C %s ok 0\n' "$rw_t" "$rw_i"; return 0; fi
-  done
-  printf '%s C %s empty 0\n' "$rw_t" "$rw_i"
-}
-"""
-
-
 def _components(checkpoint: str) -> list[str]:
     parts = checkpoint.split("/")
     if not checkpoint or any(p in ("", ".", "..") or "\0" in p for p in parts):
@@ -57,7 +26,7 @@ def _components(checkpoint: str) -> list[str]:
     return parts
 
 
-def checkpoint_script(checks: Sequence[tuple[str, str]], token: str) -> str:
+def checkpoint_script(checks: Sequence[tuple[str, str]], token: str) -> Script:
     """One script judging each `(run_dir, checkpoint)` of `checks` (the run directory
     absolute, the checkpoint relative to it, as a proof names it): it prints, each
     record introduced by `token` (random: no name on the target can forge one),
@@ -73,12 +42,11 @@ def checkpoint_script(checks: Sequence[tuple[str, str]], token: str) -> str:
     """
     if not token.isalnum():
         raise InvalidArgument("the checkpoint token is alphanumeric")
-    rows = []
+    args = [token]
     for index, (run_dir, checkpoint) in enumerate(checks):
-        words = " ".join(quote(p) for p in _components(checkpoint))
-        rows.append(f"rw_ck {index} {quote(run_dir)} {words}")
-    body = "\n".join(rows)
-    return f"rw_t={token}\n{_CHECK}\n{body}\nprintf '%s E\\n' \"$rw_t\"\n"
+        _components(checkpoint)
+        args += [str(index), run_dir, checkpoint]
+    return Script(sh("checkpoint"), tuple(args))
 
 
 def _why(verdict: str, n: int, checkpoint: str) -> str:

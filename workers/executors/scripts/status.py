@@ -1,5 +1,7 @@
 """Status and cancel: the scripts that read what a job is doing and stop it, in the
-order of the on-target protocol (docs/protocol.md), and the parser of their answers."""
+order of the on-target protocol (docs/protocol.md), and the parser of their answers.
+Their text is `sh/status.sh` and `sh/cancel.sh` (with `status_fn.sh`, `group.sh`,
+`read.sh`, `sweep.sh`); the jobs are their arguments."""
 
 from __future__ import annotations
 
@@ -8,10 +10,10 @@ from collections.abc import Sequence
 from typing import Final
 
 from schemas import JobId, JobStatus
-from schemas.protocol import CANCEL_FILE, CANCELLING_FILE, EXIT_FILE, RUN_ID_ENV
+from schemas.protocol import RUN_ID_ENV
 
 from ..errors import ProtocolError
-from .common import GROUP_SIGNAL, READ_FILE, TICKS_PER_S, check_job_pid, job_start, quote
+from .common import TICKS_PER_S, Script, check_job_pid, sh, start_arg
 
 __all__ = [
     "CANCEL_KILL_WAIT_S",
@@ -32,43 +34,11 @@ CANCEL_KILL_WAIT_S: Final = 10
 
 def status_function() -> str:
     """The shell function `rw_status DIR PGID START` printing one status line (see
-    [`status_script`]). Needs `GROUP_SIGNAL` and `READ_FILE`."""
-    # The group's liveness is sampled once, before any marker is read: a job that
-    # writes its exit code and ends between two reads is then seen as exited, never
-    # lost. With the leader's start time known, a live group is running whatever the
-    # files say: every file of the run directory is the job's to write, and a job
-    # must not be able to forge its end.
-    return f"""
-rw_status() {{
-  rw_a=0
-  if [ -n "$3" ]; then
-    if rw_ours "$2" "$3"; then echo running; return 0; fi
-  elif rw_alive "$2"; then rw_a=1
-  fi
-  if [ ! -d "$1" ]; then echo lost
-  elif [ -e "$1/{CANCEL_FILE}" ] || [ -h "$1/{CANCEL_FILE}" ]; then echo cancelled
-  elif [ "$rw_a" = 1 ] && {{ [ -e "$1/{CANCELLING_FILE}" ] || [ -h "$1/{CANCELLING_FILE}" ]; }}
-  then echo running
-  else
-    rw_c=
-    if [ -f "$1/{EXIT_FILE}" ] && [ ! -h "$1/{EXIT_FILE}" ]; then
-      rw_c=$(rw_read "$1/{EXIT_FILE}" 32) || rw_c=
-    fi
-    case $rw_c in
-    ''|-|*[!0-9-]*|?*-*) rw_c= ;;
-    *) [ "${{#rw_c}}" -le 11 ] || rw_c= ;;
-    esac
-    if [ -n "$rw_c" ]; then printf 'exited %s\\n' "$rw_c"
-    elif [ -e "$1/{CANCELLING_FILE}" ] || [ -h "$1/{CANCELLING_FILE}" ]; then echo cancelled
-    elif [ "$rw_a" = 1 ]; then echo running
-    else echo lost
-    fi
-  fi
-}}
-"""
+    [`status_script`]; `sh/status_fn.sh`). Needs `GROUP_SIGNAL` and `READ_FILE`."""
+    return sh("status_fn")
 
 
-def status_script(jobs: Sequence[JobId]) -> str:
+def status_script(jobs: Sequence[JobId]) -> Script:
     """A script printing one status line per job of `jobs`, in order: `running`,
     `exited <code>`, `cancelled` or `lost` (docs/protocol.md, "Status").
 
@@ -93,10 +63,10 @@ def status_script(jobs: Sequence[JobId]) -> str:
     over a live group, so a pid reused by another process is never taken for the
     job.
     """
-    calls = "\n".join(
-        f"rw_status {quote(job.dir)} {check_job_pid(job)} {job_start(job)}" for job in jobs
-    )
-    return GROUP_SIGNAL + READ_FILE + status_function() + calls + "\n"
+    args: list[str] = []
+    for job in jobs:
+        args += [job.dir, str(check_job_pid(job)), start_arg(job)]
+    return Script(sh("group", "read", "status_fn", "status"), tuple(args))
 
 
 _EXITED = re.compile(r"exited (-?[0-9]{1,11})")
@@ -146,37 +116,12 @@ def parse_statuses(output: bytes, count: int) -> list[JobStatus | ProtocolError]
     return results
 
 
-MARK_SWEEP: Final = r"""
-rw_marked() {
-  rw_found=$(grep -lsxzF -- "$1" /proc/[0-9]*/environ 2>/dev/null)
-  rw_left=
-  for rw_f in $rw_found; do
-    rw_p=${rw_f#/proc/}; rw_p=${rw_p%/environ}
-    case $rw_p in ''|*[!0-9]*) continue ;; esac
-    [ "$rw_p" = "$$" ] || [ "$rw_p" -le 1 ] || rw_left="$rw_left $rw_p"
-  done
-}
-rw_sweep() {
-  rw_i=0
-  while rw_marked "$1"; [ -n "$rw_left" ]; do
-    if [ "$rw_i" = 0 ]; then kill -s TERM $rw_left 2>/dev/null || :; fi
-    if [ "$rw_i" = "$2" ]; then kill -s KILL $rw_left 2>/dev/null || :; fi
-    rw_i=$((rw_i + 1))
-    [ "$rw_i" -gt "$3" ] && return 1
-    rw_nap
-  done
-  return 0
-}
-"""
-"""Shell functions over the processes that carry a run's mark, an exact entry
-`RUNWARDEN_RUN_ID=<id>` of their environment (`/proc/<pid>/environ`, readable for
-the target user's own processes): `rw_marked ENTRY` sets `rw_left` to their pids
-(never this script, pid 0 or 1); `rw_sweep ENTRY KILL_AT GIVE_UP` sends them TERM,
-KILL after KILL_AT turns of 0.1 s, and returns 1 when some are still there after
-GIVE_UP turns. A zombie's environment reads empty: it counts as gone."""
+MARK_SWEEP: Final = sh("sweep")
+"""Shell functions over the processes that carry a run's mark (`rw_marked`,
+`rw_sweep`): `sh/sweep.sh`."""
 
 
-def cancel_script(job: JobId) -> str:
+def cancel_script(job: JobId) -> Script:
     """A script that cancels `job` to its end:
 
     - while the job's process group is alive and is the job's (`rw_ours`: never a
@@ -201,75 +146,22 @@ def cancel_script(job: JobId) -> str:
     gets one SIGTERM per cancel from this script (and one more a second later from
     the job wrapper, which sees `cancelling`: `scripts.launch.wrapper_script`).
     """
-    container = ""
+    engine = name = ""
     if job.container is not None:
-        container = (
-            f"{quote(job.container.engine)} stop -t 30 {quote(job.container.name)}"
-            " >/dev/null 2>&1 || :\n"
-        )
-    term_ticks = CANCEL_TERM_WAIT_S * TICKS_PER_S
-    kill_ticks = CANCEL_KILL_WAIT_S * TICKS_PER_S
-    sweep = ""
+        engine, name = job.container.engine, job.container.name
+    entry = mark = ""
     if job.mark is not None:
-        entry = quote(f"{RUN_ID_ENV}={job.mark}")
-        sweep = f"""if ! rw_sweep {entry} {term_ticks} {term_ticks + kill_ticks}; then
-  printf 'processes of run %s survived SIGKILL:%s\\n' {quote(job.mark)} "$rw_left" >&2
-  exit 5
-fi
-"""
-    return (
-        GROUP_SIGNAL
-        + MARK_SWEEP
-        + f"""
-rw_dir={quote(job.dir)}
-rw_pid={check_job_pid(job)}
-rw_begun={job_start(job)}
-rw_up() {{
-  # Seconds since boot, read with a builtin (empty without /proc): a loaded machine
-  # stretches the naps, never the waits measured by it.
-  rw_s=; {{ read -r rw_s _ < /proc/uptime; }} 2>/dev/null || :
-  rw_s=${{rw_s%%.*}}; case $rw_s in *[!0-9]*) rw_s= ;; esac
-}}
-rw_gone() {{
-  # $1 turns of 0.1 s at most, and $1 / {TICKS_PER_S} s by the clock when it is known.
-  rw_i=0; rw_up; rw_t0=$rw_s
-  while rw_ours "$rw_pid" "$rw_begun"; do
-    rw_i=$((rw_i + 1))
-    [ "$rw_i" -gt "$1" ] && return 1
-    if [ -n "$rw_t0" ]; then
-      rw_up; [ -n "$rw_s" ] && [ $((rw_s - rw_t0)) -ge $(($1 / {TICKS_PER_S})) ] && return 1
-    fi
-    rw_nap
-  done
-  return 0
-}}
-rw_mark() {{
-  if [ -d "$rw_dir" ] && [ ! -e "$rw_dir/$1" ] && [ ! -h "$rw_dir/$1" ]; then
-    # `true`, not `:`: a failed redirection of a special builtin ends the script.
-    {{ true > "$rw_dir/$1"; }} 2>/dev/null || :
-  fi
-}}
-rw_signalled=
-rw_ended=
-if [ -z "$rw_begun" ] && [ -d "$rw_dir" ] &&
-  {{ [ -e "$rw_dir/{EXIT_FILE}" ] || [ -e "$rw_dir/{CANCEL_FILE}" ]; }}; then
-  rw_ended=1
-fi
-if [ -z "$rw_ended" ] && rw_ours "$rw_pid" "$rw_begun"; then
-  rw_signalled=1
-  rw_mark {CANCELLING_FILE}
-  {container}rw_signal "$rw_pid" TERM
-  if ! rw_gone {term_ticks}; then
-    rw_signal "$rw_pid" KILL
-    if ! rw_gone {kill_ticks}; then
-      printf 'process group %s survived SIGKILL\\n' "$rw_pid" >&2
-      exit 5
-    fi
-  fi
-elif [ -d "$rw_dir" ] && [ ! -e "$rw_dir/{EXIT_FILE}" ] && [ ! -e "$rw_dir/{CANCEL_FILE}" ]; then
-  rw_signalled=1
-  rw_mark {CANCELLING_FILE}
-fi
-{sweep}if [ -n "$rw_signalled" ]; then rw_mark {CANCEL_FILE}; fi
-"""
+        entry, mark = f"{RUN_ID_ENV}={job.mark}", job.mark
+    args = (
+        job.dir,
+        str(check_job_pid(job)),
+        start_arg(job),
+        str(CANCEL_TERM_WAIT_S * TICKS_PER_S),
+        str(CANCEL_KILL_WAIT_S * TICKS_PER_S),
+        str(TICKS_PER_S),
+        entry,
+        mark,
+        engine,
+        name,
     )
+    return Script(sh("group", "sweep", "cancel"), args)

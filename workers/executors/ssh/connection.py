@@ -10,7 +10,7 @@ import secrets as _secrets
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, Final, NoReturn
 
 import paramiko
@@ -118,15 +118,18 @@ class _Shell:
             b"status=none 2>/dev/null; then rw_how=dd; fi\n"
         )
 
-    def run(self, script: str, timeout_s: float | None) -> Completed:
+    def run(self, script: str, timeout_s: float | None, args: Sequence[str] = ()) -> Completed:
         token = _secrets.token_hex(16).encode()
+        # `set --` gives the script its positional parameters (`set --` alone: none).
+        words = " ".join(quote(a) for a in args)
         head, tail = b"\x01rw-" + token + b"-e\x01", b"\x01rw-" + token + b"-x\x01"
         # The script is evaluated in the command substitution's subshell after `exec`
         # redirections: permanent ones, so dash keeps no saved copies of the shell's
         # descriptors (it holds those at 10+) that a process the script leaves in the
         # background would inherit, holding the capture pipe open.
         command = (
-            f"rw_e=$(exec </dev/null 2>&1 1>&3 3>&-; eval {quote(script)}); rw_c=$?; "
+            f"rw_e=$(exec </dev/null 2>&1 1>&3 3>&-; set -- {words}; eval {quote(script)}); "
+            "rw_c=$?; "
             f"printf '%s%s%s %d\\n' '{head.decode()}' \"$rw_e\" '{tail.decode()}' \"$rw_c\"\n"
         )
         self.channel.settimeout(timeout_s)

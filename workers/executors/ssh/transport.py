@@ -7,20 +7,26 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import IO, Final
 
 import paramiko
 
 from ..errors import CommandError, SshError
 from ..scripts import quote
-from ..transport import DEFAULT_TIMEOUT_S, MAX_SCRIPT_BYTES, Completed
+from ..transport import DEFAULT_TIMEOUT_S, SCRIPT_NAME, Completed, check_size
 from .config import SshDestination
 from .connection import CHUNK, WINDOW_SIZE, SshConnection, connection_pool
 
 __all__ = ["SshTransport"]
 
 _NOT_IDEMPOTENT: Final = frozenset({"spawn", "upload"})
+
+
+def sh_command(script: str, args: Sequence[str] = ()) -> str:
+    """The remote command line running `script` with `args` as its positional
+    parameters (`sh -c SCRIPT rw ARG...`), every word quoted."""
+    return " ".join(["sh -c", quote(script), SCRIPT_NAME, *(quote(a) for a in args)])
 
 def _translate(error: BaseException) -> SshError:
     if isinstance(error, SshError):
@@ -68,18 +74,19 @@ class SshTransport:
         action: str,
         stdin: bytes = b"",
         timeout_s: float | None = DEFAULT_TIMEOUT_S,
+        args: Sequence[str] = (),
     ) -> Completed:
-        if len(script.encode()) > MAX_SCRIPT_BYTES:
-            raise CommandError(action, f"script of {len(script)} bytes is too long")
+        check_size(script, args, action)
+        command = sh_command(script, args)
         if stdin or action == "spawn":
             # A launcher gets a channel of its own: its stdin carries the secrets, and
             # nothing of the job can ever touch a shared shell.
-            return self._attempt(action, lambda c: self._exec(c, script, stdin, timeout_s))
+            return self._attempt(action, lambda c: self._exec(c, command, stdin, timeout_s))
 
         def on_shell(connection: SshConnection) -> Completed:
             with connection.shell(timeout_s) as shell:
                 try:
-                    return shell.run(script, timeout_s)
+                    return shell.run(script, timeout_s, args)
                 except TimeoutError as error:
                     if connection.is_open:
                         raise CommandError(action, f"timed out after {timeout_s} s") from error
@@ -94,19 +101,20 @@ class SshTransport:
         action: str,
         pgid: int | None = None,
         timeout_s: float | None = None,
+        args: Sequence[str] = (),
     ) -> Completed:
         # The remote script runs to its end whatever happens here: an interrupt of
         # this process does not stop it, a retry after a broken connection runs the
         # idempotent script again, and past `timeout_s` its shell is closed, the
         # script left to end by itself there.
-        return self.run(script, action=action, timeout_s=timeout_s)
+        return self.run(script, action=action, timeout_s=timeout_s, args=args)
 
     def _exec(
-        self, connection: SshConnection, script: str, stdin: bytes, timeout_s: float | None
+        self, connection: SshConnection, command: str, stdin: bytes, timeout_s: float | None
     ) -> Completed:
         channel = connection.exec_channel()
         try:
-            channel.exec_command("sh -c " + quote(script))
+            channel.exec_command(command)
             channel.sendall(stdin)
             channel.shutdown_write()
             return _drain(channel, timeout_s)
@@ -117,7 +125,7 @@ class SshTransport:
         def call(connection: SshConnection) -> Completed:
             channel = connection.exec_channel()
             try:
-                channel.exec_command("sh -c " + quote(script))
+                channel.exec_command(sh_command(script))
                 writer = _ChannelWriter(channel)
                 source(writer)  # type: ignore[arg-type]
                 channel.shutdown_write()
@@ -131,7 +139,7 @@ class SshTransport:
         def call(connection: SshConnection) -> Completed:
             channel = connection.exec_channel()
             try:
-                channel.exec_command("sh -c " + quote(script))
+                channel.exec_command(sh_command(script))
                 channel.shutdown_write()
                 errors = _StderrDrain(channel)
                 reader = _ChannelReader(channel)

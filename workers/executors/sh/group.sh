@@ -1,0 +1,34 @@
+# shellcheck shell=sh
+# Process groups:
+# - `rw_signal PGID SIG` signals a whole process group under dash (`kill -s SIG --
+#   -PID`) and busybox (`kill -s SIG -PID`); `rw_alive PGID` tells whether any process
+#   of the group exists (a zombie counts: whoever started the job reaps it).
+# - `rw_start PID` sets `rw_st` to the start time of process PID (field 22 of
+#   /proc/PID/stat, clock ticks since boot), empty when unknown (no such process, no
+#   /proc). Read with builtins only: no process is started.
+# - `rw_ours PGID START` tells whether the group PGID is alive and is the job's: when
+#   START is known and a process PGID exists, it must have started at START. A pid is
+#   never reused while a process group of that id exists, so a leader that started at
+#   another time means the job's group is gone and the pid went to another process.
+# - `rw_nap` sleeps 0.1 s (1 s where `sleep` takes no fraction).
+rw_signal() { kill -s "$2" -- "-$1" 2>/dev/null || kill -s "$2" "-$1" 2>/dev/null; }
+rw_alive() { rw_signal "$1" 0; }
+rw_nap() { sleep 0.1 2>/dev/null || sleep 1; }
+rw_start() {
+  rw_st=; rw_l=
+  { IFS= read -r rw_l < "/proc/$1/stat"; } 2>/dev/null || return 0
+  rw_l=${rw_l##*) }
+  set -f
+  # Split on purpose: the fields of /proc/PID/stat after the command name.
+  # shellcheck disable=SC2086
+  set -- $rw_l
+  set +f
+  if [ "$#" -ge 20 ]; then shift 19; rw_st=$1; fi
+  case $rw_st in *[!0-9]*) rw_st= ;; esac
+}
+rw_ours() {
+  rw_alive "$1" || return 1
+  [ -n "$2" ] || return 0
+  rw_start "$1"
+  [ -z "$rw_st" ] || [ "$rw_st" = "$2" ]
+}
