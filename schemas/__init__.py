@@ -1,6 +1,13 @@
-"""Every shape that crosses a process or a wire, as pydantic v2 models.
+"""Every shape that crosses a process or a wire, as pydantic v2 models, and the pure
+rules on them (a run's state changes, a stop's timeouts, the policies, the service's
+health), the wire contract (`events.py`), the settings and the one error root
+(`errors.py`).
 
-`schemas` imports neither `producers` nor `workers`; both import it.
+`schemas` imports nothing of `store`, `workers` or `producers`; they all import it.
+It talks to no Redis, no network and no process; only three modules touch the
+machine: `secrets.py` (the files of the secrets directory), `settings.py` (the
+`RUNWARDEN_*` environment variables and `$CREDENTIALS_DIRECTORY`) and `webhooks.py`
+(the file `RUNWARDEN_WEBHOOKS` names).
 
 The names below are loaded on first use (PEP 562): `import schemas` or
 `from schemas.text import clean_text` costs nothing of the models it does not name, so

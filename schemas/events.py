@@ -154,8 +154,10 @@ class LaunchSpec(_Body):
     skip: tuple[str, ...] = ()
     """Top-level entries of `upload` that never leave the worker."""
     secrets: tuple[str, ...] = ()
-    """Names of secret env variables, resolved on the worker from
-    `RUNWARDEN_SECRET_<NAME>`; values never enter Redis."""
+    """Names of the job's secret environment variables, each read on the worker from
+    the secrets directory's file `<NAME>` (with `RUNWARDEN_SECRETS_FROM_ENV`, from the
+    worker's `RUNWARDEN_SECRET_<NAME>` when that file is missing); values never enter
+    Redis."""
     limits: RunLimits = Field(default_factory=RunLimits)
     timeouts: StopTimeouts = Field(default_factory=StopTimeouts)
     """The run's own stop timeouts (`--proof-timeout`, `--end-timeout`), kept on its

@@ -90,7 +90,8 @@ RESUME_ENV: Final = "RUNWARDEN_RESUME_FROM"
 """The job's variable naming the checkpoint (absolute path on the target) a resumed
 run continues from."""
 SECRET_ENV_PREFIX: Final = "RUNWARDEN_SECRET_"  # noqa: S105 - a name prefix, not a secret
-"""A secret `NAME` a launch names is read on the worker from `RUNWARDEN_SECRET_NAME`."""
+"""With `RUNWARDEN_SECRETS_FROM_ENV`, a secret `NAME` a launch names that has no file
+in the secrets directory is read on the worker from `RUNWARDEN_SECRET_NAME`."""
 FILTERED_ENV_PREFIXES: Final = ("RUNWARDEN_", "OVERBRAINER_", "VAULT_")
 """A local job never inherits a variable whose name starts with one of these: they
 hold the service's own configuration and credentials."""

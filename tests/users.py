@@ -5,7 +5,7 @@ The tests run as root. They create, idempotently, and leave behind:
 - [`JOB_USER`], the unprivileged user jobs run as;
 - [`WORKER_USER`], an unprivileged user playing a worker that is not root (the tests
   put `setpriv` to it in front of `sudo`, so sudo sees that user ask);
-- [`SUDOERS_FILE`], holding exactly the sudoers lines the README gives, for
+- [`SUDOERS_FILE`], holding exactly the sudoers lines docs/security.md gives, for
   [`WORKER_USER`] and [`JOB_USER`].
 
 Everything a job run as [`JOB_USER`] must reach (its workdir, the files it runs) lives
@@ -62,7 +62,7 @@ def ensure_user(name: str) -> pwd.struct_passwd:
 
 
 def sudoers_lines(worker: str, job: str) -> str:
-    """The sudoers lines the README gives: `worker` may run anything as `job` (and
+    """The sudoers lines docs/security.md gives: `worker` may run anything as `job` (and
     only as `job`) without a password; its sudo calls are kept out of syslog."""
     return f"{worker} ALL=({job}) NOPASSWD: ALL\nDefaults:{worker} !syslog\n"
 

@@ -47,7 +47,7 @@ def producers_add(
     """Create the signing key of producer NAME (once; an existing key is kept) and
     print where it is: give that file to the service (it signs every message with
     it), and put the same file in every worker's secrets directory. A stop it asks
-    is recorded as asked by NAME. README: from another service.
+    is recorded as asked by NAME. docs/integrating.md: a producer's key.
 
     \b
     Examples:

@@ -92,7 +92,7 @@ def targets_add(
         typer.Option(
             metavar="USER",
             help="Local targets: the user the jobs run as "
-            "(README: running jobs as another user) (default: the worker's).",
+            "(docs/security.md: running jobs as another user) (default: the worker's).",
         ),
     ] = None,
     preemption: Annotated[
@@ -100,7 +100,7 @@ def targets_add(
         typer.Option(
             metavar="CLOUD",
             help="Whose preemption notices its runs watch by default: aws, gcp, azure, "
-            "auto or off (README: preemption).",
+            "auto or off (docs/preemption.md).",
         ),
     ] = "off",
     as_json: Annotated[bool, json_option("the target's record")] = False,

@@ -10,7 +10,7 @@ already there. The service reads both with [`parse_notice`] and
 
 Sources watched (each one documented by its cloud; the test fakes in
 `tests/fakecloud.py` emulate those documents; what each means for the machine:
-`schemas.preemption.NoticeSource`, and the README's "Preemption"):
+`schemas.preemption.NoticeSource`, and docs/preemption.md):
 
 - `aws-spot`: IMDSv2 `GET /latest/meta-data/spot/instance-action` answers 200
   (404: no notice);

@@ -1,5 +1,5 @@
-"""A producer in another service, exactly as README.md ("From another service")
-shows it: the snippet between the README's `bare-producer` markers, run word for
+"""A producer in another service, exactly as docs/integrating.md ("The bare
+producer") shows it: the snippet between the guide's `bare-producer` markers, run word for
 word in an interpreter where runwarden cannot be imported, signing with nothing but
 `hmac`, `hashlib` and `json` and a key made by `runwarden producers add`, against
 the real service (tests/pipeline.py: redis-server, beat, and the worker started
@@ -35,6 +35,7 @@ from ...pipeline import Pipeline, running_pipeline, toy
 pytestmark = pytest.mark.slow
 
 START, END = "<!-- bare-producer:start -->", "<!-- bare-producer:end -->"
+GUIDE = "docs/integrating.md"
 PRODUCER = "billing"
 LONG_TOY = ("--steps", "100000", "--step-time", "0.05")
 """The toy trainer's arguments for a run that goes on until it is stopped."""
@@ -68,11 +69,11 @@ print(json.dumps({"missing": missing, "path": sys.path, "celery": celery.__file_
 """What the producer's interpreter can import."""
 
 
-def readme_snippet() -> str:
-    """The Python block between the README's `bare-producer` markers."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert text.count(START) == 1, f"README.md needs exactly one {START}"
-    assert text.count(END) == 1, f"README.md needs exactly one {END}"
+def guide_snippet() -> str:
+    """The Python block between docs/integrating.md's `bare-producer` markers."""
+    text = (ROOT / GUIDE).read_text(encoding="utf-8")
+    assert text.count(START) == 1, f"{GUIDE} needs exactly one {START}"
+    assert text.count(END) == 1, f"{GUIDE} needs exactly one {END}"
     block = text[text.index(START) + len(START) : text.index(END)]
     found = re.fullmatch(r"\s*```python\n(.*?)```\s*", block, re.DOTALL)
     assert found is not None, f"between the markers: one ```python block, not {block!r}"
@@ -116,13 +117,13 @@ def shown(result: subprocess.CompletedProcess[str]) -> str:
 
 
 class OtherService:
-    """The other service: the README's snippet as `runwarden_send.py` in a directory
+    """The other service: the guide's snippet as `runwarden_send.py` in a directory
     of its own, with the key file it was given."""
 
     def __init__(self, home: Path, url: str, key_file: Path) -> None:
         self.home = home
         self.script = home / "runwarden_send.py"
-        self.script.write_text(readme_snippet(), encoding="utf-8")
+        self.script.write_text(guide_snippet(), encoding="utf-8")
         self.env = bare_env(url, key_file)
 
     def send(self, task: str, body: dict[str, Any]) -> subprocess.CompletedProcess[str]:
@@ -207,7 +208,7 @@ def test_the_producer_runs_without_runwarden(service: OtherService) -> None:
     assert str(ROOT) not in seen["path"], seen
     assert str(ROOT) not in service.env["PYTHONPATH"].split(os.pathsep)
     # The snippet itself imports nothing of runwarden.
-    imports = re.findall(r"^(?:from|import) (\w+)", readme_snippet(), re.MULTILINE)
+    imports = re.findall(r"^(?:from|import) (\w+)", guide_snippet(), re.MULTILINE)
     assert set(imports) == {"hashlib", "hmac", "json", "os", "sys", "time", "celery"}, imports
 
 

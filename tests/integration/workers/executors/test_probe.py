@@ -53,8 +53,8 @@ def test_the_probe_on_every_target(target: Target) -> None:
 
 @pytest.fixture
 def small_fs(tmp_path: Path) -> Iterator[Path]:
-    """An 8 MiB tmpfs mounted at a fresh folder. The suite runs as root (the README's
-    test command installs its packages with apt): a machine where it cannot mount
+    """An 8 MiB tmpfs mounted at a fresh folder. The suite runs as root (`make test`
+    installs its packages with apt): a machine where it cannot mount
     fails here, it does not skip."""
     mount_point = tmp_path / "fs"
     mount_point.mkdir()

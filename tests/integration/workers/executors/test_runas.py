@@ -4,7 +4,7 @@ through the user's scripts, cancel, and sudo's refusal.
 
 Two workers are played: `root` (this test process, root: scripts run through
 `setpriv`) and `sudo` (a worker that is not root: scripts run through `sudo -n -u
-JOB_USER`, sudo itself started as WORKER_USER, whose only rule is the README's line).
+JOB_USER`, sudo itself started as WORKER_USER, whose only rule is docs/security.md's line).
 The users and the sudo rule are created when missing and left (tests/users.py).
 """
 
@@ -83,7 +83,7 @@ def executor(
 ) -> Iterator[RunAsExecutor]:
     """The executor of `mode` on `base/work`. The worker's environment holds a secret,
     a credential and a variable of its own (none may reach a job) and a locale and a
-    time zone (kept). For `sudo`, the workdir is the job user's (README)."""
+    time zone (kept). For `sudo`, the workdir is the job user's (docs/security.md)."""
     monkeypatch.setenv("RUNWARDEN_SECRET_CANARY", "worker-secret-canary")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "worker-credential-canary")
     monkeypatch.setenv("WORKER_OWN_SETTING", "worker-setting-canary")

@@ -1,8 +1,8 @@
 """The executor contract (test_contract.py) run again against a target whose jobs run
 as another user (`RunAsExecutor`, this process root: scripts through `setpriv`).
 
-The workdir is the job user's (the deployment the README gives for a worker that is
-not root), in a directory others may enter: the contract's tests spawn without a
+The workdir is the job user's (the deployment docs/security.md gives for a worker
+that is not root), in a directory others may enter: the contract's tests spawn without a
 claim, so the launcher creates each run directory as the user. The toy trainer and
 the job side are copied there, and run by a Python the user can run.
 """

@@ -126,9 +126,9 @@ def test_job_user_refuses(name: str, needle: str) -> None:
         job_user(name)
 
 
-def test_the_readme_gives_the_sudoers_lines_the_tests_use() -> None:
-    """The integration tests install `tests.users.sudoers_lines` for their users; the
-    README must give the same lines for its own."""
-    readme = (Path(__file__).resolve().parents[4] / "README.md").read_text()
+def test_the_security_guide_gives_the_sudoers_lines_the_tests_use() -> None:
+    """The integration tests install `tests.users.sudoers_lines` for their users;
+    docs/security.md must give the same lines for its own."""
+    readme = (Path(__file__).resolve().parents[4] / "docs" / "security.md").read_text()
     expected = "".join(f"  {line}\n" for line in sudoers_lines("runwarden", "rwjob").splitlines())
     assert f"  ```\n{expected}  ```\n" in readme
