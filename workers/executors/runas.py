@@ -208,7 +208,7 @@ class RunAsTransport(LocalTransport):
             detail += (
                 f"; a worker that is not root runs jobs as {name} through `sudo -n`: it"
                 f" needs sudo and the sudoers line `{worker} ALL=({name}) NOPASSWD: ALL`"
-                " (README, Running jobs as another user)"
+                " (docs/security.md, Running jobs as another user)"
             )
         return CommandError(f"run as {name}", detail)
 
