@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from .run import RunRecord
 
 __all__ = [
+    "CONTINUE_RETRY_S",
     "DEFAULT_MAX_PREEMPTIONS",
     "MAX_CHAIN",
     "Continuation",
@@ -44,6 +45,9 @@ __all__ = [
 
 MAX_CHAIN: Final = 1000
 """Longest chain followed when runs are counted or shown (a bound on the reads)."""
+CONTINUE_RETRY_S: Final = 60.0
+"""Wait before a waiting continuation is tried again (no target was available, or
+`reconcile` just sent it), in seconds."""
 
 
 class OnPreempt(BaseModel):

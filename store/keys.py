@@ -49,7 +49,7 @@ and its indexes); moved only to the next id when the run's claimed directory was
 taken; kept as long as the record (a launch with a used key returns its run).
 (2) Written by the script that creates the record, left in the transaction that moves
 the run on (`update_run`, `apply_transition`, `start_run`, `end_run`); `reconcile`
-settles the runs that stay in it too long (`workers.settle`).
+settles the runs that stay in it too long (`workers.reconcile`).
 (3) `retrieve:<id>`, `policy-tick:<target>`, `launch:<lkey>` (a launch at work, or
 `reconcile` settling its run), `launch-run:<id>` (`reconcile` settling a run created
 without a key), `continue:<id>` (a preempted run being continued).

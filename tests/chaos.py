@@ -66,7 +66,7 @@ from schemas.events import (
     LaunchSpec,
 )
 from workers.executors import quote
-from workers.settle import DIED_MESSAGE
+from workers.launch import DIED_MESSAGE
 
 from .conftest import TOY_TRAINER
 from .hostile import CASES, SHADOW, Case, file_digest, provide_secrets

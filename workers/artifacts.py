@@ -1,6 +1,7 @@
-"""A finished run's artifacts: sending its retrieval, and the retrieval task itself
-(attempts counted, backoff, a lock with a heartbeat), around the verified retrieval
-of `workers.retrieval`."""
+"""A finished run's artifacts: the retrieval task (attempts counted, backoff, a lock
+with a heartbeat), around the verified retrieval of `workers.retrieval`. The task is
+sent by `workers.finish.queue_retrieval` when a run ends, and again by
+`workers.reconcile` while the store's retrieval queue holds it."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Final
 
 from schemas import Artifacts, ArtifactsPhase, Conflict, RunError, RunRecord
 from schemas.chain import ContinuationPhase
-from schemas.events import TASK_CONTINUE, TASK_RETRIEVE
+from schemas.events import TASK_CONTINUE
 
 from .context import Context, utcnow
 from .errors import ArtifactQuotaExceeded, RetrievalError
@@ -25,42 +26,11 @@ log = logging.getLogger("runwarden")
 
 __all__ = [
     "RETRIEVE_LEASE_S",
-    "RETRIEVE_RESEND_S",
-    "queue_retrieval",
-    "resend_due_retrievals",
     "retrieve_artifacts",
 ]
 
-RETRIEVE_RESEND_S: Final = 3600.0
-"""When reconcile sent a due retrieval, how long until it sends it again if the task
-has not started by then (it waits behind long ones on its queue; a duplicate is a
-no-op, a lost message costs at most this long)."""
 RETRIEVE_LEASE_S: Final = 120.0
 """How long a retrieval's lock lasts without its worker extending it, in seconds."""
-
-
-def queue_retrieval(ctx: Context, run: RunRecord) -> None:
-    """Sends the retrieval task of the ended `run`. The retrieval itself was queued
-    durably by the transition that ended the run (the store's retrieval queue, which
-    `reconcile` drains), so a failure to send loses nothing."""
-    if run.artifacts is not None and run.artifacts.phase is ArtifactsPhase.PENDING:
-        _send(ctx, run.id)
-
-
-def _send(ctx: Context, run_id: str, task: str = TASK_RETRIEVE) -> None:
-    try:
-        ctx.schedule(task, {"body": {"run_id": run_id}}, 0.0)
-    except Exception:  # noqa: BLE001 - reconcile sends it from the store's queue
-        log.warning("run %s: cannot send the task %s", run_id, task)
-
-
-def resend_due_retrievals(ctx: Context, now: datetime, limit: int) -> None:
-    """Sends the retrieval task of every retrieval that is due (a first one whose task
-    was lost, or the next attempt after a failure); each is moved ahead first, so the
-    next tick does not send it again while it waits in the queue."""
-    for run_id in ctx.store.due_retrievals(now, limit):
-        ctx.store.schedule_retrieval(run_id, now + timedelta(seconds=RETRIEVE_RESEND_S))
-        _send(ctx, run_id)
 
 
 def _due(run: RunRecord, now: datetime) -> bool:
@@ -149,7 +119,7 @@ def retrieve_artifacts(
         emit(ctx, retrieved, run, result, utcnow())  # told once it is recorded
         if ended.continuation is not None and ended.continuation.phase is ContinuationPhase.WAITING:
             # A preempted run to continue (`workers.chain`): its checkpoint is here now.
-            _send(ctx, run_id, TASK_CONTINUE)
+            ctx.send(TASK_CONTINUE, run_id)
         return ended.artifacts or result
     finally:
         done.set()

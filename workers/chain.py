@@ -19,12 +19,13 @@ from typing import Final
 
 from schemas import ArtifactsPhase, RunRecord, RunwardenError
 from schemas.chain import (
+    CONTINUE_RETRY_S,
     Continuation,
     ContinuationPhase,
     candidate_targets,
     continuation_key,
 )
-from schemas.events import TASK_CONTINUE, TASK_LAUNCH, LaunchSpec, resume_spec
+from schemas.events import TASK_LAUNCH, LaunchSpec, resume_spec
 from schemas.run import ADOPTED_COMMAND
 
 from .context import Context
@@ -35,39 +36,13 @@ log = logging.getLogger("runwarden")
 
 __all__ = [
     "CONTINUE_GIVE_UP_S",
-    "CONTINUE_RETRY_S",
-    "continue_due",
     "continue_run",
-    "send_continue",
 ]
 
-CONTINUE_RETRY_S: Final = 60.0
-"""Wait before a waiting continuation is tried again (no target was available, or
-`reconcile` just sent it), in seconds."""
 CONTINUE_GIVE_UP_S: Final = 24 * 3600.0
 """How long a continuation may wait for an available target before it is declined,
 in seconds from the run's end."""
 _LOCK_S: Final = 120.0
-
-
-def send_continue(ctx: Context, run_id: str) -> None:
-    """Sends `runwarden.continue` for `run_id`; a failure to send is logged only (the
-    continuation stays queued, and `reconcile` sends it)."""
-    try:
-        ctx.schedule(TASK_CONTINUE, {"body": {"run_id": run_id}}, 0.0)
-    except Exception:  # noqa: BLE001 - reconcile sends it from the queue
-        log.warning("run %s: cannot send its continuation", run_id)
-
-
-def continue_due(ctx: Context, now: datetime, limit: int = 100) -> int:
-    """`reconcile`'s share: sends the continuation task of every waiting continuation
-    that is due, moving each ahead first so the next tick does not send it again while
-    it waits in the queue; returns how many it sent."""
-    due = ctx.store.due_continuations(now, limit)
-    for run_id in due:
-        ctx.store.schedule_continuation(run_id, now + timedelta(seconds=CONTINUE_RETRY_S))
-        send_continue(ctx, run_id)
-    return len(due)
 
 
 def _set(ctx: Context, run_id: str, continuation: Continuation) -> Continuation | None:

@@ -1,5 +1,7 @@
 """The context every run operation shares: the run store, the settings, how to send a
-task (now or after a countdown), and the executor of a target for this process.
+task (now or after a countdown), and this process's own state: the executor of each
+target (built once per target and process, rebuilt when the target's configuration
+changes; an SSH executor's connection is per process anyway).
 
 The operations (`workers.launch`, `.stops`, `.finish`, `.artifacts`, `.watch`,
 `.policies`) are functions of a `Context`; `workers.tasks` builds one per process and
@@ -10,20 +12,24 @@ nothing more.
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
-from schemas import Settings, TargetConfig
+from schemas import NotFound, RunRecord, Settings, StoreError, TargetConfig
 from store import RunStore
 
-from .executors import Executor
+from .executors import Executor, LocalExecutor, RunAsExecutor, SshExecutor
 from .identity import Identities
-from .targets import executor_for, target_config
 
-__all__ = ["Context", "Scheduler", "utcnow"]
+__all__ = ["Context", "Scheduler", "build_executor", "utcnow"]
+
+log = logging.getLogger("runwarden")
 
 Scheduler = Callable[[str, dict[str, Any], float], None]
 """Sends task `name` with keyword arguments `kwargs` (a body in `kwargs["body"]`)
@@ -42,6 +48,10 @@ class Context:
     """Names this process in deadline leases; default `<host>:<pid>`."""
     identities: Identities = field(init=False)
     """The producers' keys: who sent a message, who signed a target."""
+    _executors: dict[str, tuple[TargetConfig, Executor]] = field(
+        default_factory=dict, init=False, repr=False
+    )
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.worker_id = self.worker_id or f"{os.uname().nodename}:{os.getpid()}"
@@ -54,15 +64,74 @@ class Context:
         Raises:
             UnknownTarget, Unauthenticated, StoreError, InvalidArgument.
         """
-        return executor_for(self.store, target, self.identities)
+        config = self.target(target)
+        with self._lock:
+            cached = self._executors.get(target)
+            if cached is not None and cached[0] == config:
+                return cached[1]
+            executor = build_executor(config)
+            self._executors[target] = (config, executor)
+            return executor
 
     def target(self, name: str) -> TargetConfig:
-        """The operator-signed configuration of target `name`.
+        """The configuration of target `name`, signed by the operator.
 
         Raises:
-            UnknownTarget, Unauthenticated, StoreError.
+            UnknownTarget: when there is no such target.
+            Unauthenticated: when the record is not signed by the operator (written
+                into Redis by anyone else): it is never used.
+            StoreError: when the store cannot be read.
         """
-        return target_config(self.store, name, self.identities)
+        raw, signature = self.store.get_target_signed(name)
+        self.identities.check_target(name, raw, signature)
+        return TargetConfig.model_validate(raw)
+
+    def send(self, task: str, run_id: str) -> None:
+        """Sends `task` for `run_id` now (body `{"run_id": ...}`). A failure to send is
+        logged only: every task sent so is queued durably in the store (a retrieval, a
+        continuation), and `reconcile` sends it again."""
+        try:
+            self.schedule(task, {"body": {"run_id": run_id}}, 0.0)
+        except Exception:  # noqa: BLE001 - reconcile sends it from the store's queue
+            log.warning("run %s: cannot send the task %s", run_id, task)
+
+    def records(self, run_ids: list[str]) -> list[RunRecord | None]:
+        """The records of `run_ids` in one round trip; an unreadable one is logged and
+        read as missing (it must not stop the others)."""
+        try:
+            return self.store.get_runs(run_ids)
+        except StoreError:
+            found: list[RunRecord | None] = []
+            for run_id in run_ids:
+                try:
+                    found.append(self.store.get_run(run_id))
+                except (StoreError, NotFound):
+                    log.exception("run %s: unreadable; no longer followed", run_id)
+                    found.append(None)
+            return found
+
+
+def build_executor(config: TargetConfig) -> Executor:
+    """A new executor for `config` (nothing is opened yet): a local target with
+    `run_as` runs its jobs as that user (`RunAsExecutor`).
+
+    Raises:
+        InvalidArgument: for an SSH destination or config that cannot be used, or a
+            `run_as` user this machine does not have or cannot change to.
+    """
+    if config.kind == "local" or config.ssh is None:
+        if config.run_as is not None:
+            return RunAsExecutor(config.workdir, config.run_as)
+        return LocalExecutor(config.workdir)
+    ssh = config.ssh
+    return SshExecutor.connect(
+        ssh.destination,
+        config.workdir,
+        port=ssh.port,
+        identity=Path(ssh.identity) if ssh.identity else None,
+        known_hosts=Path(ssh.known_hosts) if ssh.known_hosts else None,
+        ssh_config=Path(ssh.ssh_config) if ssh.ssh_config else None,
+    )
 
 
 def utcnow() -> datetime:

@@ -8,6 +8,7 @@ import logging
 from collections.abc import Sequence
 
 from schemas import (
+    ArtifactsPhase,
     Conflict,
     JobStatus,
     ProofInvalid,
@@ -17,11 +18,11 @@ from schemas import (
     decide_outcome,
     parse_proof,
 )
+from schemas.events import TASK_RETRIEVE
 from schemas.ledger import ProofSeen, RunEnded
 from schemas.protocol import PROOF_LIMIT, SNAPSHOT_FILE
 from schemas.snapshot import Proof, proof_moment
 
-from .artifacts import queue_retrieval
 from .budgets import record_stop_save
 from .context import Context, utcnow
 from .executors import ExecError, Executor, ProtocolError
@@ -30,7 +31,15 @@ from .notify import emit
 
 log = logging.getLogger("runwarden")
 
-__all__ = ["finish", "judge_proofs", "read_proof"]
+__all__ = ["finish", "judge_proofs", "queue_retrieval", "read_proof"]
+
+
+def queue_retrieval(ctx: Context, run: RunRecord) -> None:
+    """Sends the retrieval task of the ended `run` (`workers.artifacts`). The retrieval
+    itself was queued durably by the transition that ended the run (the store's
+    retrieval queue, which `reconcile` drains), so a failure to send loses nothing."""
+    if run.artifacts is not None and run.artifacts.phase is ArtifactsPhase.PENDING:
+        ctx.send(TASK_RETRIEVE, run.id)
 
 
 def read_proof(executor: Executor, run: RunRecord) -> Proof | None:

@@ -17,7 +17,6 @@ from .budgets import policy_save_lead_s
 from .context import Context
 from .executors import ExecError
 from .notify import emit
-from .watch import records
 
 log = logging.getLogger("runwarden")
 
@@ -36,7 +35,7 @@ def policy_target(ctx: Context, target: str, now: datetime) -> dict[str, int]:
     settings = ctx.settings
     runs = [
         r
-        for r in records(ctx, ctx.store.followed(target))
+        for r in ctx.records(ctx.store.followed(target))
         if r is not None
         and r.job is not None
         and r.state is RunState.RUNNING

@@ -1,7 +1,7 @@
 """Preemption notices at launch: which cloud a run's notice watcher watches (the run's
 `--preemption`, else its target's), and what its `JobCommand` carries for it (the
 cloud, the metadata services' base URLs and the poll period, from the settings).
-What the follow does with the watcher's files is `workers/notice_watch.py`."""
+What the follow does with the watcher's files is `workers/watch.py`."""
 
 from __future__ import annotations
 

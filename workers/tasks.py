@@ -63,9 +63,10 @@ from schemas.events import (
 from schemas.idempotency import task_launch_key
 from store import RunStore
 
-from . import chain, policies, stops, watch
+from . import cancels, chain, policies, stops, watch
 from . import doctor as doctoring
 from . import launch as launching
+from . import reconcile as sweep
 from .app import NO_EVENTS, QuietTask, app, settings
 from .artifacts import retrieve_artifacts
 from .context import Context, utcnow
@@ -188,20 +189,20 @@ def snapshot_request(body: Any = None, auth: Any = None) -> dict[str, Any]:
 @app.task(name=TASK_CANCEL, throws=REFUSALS)
 def cancel(body: Any = None, auth: Any = None) -> dict[str, Any]:
     request, producer = _parse(CancelBody, body, auth, TASK_CANCEL)
-    record = stops.cancel(context(), request.run_id, asked_by=producer)
+    record = cancels.cancel(context(), request.run_id, asked_by=producer)
     return {"run_id": record.id, "state": str(record.state)}
 
 
 @app.task(name=TASK_PROOF_TIMEOUT, throws=REFUSALS)
 def proof_timeout(body: Any = None, auth: Any = None) -> str:
     request, _ = _parse(TimeoutBody, body, auth, TASK_PROOF_TIMEOUT)
-    return stops.on_deadline(context(), request.run_id, request.stop_id, utcnow())
+    return cancels.on_deadline(context(), request.run_id, request.stop_id, utcnow())
 
 
 @app.task(name=TASK_END_TIMEOUT, throws=REFUSALS)
 def end_timeout(body: Any = None, auth: Any = None) -> str:
     request, _ = _parse(TimeoutBody, body, auth, TASK_END_TIMEOUT)
-    return stops.on_deadline(context(), request.run_id, request.stop_id, utcnow())
+    return cancels.on_deadline(context(), request.run_id, request.stop_id, utcnow())
 
 
 def _ran(task: str) -> None:
@@ -213,11 +214,9 @@ def _ran(task: str) -> None:
 @app.task(name=TASK_RECONCILE, base=QuietTask)
 def reconcile() -> int:
     _ran(TASK_RECONCILE)
-    ctx, now = context(), utcnow()
+    ctx = context()
     try:
-        sent = stops.reconcile(ctx, now)
-        chain.continue_due(ctx, now)  # after the deadlines, which never wait on it
-        return sent
+        return sweep.reconcile(ctx, utcnow())
     finally:
         watch_memory(ctx)  # after: a full Redis fails the reconcile, and says why
 

@@ -33,7 +33,7 @@ import stat
 import threading
 import time
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
 from urllib.parse import urlsplit
@@ -54,8 +54,6 @@ from schemas.webhooks import (
     sign,
 )
 from store import RunStore
-
-from .context import utcnow
 
 log = logging.getLogger("runwarden")
 
@@ -299,7 +297,7 @@ class Deliverer:
             "kind": delivery.get("kind"),
             "attempts": attempts,
             "error": result.error,
-            "at": utcnow().isoformat(),
+            "at": datetime.now(UTC).isoformat(),
         }
         self.store.end_delivery(member, head, now, failure)
         self._count(name, "gave_up")
@@ -369,7 +367,7 @@ def _loop(deliverer: Deliverer) -> None:
         _wake.wait(POLL_S)
         _wake.clear()
         try:
-            while deliverer.run_pending(utcnow()):
+            while deliverer.run_pending(datetime.now(UTC)):
                 pass
         except Exception:  # Redis trouble: the next round tries again
             log.exception("webhooks: delivery round failed")

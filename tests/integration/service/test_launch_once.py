@@ -35,7 +35,7 @@ from schemas import Conflict, JobId, RunRecord, RunState
 from schemas.events import LaunchSpec
 from store import RunStore
 from workers.executors import quote
-from workers.settle import DIED_MESSAGE
+from workers.launch import DIED_MESSAGE
 
 from ...conftest import wait_for
 from ...pipeline import Pipeline, running_pipeline, signed, toy

@@ -11,7 +11,7 @@ import pytest
 
 from schemas import ArtifactsPhase, Conflict, JobStatus, RunState
 from schemas.events import TASK_RETRIEVE, RetrieveBody
-from workers import finish, stops
+from workers import finish, reconcile
 from workers.artifacts import retrieve_artifacts as retrieve
 from workers.errors import RetrievalError
 
@@ -65,8 +65,8 @@ def test_a_finished_run_queues_its_retrieval_and_retries_with_backoff(tmp_path: 
 def test_reconcile_sends_due_retrievals_once_per_lease(tmp_path: Path) -> None:
     worker, store, sent = policy_worker(tmp_path)
     store.schedule_retrieval("x1", datetime.now(UTC) - timedelta(seconds=1))
-    stops.reconcile(worker, datetime.now(UTC))
-    stops.reconcile(worker, datetime.now(UTC))
+    reconcile.reconcile(worker, datetime.now(UTC))
+    reconcile.reconcile(worker, datetime.now(UTC))
     assert [b["run_id"] for b in sent.named(TASK_RETRIEVE)] == ["x1"]
 
 

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from schemas import ArtifactsPhase, JobStatus
-from workers import finish, stops
+from workers import finish, reconcile
 from workers.artifacts import retrieve_artifacts as retrieve
 from workers.context import Context
 from workers.retrieval.quota import free_bytes
@@ -37,7 +37,7 @@ def test_past_the_reserve_the_retrieval_fails_at_once_and_a_person_retries(
     # reconcile much later changes nothing.
     assert store.pending_retrievals() == []
     later = now + timedelta(days=1)
-    stops.reconcile(worker, later)
+    reconcile.reconcile(worker, later)
     assert retrieve(worker, "e1", later) == result
     root = worker.settings.artifacts_root
     assert not root.exists() or list(root.iterdir()) == []

@@ -30,12 +30,12 @@ from schemas.events import (
     LaunchSpec,
 )
 from store import RunStore
-from workers import budgets, policies, stops
+from workers import budgets, cancels, policies, reconcile, stops
 from workers import launch as launching
 from workers.context import Context
 from workers.executors import FollowUpdate
 from workers.finish import finish
-from workers.notice_watch import observe_notices
+from workers.watch import observe_notices
 
 from .conftest import Sent, policy_worker, running_run
 from .launch_fakes import T0, FakeExecutor, fake_context
@@ -112,7 +112,7 @@ def test_the_runs_own_timeouts_win(tmp_path: Path) -> None:
     proof = ProofSaved(snapshot=Snapshot(checkpoint="output/checkpoint-3", step=3,
                                          reason=SnapshotReason.REQUESTED))  # fmt: skip
     run = store.get_run("r1")
-    assert stops._proof_deadline(ctx, stop, run, proof, stop.proof_deadline) == "proved"
+    assert cancels._proof_deadline(ctx, stop, run, proof, stop.proof_deadline) == "proved"
     moved = store.get_stop("r1")
     assert moved is not None
     assert moved.phase is StopPhase.WAITING_END
@@ -142,8 +142,8 @@ def test_a_cancel_says_the_timeout_the_stop_got(
     stop = stops.request_snapshot(ctx, "r1", SnapshotReason.REQUESTED, "cli", datetime.now(UTC))
     notes: list[str] = []
     # The cancel itself is not run: the job here is this very process.
-    monkeypatch.setattr(stops, "_escalate", lambda ctx, stop, note, now: notes.append(note) or "")
-    stops._proof_deadline(ctx, stop, run, None, stop.proof_deadline)
+    monkeypatch.setattr(cancels, "_escalate", lambda ctx, stop, note, now: notes.append(note) or "")
+    cancels._proof_deadline(ctx, stop, run, None, stop.proof_deadline)
     assert notes == ["no readable snapshot 8.5 s after it was asked for: cancelling the job"]
 
 
@@ -161,7 +161,7 @@ def test_a_countdown_longer_than_the_broker_keeps_a_message_is_left_to_reconcile
     [deadline] = store.pending_deadlines()
     assert (deadline.stop_id, deadline.due) == (stop.stop_id, stop.proof_deadline)
     # reconcile fires it when it is due.
-    assert stops.reconcile(ctx, stop.proof_deadline + timedelta(seconds=1)) == 1
+    assert reconcile.reconcile(ctx, stop.proof_deadline + timedelta(seconds=1)) == 1
     assert countdowns(sent, TASK_PROOF_TIMEOUT) == [0.0]
 
 

@@ -11,13 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from schemas import ArtifactsPhase, JobId, JobStatus, RunRecord, RunState
-from schemas.chain import ContinuationPhase, OnPreempt, continuation_key
+from schemas.chain import CONTINUE_RETRY_S, ContinuationPhase, OnPreempt, continuation_key
 from schemas.events import TASK_CONTINUE, TASK_LAUNCH, LaunchSpec
 from store import RunStore
 from workers import finish
 from workers.artifacts import retrieve_artifacts
-from workers.chain import CONTINUE_GIVE_UP_S, CONTINUE_RETRY_S, continue_due, continue_run
+from workers.chain import CONTINUE_GIVE_UP_S, continue_run
 from workers.context import Context
+from workers.reconcile import continue_due
 
 from ...conftest import put_signed_target
 from ..conftest import record

@@ -1,4 +1,4 @@
-"""The exactly-once launch (`workers/launch.py`, `workers/settle.py`) over fakeredis and
+"""The exactly-once launch (`workers/launch.py`, `workers/reconcile.py`) over fakeredis and
 a fake target (tests/unit/workers/launch_fakes.py): a launch delivered again finds its run and
 goes on from there, a spawn that broke looks for its job before it records anything,
 and `reconcile` settles a run whose launch's worker died. The same faults with real
@@ -16,10 +16,10 @@ from schemas import JobStatus, RunRecord, RunState, StoreError
 from schemas.events import LaunchSpec
 from schemas.protocol import CLAIM_FILE, PID_FILE
 from workers import launch as launching
-from workers import settle, stops
+from workers import reconcile
 from workers.errors import LaunchError
 from workers.executors import CommandError, SshError
-from workers.settle import DIED_MESSAGE, PROTOCOL_FILES
+from workers.launch import DIED_MESSAGE, PROTOCOL_FILES
 
 from .launch_fakes import T0, FakeExecutor, Killed, fake_context
 
@@ -249,10 +249,10 @@ def test_a_spawn_whose_target_stays_unreachable_is_left_for_reconcile() -> None:
     run = only_run(ctx)
     assert run.state is RunState.PREPARING
     later = T0 + timedelta(seconds=10)
-    assert settle.settle_launches(ctx, later) == 0  # still unreachable: left
+    assert reconcile.settle_launches(ctx, later) == 0  # still unreachable: left
     assert only_run(ctx).state is RunState.PREPARING
     ex.unreachable = False
-    assert settle.settle_launches(ctx, later) == 1
+    assert reconcile.settle_launches(ctx, later) == 1
     assert_running_with_one_job(ctx, ex)
 
 
@@ -315,15 +315,15 @@ def test_reconcile_follows_a_job_started_by_a_worker_that_died() -> None:
     ctx = fake_context(ex)
     run = died(ctx, ex, "spawn")
     due = T0 + timedelta(seconds=60 + 30 + 1)
-    assert settle.settle_launches(ctx, due - timedelta(seconds=2)) == 0  # too young
+    assert reconcile.settle_launches(ctx, due - timedelta(seconds=2)) == 0  # too young
     assert only_run(ctx).state is RunState.PREPARING
-    assert stops.reconcile(ctx, due) == 0  # the one call in reconcile (no deadline)
+    assert reconcile.reconcile(ctx, due) == 0  # the one call in reconcile (no deadline)
     record = ctx.store.get_run(run.id)
     assert record.state is RunState.RUNNING
     assert record.job is not None
     assert record.job.pid == ex.pid_of(run.remote_dir)
     assert ctx.store.followed("local") == [run.id]
-    assert settle.settle_launches(ctx, due) == 0  # settled once
+    assert reconcile.settle_launches(ctx, due) == 0  # settled once
     # The message delivered again much later: the run, as it is.
     assert launching.launch(ctx, SPEC, due) == record
     assert len(ex.spawned) == 1
@@ -333,7 +333,7 @@ def test_reconcile_fails_a_run_whose_worker_died_before_its_job() -> None:
     ex = FakeExecutor()
     ctx = fake_context(ex)
     run = died(ctx, ex, "upload")
-    assert settle.settle_launches(ctx, T0 + timedelta(minutes=2)) == 1
+    assert reconcile.settle_launches(ctx, T0 + timedelta(minutes=2)) == 1
     record = ctx.store.get_run(run.id)
     assert record.state is RunState.FAILED
     assert record.message == DIED_MESSAGE == "the worker died during the launch; no job started"
@@ -348,7 +348,7 @@ def test_reconcile_leaves_a_run_whose_launch_holds_its_lock() -> None:
     ctx = fake_context(ex)
     run = died(ctx, ex, "upload")
     assert ctx.store.lock("launch:k1", "a-redelivered-launch", 30.0)
-    assert settle.settle_launches(ctx, T0 + timedelta(hours=2)) == 0
+    assert reconcile.settle_launches(ctx, T0 + timedelta(hours=2)) == 0
     assert ctx.store.get_run(run.id).state is RunState.PREPARING
 
 
@@ -357,7 +357,7 @@ def test_reconcile_trusts_no_job_pid_in_a_directory_claimed_by_another() -> None
     ctx = fake_context(ex)
     run = died(ctx, ex, "spawn")
     ex.files[f"{run.remote_dir}/{CLAIM_FILE}"] = b"someone-else xyz\n"
-    assert settle.settle_launches(ctx, T0 + timedelta(hours=2)) == 1
+    assert reconcile.settle_launches(ctx, T0 + timedelta(hours=2)) == 1
     assert ctx.store.get_run(run.id).state is RunState.FAILED
     assert ctx.store.followed("local") == []
 
@@ -372,7 +372,7 @@ def test_reconcile_settles_a_keyless_run_and_one_of_a_gone_target() -> None:
     ex.files["/w/old/.claim"] = b"old 0123abcd\n"
     ex.files[f"/w/old/{PID_FILE}"] = b"4242\n"
     ex.statuses[4242] = JobStatus.exited(0)  # ended since: the watch records its end
-    assert settle.settle_launches(ctx, T0 + timedelta(hours=2)) == 2
+    assert reconcile.settle_launches(ctx, T0 + timedelta(hours=2)) == 2
     old = ctx.store.get_run("old")
     assert old.state is RunState.RUNNING
     assert old.job is not None
@@ -390,6 +390,6 @@ def test_reconcile_tries_an_unreachable_target_once_per_pass() -> None:
     died(ctx, ex, "upload", key="kb")
     ex.unreachable = True
     ex.calls.clear()
-    assert settle.settle_launches(ctx, T0 + timedelta(hours=2)) == 0
+    assert reconcile.settle_launches(ctx, T0 + timedelta(hours=2)) == 0
     assert len(ex.calls) == 1
     assert {r.state for r in ctx.store.list_runs()} == {RunState.PREPARING}

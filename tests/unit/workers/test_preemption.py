@@ -28,8 +28,8 @@ from schemas.preemption import NO_CLIENT
 from workers import launch as launching
 from workers.context import Context
 from workers.executors import FollowUpdate, ProtocolError
-from workers.notice_watch import observe_notices, read_notice
 from workers.preemption import notice_command, watched
+from workers.watch import observe_notices, read_notice
 
 from .conftest import Sent, policy_worker, running_run
 from .launch_fakes import T0, FakeExecutor, fake_context

@@ -16,7 +16,7 @@ import pytest
 
 from schemas import JobId, RunLimits, RunRecord, RunState, Settings, SnapshotReason, StopPhase
 from store import RunStore
-from workers import stops
+from workers import cancels, reconcile, stops
 from workers.context import Context
 from workers.executors import CommandError, shell
 
@@ -100,7 +100,7 @@ def test_a_cancel_past_its_deadline_holds_no_process_and_is_left_to_reconcile(
         monkeypatch.setattr(shell, "CANCEL_DEADLINE_S", 1.0)
         started = time.monotonic()
         with pytest.raises(CommandError, match="timed out after 1 s"):
-            stops.cancel(worker, "r1", asked_by="operator/cli")
+            cancels.cancel(worker, "r1", asked_by="operator/cli")
         assert time.monotonic() - started < 4.0  # the deadline, not the script's 10 s wait
         assert job.poll() is None  # alive: the cut cancel is not the end of it
         assert store.get_run("r1").state is RunState.RUNNING
@@ -120,9 +120,9 @@ def test_a_cancel_past_its_deadline_holds_no_process_and_is_left_to_reconcile(
         # Reconcile fires the retry deadline when it comes: that cancel ends the job.
         monkeypatch.undo()
         later = stop.end_deadline + timedelta(seconds=1)
-        assert stops.reconcile(worker, later) == 1
+        assert reconcile.reconcile(worker, later) == 1
         assert sent.calls[-1][0] == "runwarden.end_timeout"
-        assert stops.on_deadline(worker, "r1", stop.stop_id, later) == "cancelled"
+        assert cancels.on_deadline(worker, "r1", stop.stop_id, later) == "cancelled"
         assert store.get_run("r1").state is RunState.CANCELLED
         assert store.get_stop("r1") is None
     finally:
@@ -137,8 +137,8 @@ def test_a_cancel_waits_for_another_tasks_cancel_no_longer_than_its_deadline(
     worker, store, _ = policy_worker(tmp_path)
     running_run(store, tmp_path, "r1")
     assert store.once(stops.cancel_key("r1"), ttl_s=60)  # another task is cancelling it
-    monkeypatch.setattr(stops, "CANCEL_DEADLINE_S", 0.5)
+    monkeypatch.setattr(cancels, "CANCEL_DEADLINE_S", 0.5)
     started = time.monotonic()
-    record = stops.cancel(worker, "r1", asked_by="operator/cli")
+    record = cancels.cancel(worker, "r1", asked_by="operator/cli")
     assert 0.5 <= time.monotonic() - started < 2.0
     assert record.state is RunState.RUNNING  # that cancel goes on; this task returns

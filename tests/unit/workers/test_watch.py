@@ -27,7 +27,8 @@ from schemas import (
 )
 from schemas.events import TASK_END_TIMEOUT
 from schemas.ledger import ProofSeen
-from workers import stops
+from workers import cancels, stops
+from workers import finish as finishing
 from workers.finish import finish
 from workers.stops import CANCEL_RETRY_S, cancel_key
 from workers.watch import watch_target
@@ -118,10 +119,10 @@ def test_a_tick_sees_the_proof_and_the_end_deadline_counts_from_it(
     assert seen.end_deadline == moved.end_deadline
     assert [s.kind for s in store.saves("r1")] == ["stop"]  # a save time learned
     # The proof deadline's task, racing with the tick on the stop it read, moves nothing.
-    monkeypatch.setattr(stops, "_escalate", lambda *a: pytest.fail("no cancel"))
-    proof = stops.read_proof(ctx.executor("local"), run)
+    monkeypatch.setattr(cancels, "_escalate", lambda *a: pytest.fail("no cancel"))
+    proof = finishing.read_proof(ctx.executor("local"), run)
     assert isinstance(proof, ProofSaved)
-    assert stops._proof_deadline(ctx, stop, run, proof, stop.proof_deadline) == "proved"
+    assert cancels._proof_deadline(ctx, stop, run, proof, stop.proof_deadline) == "proved"
     assert stops.proof_seen(ctx, stop, proof, datetime.now(UTC), "follow") is None
     assert store.get_stop("r1") == moved
     assert [e.kind for e in store.ledger("r1")].count("proof_seen") == 1
@@ -156,10 +157,10 @@ def test_a_proof_with_a_linked_checkpoint_is_never_seen_and_its_deadline_says_wh
         watch_target(ctx, "local", datetime.now(UTC))
         assert store.get_stop("r1") == stop
     assert not [e for e in store.ledger("r1") if isinstance(e, ProofSeen)]
-    assert stops.read_proof(ctx.executor("local"), run) == ProofInvalid(why=why)
+    assert finishing.read_proof(ctx.executor("local"), run) == ProofInvalid(why=why)
     notes: list[str] = []
-    monkeypatch.setattr(stops, "_escalate", lambda ctx, stop, note, now: notes.append(note) or "")
-    stops.on_deadline(ctx, "r1", stop.stop_id, stop.proof_deadline)
+    monkeypatch.setattr(cancels, "_escalate", lambda ctx, stop, note, now: notes.append(note) or "")
+    cancels.on_deadline(ctx, "r1", stop.stop_id, stop.proof_deadline)
     assert len(notes) == 1
     assert notes[0].startswith(f"no valid snapshot ({why})")
     # Its end says so too: never stopped with that snapshot.
