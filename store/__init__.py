@@ -9,7 +9,8 @@ target configs holding secret-looking keys are refused. Keys are named in
 Guarantees:
 
 - Every change that must not be lost or applied twice is a compare-and-set: run
-  records through WATCH/MULTI (bounded retries), stops through one Lua script that
+  records through WATCH/MULTI (redis-py's `transaction`, bounded retries, in one
+  helper: `StoreBase._compare_and_set`), stops through one Lua script that
   writes only if the stored JSON is byte for byte the one the decision was made on,
   together with the stop's deadlines. A late or duplicate task therefore changes
   nothing, and two workers racing get one winner.

@@ -21,7 +21,7 @@ from redis.exceptions import AuthenticationError, RedisError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from schemas import StoreError, validation_message
+from schemas import Conflict, StoreError, validation_message
 from schemas.bounds import LOG_BYTES_PER_RUN, LOG_LINE_BYTES, METRICS_BYTES_PER_RUN, RETENTION_DAYS
 
 from .keys import Keys
@@ -200,6 +200,37 @@ class StoreBase:
         self._scripts: dict[str, Script] = {
             name: client.register_script(lua(name)) for name in _SCRIPTS
         }
+
+    def _compare_and_set(
+        self, keys: list[str], step: Callable[[Any], _T], conflict: str, run_id: str | None = None
+    ) -> tuple[_T, list[Any]]:
+        """Runs `step` as one optimistic transaction over `keys` (redis-py's
+        `transaction`: WATCH `keys`, `step(pipe)` reads through the pipeline, then calls
+        `pipe.multi()` and queues its writes, EXEC), again from the start while another
+        writer changed a watched key in between, at most `max_attempts` times. A
+        `step` that writes nothing calls `pipe.unwatch()` (or queues nothing) and
+        returns. Returns what `step` returned (of its last, successful attempt) and
+        EXEC's replies (empty when it queued nothing).
+
+        `step` may run several times, so it must have no effect outside the pipeline.
+
+        Raises:
+            Conflict: `conflict` (about `run_id`), still losing to other writers after
+                the bounded attempts; nothing was changed.
+            Whatever `step` raises, nothing changed.
+        """
+        attempts = 0
+        result: list[_T] = []
+
+        def attempt(pipe: Any) -> None:
+            nonlocal attempts
+            attempts += 1
+            if attempts > self._attempts:
+                raise Conflict(conflict, run_id=run_id)
+            result[:] = [step(pipe)]
+
+        replies: list[Any] = self._r.transaction(attempt, *keys)
+        return result[0], replies
 
     def _script(
         self, name: str, keys: list[str], args: list[Any], client: Any = None

@@ -8,9 +8,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from redis.exceptions import WatchError
-
-from schemas import Conflict, NotFound, RunRecord, RunState, Snapshot, StopPhase, StopState
+from schemas import NotFound, RunRecord, RunState, Snapshot, StopPhase, StopState
 from schemas.run import transitioned
 
 from .base import load_model, replace_model, translated
@@ -55,44 +53,44 @@ class EndingMixin(FollowMixin, StopsMixin):
         if not RunState(to_state).is_terminal:
             raise ValueError(f"{to_state} is not the end of a run")
         run_key, stop_key = self.keys.run(run_id), self.keys.stop(run_id)
-        with self._r.pipeline(transaction=True) as pipe:
-            for _ in range(self._attempts):
-                try:
-                    pipe.watch(run_key, stop_key)
-                    raw = pipe.get(run_key)
-                    if raw is None:
-                        raise NotFound(run_id)
-                    current = load_model(RunRecord, raw, f"record of run {run_id!r}")
-                    now = datetime.now(UTC)
-                    new = transitioned(current, to_state, now, message=message, snapshot=snapshot)
-                    stop_raw = pipe.get(stop_key)
-                    pipe.multi()
-                    if new is not None and new != current:
-                        new = RunRecord.model_validate_json(new.model_dump_json())
-                        pipe.set(run_key, new.model_dump_json())
-                        self._index_retrieval(pipe, new)
-                        self._index_continuation(pipe, new)
-                        self._index_preparing(pipe, current, new)
-                    if stop_raw is not None:
-                        stop = load_model(StopState, stop_raw, f"stop of run {run_id!r}")
-                        self._queue_close(pipe, stop, now, note)
-                    self._script(
-                        "unfollow",
-                        keys=[self.keys.followed(current.target), self.keys.followed_targets],
-                        args=[run_id, current.target],
-                        client=pipe,
-                    )
-                    self._queue_retention(pipe, run_id)
-                    pipe.execute()
-                except WatchError:
-                    continue
-                if new is None or new == current:
-                    return current, False
-                return new, True
-        raise Conflict(
+        changed = False
+
+        def step(pipe: Any) -> RunRecord:
+            nonlocal changed
+            raw = pipe.get(run_key)
+            if raw is None:
+                raise NotFound(run_id)
+            current = load_model(RunRecord, raw, f"record of run {run_id!r}")
+            now = datetime.now(UTC)
+            new = transitioned(current, to_state, now, message=message, snapshot=snapshot)
+            stop_raw = pipe.get(stop_key)
+            pipe.multi()
+            changed = new is not None and new != current
+            if new is not None and changed:
+                new = RunRecord.model_validate_json(new.model_dump_json())
+                pipe.set(run_key, new.model_dump_json())
+                self._index_retrieval(pipe, new)
+                self._index_continuation(pipe, new)
+                self._index_preparing(pipe, current, new)
+            if stop_raw is not None:
+                stop = load_model(StopState, stop_raw, f"stop of run {run_id!r}")
+                self._queue_close(pipe, stop, now, note)
+            self._script(
+                "unfollow",
+                keys=[self.keys.followed(current.target), self.keys.followed_targets],
+                args=[run_id, current.target],
+                client=pipe,
+            )
+            self._queue_retention(pipe, run_id)
+            return new if new is not None and changed else current
+
+        record, _ = self._compare_and_set(
+            [run_key, stop_key],
+            step,
             f"run {run_id!r} is being changed by too many writers at once; try again",
-            run_id=run_id,
+            run_id,
         )
+        return record, changed
 
     def _queue_close(self, pipe: Any, stop: StopState, now: datetime, note: str | None) -> None:
         """Queues on `pipe` what `close_stop` does in its script, for a transaction

@@ -12,9 +12,8 @@ from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 from pydantic import ValidationError
-from redis.exceptions import WatchError
 
-from schemas import Conflict, Progress, StoreError, validate_run_id
+from schemas import Progress, StoreError, validate_run_id
 from schemas.budget import save_samples
 from schemas.progress import finite, progress_fields
 
@@ -187,28 +186,27 @@ class FollowMixin(RunsMixin):
         key = self.keys.offsets(run_id)
         expected, target = _check_offsets(from_offsets), _check_offsets(to_offsets)
         encoded = [_metrics_json(r) for r in records]
-        with self._r.pipeline(transaction=True) as pipe:
-            for _ in range(self._attempts):
-                try:
-                    pipe.watch(key)
-                    log_raw, metrics_raw = pipe.hmget(key, ["log", "metrics"])
-                    if Offsets(int(log_raw or 0), int(metrics_raw or 0)) != expected:
-                        pipe.unwatch()
-                        return False
-                    ttl_ms = int(pipe.pttl(key))
-                    pipe.multi()
-                    self._queue_tail(pipe, run_id, lines, records, encoded)
-                    pipe.hset(key, mapping={"log": target.log, "metrics": target.metrics})
-                    if ttl_ms > 0:
-                        # The run ended meanwhile (end_run set the expiry): what this
-                        # writes late must not outlive the rest.
-                        for data_key in self.keys.follow_data(run_id):
-                            pipe.pexpire(data_key, ttl_ms)
-                    pipe.execute()
-                    return True
-                except WatchError:
-                    continue
-        raise Conflict(f"the offsets of run {run_id!r} keep changing; try again", run_id=run_id)
+
+        def step(pipe: Any) -> bool:
+            log_raw, metrics_raw = pipe.hmget(key, ["log", "metrics"])
+            if Offsets(int(log_raw or 0), int(metrics_raw or 0)) != expected:
+                pipe.unwatch()
+                return False
+            ttl_ms = int(pipe.pttl(key))
+            pipe.multi()
+            self._queue_tail(pipe, run_id, lines, records, encoded)
+            pipe.hset(key, mapping={"log": target.log, "metrics": target.metrics})
+            if ttl_ms > 0:
+                # The run ended meanwhile (end_run set the expiry): what this writes
+                # late must not outlive the rest.
+                for data_key in self.keys.follow_data(run_id):
+                    pipe.pexpire(data_key, ttl_ms)
+            return True
+
+        written, _ = self._compare_and_set(
+            [key], step, f"the offsets of run {run_id!r} keep changing; try again", run_id
+        )
+        return written
 
     def _queue_retention(self, pipe: Any, run_id: str) -> None:
         """Queues on `pipe` the expiry of the run's follow data (`Keys.follow_data`)

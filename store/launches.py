@@ -10,10 +10,9 @@ index."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
-from redis.exceptions import WatchError
-
-from schemas import Conflict, JobId, NotFound, RunRecord, RunState, validate_run_id
+from schemas import JobId, NotFound, RunRecord, RunState, validate_run_id
 from schemas.run import transitioned
 
 from .base import aware, load_model, score, text, translated
@@ -65,24 +64,23 @@ class LaunchesMixin(FollowMixin):
         `preparing` (or is gone): a repair, for an entry left by a writer that
         bypassed the store's transactions. Whether it removed it."""
         key = self.keys.run(run_id)
-        with self._r.pipeline(transaction=True) as pipe:
-            for _ in range(self._attempts):
-                try:
-                    pipe.watch(key)
-                    raw = pipe.get(key)
-                    if raw is not None:
-                        record = load_model(RunRecord, raw, f"record of run {run_id!r}")
-                        if record.state is RunState.PREPARING:
-                            pipe.unwatch()
-                            return False
-                    pipe.multi()
-                    pipe.zrem(self.keys.preparing, run_id)
-                    pipe.hdel(self.keys.preparing_keys, run_id)
-                    removed = pipe.execute()
-                except WatchError:
-                    continue
-                return bool(removed[0])
-        raise Conflict(f"run {run_id!r} is being changed by too many writers at once")
+
+        def step(pipe: Any) -> bool:
+            raw = pipe.get(key)
+            if raw is not None:
+                record = load_model(RunRecord, raw, f"record of run {run_id!r}")
+                if record.state is RunState.PREPARING:
+                    pipe.unwatch()
+                    return False
+            pipe.multi()
+            pipe.zrem(self.keys.preparing, run_id)
+            pipe.hdel(self.keys.preparing_keys, run_id)
+            return True
+
+        queued, replies = self._compare_and_set(
+            [key], step, f"run {run_id!r} is being changed by too many writers at once", run_id
+        )
+        return queued and bool(replies[0])
 
     @translated
     def start_run(self, run_id: str, job: JobId) -> tuple[RunRecord, bool]:
@@ -97,39 +95,38 @@ class LaunchesMixin(FollowMixin):
                 many concurrent writers.
         """
         key = self.keys.run(validate_run_id(run_id))
-        with self._r.pipeline(transaction=True) as pipe:
-            for _ in range(self._attempts):
-                try:
-                    pipe.watch(key)
-                    raw = pipe.get(key)
-                    if raw is None:
-                        raise NotFound(run_id)
-                    current = load_model(RunRecord, raw, f"record of run {run_id!r}")
-                    new: RunRecord | None = None
-                    if not (current.state is RunState.RUNNING and current.job == job):
-                        new = transitioned(
-                            current,
-                            RunState.RUNNING,
-                            datetime.now(UTC),
-                            job=job,
-                            expect={RunState.PREPARING},
-                        )
-                    pipe.multi()
-                    if new is not None:
-                        new = RunRecord.model_validate_json(new.model_dump_json())
-                        pipe.set(key, new.model_dump_json())
-                        self._index_preparing(pipe, current, new)
-                    self._script(
-                        "follow",
-                        keys=[self.keys.followed(current.target), self.keys.followed_targets],
-                        args=[run_id, current.target],
-                        client=pipe,
-                    )
-                    pipe.execute()
-                except WatchError:
-                    continue
-                return (current, False) if new is None else (new, True)
-        raise Conflict(
+
+        def step(pipe: Any) -> tuple[RunRecord, bool]:
+            raw = pipe.get(key)
+            if raw is None:
+                raise NotFound(run_id)
+            current = load_model(RunRecord, raw, f"record of run {run_id!r}")
+            new: RunRecord | None = None
+            if not (current.state is RunState.RUNNING and current.job == job):
+                new = transitioned(
+                    current,
+                    RunState.RUNNING,
+                    datetime.now(UTC),
+                    job=job,
+                    expect={RunState.PREPARING},
+                )
+            pipe.multi()
+            if new is not None:
+                new = RunRecord.model_validate_json(new.model_dump_json())
+                pipe.set(key, new.model_dump_json())
+                self._index_preparing(pipe, current, new)
+            self._script(
+                "follow",
+                keys=[self.keys.followed(current.target), self.keys.followed_targets],
+                args=[run_id, current.target],
+                client=pipe,
+            )
+            return (current, False) if new is None else (new, True)
+
+        started, _ = self._compare_and_set(
+            [key],
+            step,
             f"run {run_id!r} is being changed by too many writers at once; try again",
-            run_id=run_id,
+            run_id,
         )
+        return started

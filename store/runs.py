@@ -8,8 +8,6 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from redis.exceptions import WatchError
-
 from schemas import (
     ArtifactsPhase,
     Conflict,
@@ -156,41 +154,40 @@ class RunsMixin(StoreBase):
         self, run_id: str, mutate: Callable[[RunRecord], RunRecord | None]
     ) -> tuple[RunRecord, bool]:
         key = self.keys.run(run_id)
-        with self._r.pipeline(transaction=True) as pipe:
-            for _ in range(self._attempts):
-                try:
-                    pipe.watch(key)
-                    raw = pipe.get(key)
-                    if raw is None:
-                        raise NotFound(run_id)
-                    current = load_model(RunRecord, raw, f"record of run {run_id!r}")
-                    new = mutate(current.model_copy(deep=True))
-                    if new is None or new == current:
-                        pipe.unwatch()
-                        return current, False
-                    new = RunRecord.model_validate_json(new.model_dump_json())
-                    if new.id != run_id:
-                        raise ValueError("update_run cannot change a run's id")
-                    pipe.multi()
-                    pipe.set(key, new.model_dump_json())
-                    if new.artifacts != current.artifacts:
-                        self._index_retrieval(pipe, new)
-                    if new.continuation != current.continuation:
-                        self._index_continuation(pipe, new)
-                    self._index_preparing(pipe, current, new)
-                    created = new.created.timestamp()
-                    if new.target != current.target:
-                        pipe.zrem(self.keys.runs_of(current.target), run_id)
-                    pipe.zadd(self.keys.runs, {run_id: created})
-                    pipe.zadd(self.keys.runs_of(new.target), {run_id: created})
-                    pipe.execute()
-                    return new, True
-                except WatchError:
-                    continue
-        raise Conflict(
+
+        def step(pipe: Any) -> tuple[RunRecord, bool]:
+            raw = pipe.get(key)
+            if raw is None:
+                raise NotFound(run_id)
+            current = load_model(RunRecord, raw, f"record of run {run_id!r}")
+            new = mutate(current.model_copy(deep=True))
+            if new is None or new == current:
+                pipe.unwatch()
+                return current, False
+            new = RunRecord.model_validate_json(new.model_dump_json())
+            if new.id != run_id:
+                raise ValueError("update_run cannot change a run's id")
+            pipe.multi()
+            pipe.set(key, new.model_dump_json())
+            if new.artifacts != current.artifacts:
+                self._index_retrieval(pipe, new)
+            if new.continuation != current.continuation:
+                self._index_continuation(pipe, new)
+            self._index_preparing(pipe, current, new)
+            created = new.created.timestamp()
+            if new.target != current.target:
+                pipe.zrem(self.keys.runs_of(current.target), run_id)
+            pipe.zadd(self.keys.runs, {run_id: created})
+            pipe.zadd(self.keys.runs_of(new.target), {run_id: created})
+            return new, True
+
+        updated, _ = self._compare_and_set(
+            [key],
+            step,
             f"run {run_id!r} is being changed by too many writers at once; try again",
-            run_id=run_id,
+            run_id,
         )
+        return updated
 
     def _index_preparing(self, pipe: Any, current: RunRecord, new: RunRecord) -> None:
         """Takes a run that leaves `preparing` out of the index of preparing runs (and
