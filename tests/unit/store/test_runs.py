@@ -188,6 +188,28 @@ def test_concurrent_updates_lose_nothing(make_store: Callable[..., RunStore]) ->
     assert sorted(message) == sorted("abcd" * 15)
 
 
+def test_a_writer_that_keeps_losing_gives_up_after_its_attempts(
+    make_store: Callable[..., RunStore], redis_client: redis.Redis
+) -> None:
+    """The compare-and-set is bounded: when another writer changes the watched record
+    between every read and write, the update stops after `max_attempts` tries with
+    `Conflict`, and nothing of it is written."""
+    store = make_store(max_attempts=3)
+    store.create_run(record("r1", message="first"))
+    tries: list[int] = []
+
+    def mutate(run: RunRecord) -> RunRecord:
+        tries.append(1)
+        # Another writer, between this attempt's read and its write.
+        redis_client.set("rw:run:r1", store.client.get("rw:run:r1") or b"")
+        return run.model_copy(update={"message": "lost"})
+
+    with pytest.raises(Conflict, match="too many writers"):
+        store.update_run("r1", mutate)
+    assert len(tries) == 3
+    assert store.get_run("r1").message == "first"
+
+
 def test_unreadable_record_is_a_store_error(store: RunStore, redis_client: redis.Redis) -> None:
     redis_client.set("rw:run:r1", b"{not json")
     with pytest.raises(StoreError, match="record of run 'r1' is unreadable"):
