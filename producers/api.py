@@ -344,7 +344,7 @@ class Runwarden:
     def webhook_failures(self, limit: int = 100) -> list[dict[str, Any]]:
         """The webhook deliveries given up, newest first (webhook, run, event id and
         kind, attempts, last error, when)."""
-        return self.store.webhook_failures(limit)
+        return self.store.webhooks.failures(limit)
 
     def health(self, late_after_s: float = LATE_AFTER_S) -> HealthReport:
         """The service's health, as `runwarden status` shows it

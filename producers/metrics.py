@@ -66,7 +66,7 @@ class StoreCollector(Collector):
             series = self.store.read_series()
             stops = self.store.list_stops()
             runs = self.store.list_runs()
-            pending = self.store.pending_deliveries()
+            pending = self.store.webhooks.pending()
         except (RunError, ValueError) as error:
             log.warning("metrics: the run store cannot be read: %s", error)
             up.add_metric([], 0.0)

@@ -32,6 +32,7 @@ __all__ = [
     "MAX_ATTEMPTS",
     "METRICS_CAP",
     "StoreBase",
+    "StorePart",
     "aware",
     "load_model",
     "millis",
@@ -238,3 +239,14 @@ class StoreBase:
         """Runs the Lua script `name` (EVALSHA, loading it on first use); with a
         pipeline as `client`, queues it there."""
         return self._scripts[name](keys=keys, args=args, client=client)
+
+
+class StorePart:
+    """One concern of the store as an object of its own (`RunStore.webhooks`, ...),
+    over the parts every concern shares with the others: the `shared` store's Redis
+    client, its keys and its Lua scripts. Thread-safe as far as the client is."""
+
+    def __init__(self, shared: StoreBase) -> None:
+        self.keys = shared.keys
+        self._r: Any = shared._r
+        self._script = shared._script

@@ -24,7 +24,7 @@ from .ledger import LedgerMixin
 from .memory import MemoryMixin
 from .retrievals import RetrievalsMixin
 from .targets import TargetsMixin
-from .webhooks import WebhooksMixin
+from .webhooks import WebhookQueue
 
 __all__ = ["RunStore"]
 
@@ -37,7 +37,6 @@ class RunStore(
     ContinuationsMixin,
     CoordinationMixin,
     LedgerMixin,
-    WebhooksMixin,
     BudgetsMixin,
     MemoryMixin,
     HealthMixin,
@@ -48,7 +47,17 @@ class RunStore(
     use one per process, never shared across fork. Works with `decode_responses`
     either way. Every method raises `StoreError` for a Redis failure; run ids are
     checked with `schemas.validate_run_id` (`InvalidRunId`, a `ValueError`).
+
+    A concern moved out of the mixins is an object of its own over the same client,
+    keys and Lua scripts: `webhooks`, the webhooks' delivery queue
+    (`store.webhooks.WebhookQueue`).
     """
+
+    def __init__(self, client: redis.Redis, prefix: str = "rw:", **options: Any) -> None:
+        """The store over `client`, its keys under `prefix`; `options` as
+        `StoreBase` takes them (caps, bounds, attempts)."""
+        super().__init__(client, prefix, **options)
+        self.webhooks = WebhookQueue(self)
 
     @classmethod
     def from_url(

@@ -3,9 +3,9 @@ deliveries in the order their events were recorded; a sorted set of the lists th
 wait, scored by when their head is due; the attempts made on each head; the
 deliveries given up.
 
-A deliverer takes a list's lease ([`claim_delivery`]: its score moves to the lease's
-end), attempts its head only, and then ends it ([`end_delivery`]: the next one is due
-at once) or records the failure ([`retry_delivery`]: due again after a backoff).
+A deliverer takes a list's lease ([`claim`]: its score moves to the lease's
+end), attempts its head only, and then ends it ([`end`]: the next one is due
+at once) or records the failure ([`retry`]: due again after a backoff).
 Only the head of a list is ever attempted, so a run's deliveries to one webhook
 arrive in order, one at a time; a lease that lapses (a deliverer killed) lets
 another deliverer attempt the same head again: at least once. Every step compares
@@ -18,26 +18,26 @@ import json
 from datetime import datetime
 from typing import Any, Final
 
-from .base import StoreBase, aware, score, text, translated
+from .base import StorePart, aware, score, text, translated
 
-__all__ = ["FAILURES_CAP", "WebhooksMixin"]
+__all__ = ["FAILURES_CAP", "WebhookQueue"]
 
 FAILURES_CAP: Final = 1000
 """Given-up deliveries kept (newest first)."""
 
 
-class WebhooksMixin(StoreBase):
-    """The webhooks' delivery queue."""
+class WebhookQueue(StorePart):
+    """The webhooks' delivery queue (`RunStore.webhooks`)."""
 
     @translated
-    def due_deliveries(self, now: datetime, limit: int = 50) -> list[str]:
+    def due(self, now: datetime, limit: int = 50) -> list[str]:
         """The lists (`<webhook>|<run id>`) whose head is due at `now`, earliest
         first, at most `limit`."""
         reply = self._r.zrangebyscore(self.keys.hooks, "-inf", score(aware(now)), 0, limit)
         return [text(member) for member in reply]
 
     @translated
-    def claim_delivery(self, member: str, now: datetime, lease_s: float) -> bool:
+    def claim(self, member: str, now: datetime, lease_s: float) -> bool:
         """Takes the lease of list `member` until `now + lease_s` when its head is due;
         True when this caller holds it."""
         at = score(aware(now))
@@ -45,7 +45,7 @@ class WebhooksMixin(StoreBase):
         return bool(self._script("claim_delivery", keys=[self.keys.hooks], args=args))
 
     @translated
-    def delivery_head(self, member: str) -> tuple[str, int] | None:
+    def head(self, member: str) -> tuple[str, int] | None:
         """The head delivery of list `member` (its JSON) and the attempts made on it;
         None when the list is empty (its member is then dropped from the set)."""
         with self._r.pipeline(transaction=False) as pipe:
@@ -58,7 +58,7 @@ class WebhooksMixin(StoreBase):
         return text(raw), int(text(tries)) if tries is not None else 0
 
     @translated
-    def end_delivery(
+    def end(
         self, member: str, head: str, now: datetime, failure: dict[str, Any] | None = None
     ) -> bool:
         """Removes `head` from list `member` (delivered; or given up, recording
@@ -71,7 +71,7 @@ class WebhooksMixin(StoreBase):
         return bool(self._script("end_delivery", keys=keys, args=args))
 
     @translated
-    def retry_delivery(self, member: str, head: str, attempts: int, due: datetime) -> bool:
+    def retry(self, member: str, head: str, attempts: int, due: datetime) -> bool:
         """Records `attempts` made on `head` of list `member`, the next due at `due`.
         False, with nothing changed, when the head is no longer `head`."""
         keys = [self.keys.hook(member), self.keys.hooks, self.keys.hook_tries]
@@ -79,12 +79,12 @@ class WebhooksMixin(StoreBase):
         return bool(self._script("retry_delivery", keys=keys, args=args))
 
     @translated
-    def pending_deliveries(self) -> int:
+    def pending(self) -> int:
         """How many lists (webhook and run) have deliveries waiting."""
         return int(self._r.zcard(self.keys.hooks))
 
     @translated
-    def webhook_failures(self, limit: int = 100) -> list[dict[str, Any]]:
+    def failures(self, limit: int = 100) -> list[dict[str, Any]]:
         """The deliveries given up, newest first (at most `limit`): webhook, run,
         event id and kind, attempts, last error, when."""
         if limit < 1:

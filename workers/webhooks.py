@@ -17,7 +17,7 @@ Outcomes of one attempt: a 2xx answer delivers; a 5xx, 408 or 429 answer, a
 connection error or a timeout is tried again after `backoff_s` (doubled each time,
 at most `backoff_max_s`) until `attempts`, then given up; any other answer (a
 redirect, a refusal) is given up at once. A given-up delivery is logged, counted and
-kept in the store's list of failures (`RunStore.webhook_failures`); the run's next
+kept in the store's list of failures (`RunStore.webhooks.failures`); the run's next
 delivery goes on.
 """
 
@@ -219,6 +219,7 @@ class Deliverer:
         env: dict[str, str] | os._Environ[str] = os.environ,
     ) -> None:
         self.store = store
+        self.queue = store.webhooks
         self.hooks = {hook.name: hook for hook in hooks}
         self.secrets = secrets
         self.env = env
@@ -227,13 +228,13 @@ class Deliverer:
         """Attempts the head of every list that is due at `now` and that this caller
         leases; returns how many it attempted."""
         done = 0
-        for member in self.store.due_deliveries(now, _BATCH):
+        for member in self.queue.due(now, _BATCH):
             name = member.split("|", 1)[0]
             hook = self.hooks.get(name)
             lease_s = (hook.timeout_s if hook else 1.0) + _LEASE_EXTRA_S
-            if not self.store.claim_delivery(member, now, lease_s):
+            if not self.queue.claim(member, now, lease_s):
                 continue
-            found = self.store.delivery_head(member)
+            found = self.queue.head(member)
             if found is None:
                 continue
             head, tries = found
@@ -264,12 +265,12 @@ class Deliverer:
             result = post(hook.url, body, _headers(delivery, body, secret), hook.timeout_s)
         ended = now + timedelta(seconds=time.monotonic() - started)
         if result.delivered:
-            self.store.end_delivery(member, head, now)  # the next one is due at once
+            self.queue.end(member, head, now)  # the next one is due at once
             self._count(name, "delivered")
             return
         if result.retryable and attempts < hook.attempts:
             wait_s = min(hook.backoff_s * 2 ** (attempts - 1), hook.backoff_max_s)
-            self.store.retry_delivery(member, head, attempts, ended + timedelta(seconds=wait_s))
+            self.queue.retry(member, head, attempts, ended + timedelta(seconds=wait_s))
             self._count(name, "retried")
             log.warning(
                 "webhook %s (%s): delivery %s of run %s failed (attempt %d), again in %g s: %s",
@@ -299,7 +300,7 @@ class Deliverer:
             "error": result.error,
             "at": datetime.now(UTC).isoformat(),
         }
-        self.store.end_delivery(member, head, now, failure)
+        self.queue.end(member, head, now, failure)
         self._count(name, "gave_up")
         log.error(
             "webhook %s: delivery %s of run %s given up after %d attempt(s): %s",

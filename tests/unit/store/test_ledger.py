@@ -70,7 +70,7 @@ def test_the_event_its_samples_and_its_deliveries_are_recorded_at_once(store: Ru
     store.record_event(event, samples, [("ops", '{"id": 1}')], now=T0)
     assert store.ledger("r1") == [event]
     assert [s.value for s in store.read_series()] == [1.0]
-    assert store.due_deliveries(T0) == ["ops|r1"]
+    assert store.webhooks.due(T0) == ["ops|r1"]
 
 
 def test_counters_and_histograms_add_up_from_many_writers(store: RunStore) -> None:
@@ -103,48 +103,48 @@ def test_a_delivery_list_is_attempted_head_first_under_one_lease(store: RunStore
     for i in range(3):
         store.record_event(cancelled("r1", i), deliveries=[("ops", f"d{i}")], now=T0)
     member = "ops|r1"
-    assert store.pending_deliveries() == 1
-    assert store.claim_delivery(member, T0, 30)
-    assert not store.claim_delivery(member, T0, 30)  # leased
-    assert store.due_deliveries(T0 + timedelta(seconds=29)) == []
-    assert store.delivery_head(member) == ("d0", 0)
+    assert store.webhooks.pending() == 1
+    assert store.webhooks.claim(member, T0, 30)
+    assert not store.webhooks.claim(member, T0, 30)  # leased
+    assert store.webhooks.due(T0 + timedelta(seconds=29)) == []
+    assert store.webhooks.head(member) == ("d0", 0)
     # A failure: tried again after the backoff, the head kept.
-    assert store.retry_delivery(member, "d0", 1, T0 + timedelta(seconds=5))
-    assert store.due_deliveries(T0 + timedelta(seconds=4)) == []
-    assert store.claim_delivery(member, T0 + timedelta(seconds=5), 30)
-    assert store.delivery_head(member) == ("d0", 1)
+    assert store.webhooks.retry(member, "d0", 1, T0 + timedelta(seconds=5))
+    assert store.webhooks.due(T0 + timedelta(seconds=4)) == []
+    assert store.webhooks.claim(member, T0 + timedelta(seconds=5), 30)
+    assert store.webhooks.head(member) == ("d0", 1)
     # Delivered: the next is due at once; a late deliverer's end changes nothing.
-    assert store.end_delivery(member, "d0", T0 + timedelta(seconds=6))
-    assert not store.end_delivery(member, "d0", T0 + timedelta(seconds=6))
-    assert not store.retry_delivery(member, "d0", 2, T0)
-    assert store.due_deliveries(T0 + timedelta(seconds=6)) == [member]
-    assert store.claim_delivery(member, T0 + timedelta(seconds=6), 30)
-    assert store.delivery_head(member) == ("d1", 0)
+    assert store.webhooks.end(member, "d0", T0 + timedelta(seconds=6))
+    assert not store.webhooks.end(member, "d0", T0 + timedelta(seconds=6))
+    assert not store.webhooks.retry(member, "d0", 2, T0)
+    assert store.webhooks.due(T0 + timedelta(seconds=6)) == [member]
+    assert store.webhooks.claim(member, T0 + timedelta(seconds=6), 30)
+    assert store.webhooks.head(member) == ("d1", 0)
     # Given up: recorded, and the next goes on.
     failure = {"webhook": "ops", "run_id": "r1", "event_id": "x", "attempts": 3, "error": "500"}
-    assert store.end_delivery(member, "d1", T0 + timedelta(seconds=7), failure)
-    assert store.webhook_failures() == [failure]
-    assert store.claim_delivery(member, T0 + timedelta(seconds=7), 30)
-    assert store.delivery_head(member) == ("d2", 0)
-    assert store.end_delivery(member, "d2", T0 + timedelta(seconds=8))
-    assert store.pending_deliveries() == 0
-    assert store.due_deliveries(T0 + timedelta(days=1)) == []
+    assert store.webhooks.end(member, "d1", T0 + timedelta(seconds=7), failure)
+    assert store.webhooks.failures() == [failure]
+    assert store.webhooks.claim(member, T0 + timedelta(seconds=7), 30)
+    assert store.webhooks.head(member) == ("d2", 0)
+    assert store.webhooks.end(member, "d2", T0 + timedelta(seconds=8))
+    assert store.webhooks.pending() == 0
+    assert store.webhooks.due(T0 + timedelta(days=1)) == []
 
 
 def test_a_new_delivery_waits_for_the_list_s_turn(store: RunStore) -> None:
     store.record_event(cancelled("r1", 0), deliveries=[("ops", "d0")], now=T0)
-    assert store.claim_delivery("ops|r1", T0, 30)
+    assert store.webhooks.claim("ops|r1", T0, 30)
     # Recorded while d0 is being attempted: it does not make the list due again.
     store.record_event(cancelled("r1", 1), deliveries=[("ops", "d1")], now=T0)
-    assert store.due_deliveries(T0 + timedelta(seconds=1)) == []
+    assert store.webhooks.due(T0 + timedelta(seconds=1)) == []
     # Another run's list, or another webhook's, has its own turn.
     store.record_event(cancelled("r2", 1), deliveries=[("ops", "e0"), ("chat", "c0")], now=T0)
-    assert sorted(store.due_deliveries(T0)) == ["chat|r2", "ops|r2"]
+    assert sorted(store.webhooks.due(T0)) == ["chat|r2", "ops|r2"]
 
 
 def test_two_deliverers_racing_for_one_list_get_one_lease(store: RunStore) -> None:
     store.record_event(cancelled("r1", 0), deliveries=[("ops", "d0")], now=T0)
-    results = race([lambda: store.claim_delivery("ops|r1", T0, 30)] * 8)
+    results = race([lambda: store.webhooks.claim("ops|r1", T0, 30)] * 8)
     assert results.count(True) == 1
 
 

@@ -93,16 +93,16 @@ def test_webhooks_get_the_events_they_want_in_their_format(
     stop = stops.request_snapshot(worker, run.id, SnapshotReason.DISK, "<!channel> & co",
                                   datetime.now(UTC))  # fmt: skip
     assert no_thread  # woken
-    due = sorted(store.due_deliveries(datetime.now(UTC)))
+    due = sorted(store.webhooks.due(datetime.now(UTC)))
     assert due == ["chat|r1", "ops|r1"]
-    ops_head = store.delivery_head("ops|r1")
+    ops_head = store.webhooks.head("ops|r1")
     assert ops_head is not None
     delivery = json.loads(ops_head[0])
     assert (delivery["kind"], delivery["run_id"]) == ("stop_opened", "r1")
     body = json.loads(delivery["body"])
     assert (body["stop_id"], body["asked_by"], body["id"]) == (stop.stop_id, "<!channel> & co",
                                                               delivery["id"])  # fmt: skip
-    chat_head = store.delivery_head("chat|r1")
+    chat_head = store.webhooks.head("chat|r1")
     assert chat_head is not None
     text = json.loads(json.loads(chat_head[0])["body"])["text"]
     escaped = "stop opened (disk, asked by &lt;!channel&gt; &amp; co)"

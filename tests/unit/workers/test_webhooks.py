@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 
+from bench.harness.webhook_receiver import Receiver, receiver, silent_listener
 from schemas.ledger import JobCancelled
 from schemas.secrets import SecretsDir
 from schemas.webhooks import Webhook
 from store import RunStore
 from workers.webhooks import Deliverer, post, read_secret
 
-from ...webhook_receiver import Receiver, receiver, silent_listener
 from .conftest import fresh_store
 
 SECRET = "s3cret with spaces $(touch /tmp/x) \"'"
@@ -74,7 +74,7 @@ def test_a_delivery_is_signed_and_says_what_it_is(got: Receiver, secrets: Secret
     assert request.headers["x-runwarden-event"] == "job_cancelled"
     assert request.headers["x-runwarden-delivery"] == event_id
     assert request.json()["id"] == event_id
-    assert store.pending_deliveries() == 0
+    assert store.webhooks.pending() == 0
 
 
 def test_a_5xx_is_retried_after_the_backoff_and_the_order_is_kept(
@@ -97,8 +97,8 @@ def test_a_5xx_is_retried_after_the_backoff_and_the_order_is_kept(
         pass
     assert [r.status for r in got.got] == [500, 503, 200, 200, 200]
     assert [r.json()["id"] for r in got.got] == [ids[0], ids[0], *ids]
-    assert store.pending_deliveries() == 0
-    assert store.webhook_failures() == []
+    assert store.webhooks.pending() == 0
+    assert store.webhooks.failures() == []
 
 
 def test_the_last_failed_attempt_gives_up_and_is_recorded(
@@ -111,7 +111,7 @@ def test_the_last_failed_attempt_gives_up_and_is_recorded(
     deliverer = Deliverer(store, (hook(got.url, attempts=2, backoff_s=1),), secrets)
     deliverer.run_pending(now)
     deliverer.run_pending(now + timedelta(seconds=2))
-    (failure,) = store.webhook_failures()
+    (failure,) = store.webhooks.failures()
     assert failure["event_id"] == first
     assert failure["attempts"] == 2
     assert "502" in failure["error"]
@@ -125,10 +125,10 @@ def test_a_refusal_is_given_up_at_once(got: Receiver, secrets: SecretsDir) -> No
     queue(store, "r1", 1, now)
     got.statuses = [401]
     Deliverer(store, (hook(got.url),), secrets).run_pending(now)
-    (failure,) = store.webhook_failures()
+    (failure,) = store.webhooks.failures()
     assert failure["attempts"] == 1
     assert "401" in failure["error"]
-    assert store.pending_deliveries() == 0
+    assert store.webhooks.pending() == 0
 
 
 def test_a_receiver_that_never_answers_costs_one_timeout(secrets: SecretsDir) -> None:
@@ -140,8 +140,8 @@ def test_a_receiver_that_never_answers_costs_one_timeout(secrets: SecretsDir) ->
         Deliverer(store, (hook(url, timeout_s=0.5),), secrets).run_pending(now)
         took = time.monotonic() - started
     assert took < 3.0
-    assert store.webhook_failures() == []
-    assert store.due_deliveries(now + timedelta(seconds=11)) == ["ops|r1"]  # retried later
+    assert store.webhooks.failures() == []
+    assert store.webhooks.due(now + timedelta(seconds=11)) == ["ops|r1"]  # retried later
 
 
 def test_no_server_at_all_is_retried() -> None:
@@ -160,7 +160,7 @@ def test_a_missing_secret_is_a_failed_attempt_saying_where_it_goes(
     empty = SecretsDir(tmp_path / "none")
     Deliverer(store, (hook(got.url),), empty, {}).run_pending(now)
     assert got.got == []
-    assert store.due_deliveries(now + timedelta(seconds=11)) == ["ops|r1"]
+    assert store.webhooks.due(now + timedelta(seconds=11)) == ["ops|r1"]
     assert f"no secret: put it in {tmp_path / 'none' / 'webhook.ops.secret'}" in caplog.text
     # From the environment, when the webhook names a variable, and it is unset.
     with pytest.raises(ValueError, match="HOOK_SECRET is not set"):
@@ -195,5 +195,5 @@ def test_a_webhook_removed_from_the_configuration_gives_its_deliveries_up(
     now = datetime.now(UTC)
     queue(store, "r1", 1, now)
     Deliverer(store, (), secrets).run_pending(now)
-    (failure,) = store.webhook_failures()
+    (failure,) = store.webhooks.failures()
     assert failure["error"] == "the webhook is no longer configured"
