@@ -14,7 +14,22 @@ from pathlib import Path
 import pytest
 
 from schemas import JobCommand, JobId, JobStatus
-from workers.executors import LocalTransport, ScriptExecutor
+from workers.executors import CommandError, LocalTransport, ScriptExecutor
+from workers.executors.transport import error_line
+
+
+def run_script(executor: ScriptExecutor, script: str) -> bytes:
+    """The standard output of the test's own `script` run on `executor`'s target
+    through its transport (no executor operation ships a script a caller wrote).
+
+    Raises:
+        CommandError: (action `probe`) when it exits non-zero.
+    """
+    result = executor.transport.run(script, action="probe")
+    if result.exit_code != 0:
+        raise CommandError("probe", error_line(result.stderr, result.exit_code))
+    return result.stdout
+
 
 SHELLS = [("sh",), ("busybox", "sh")]
 EXPECTED_BINARY = {("sh",): "dash", ("busybox", "sh"): "busybox"}

@@ -264,12 +264,30 @@ class Executor(Protocol):
         """
         ...
 
-    def probe(self, script: str) -> bytes:
-        """Runs the read-only POSIX shell `script` on the target and returns its
-        standard output. It must not change anything there.
+    def find_marked(self, mark: str) -> tuple[int, int] | None:
+        """`(pid, start)` of the oldest live process-group leader whose environment
+        holds `RUNWARDEN_RUN_ID=<mark>` (the job's wrapper), its start time in clock
+        ticks since boot; None when there is none (or no `/proc`). Read-only
+        (`marked.marked_job_script`).
 
         Raises:
-            CommandError: (action `probe`) when the script exits non-zero.
+            InvalidArgument: for a mark that is not a run id.
+            CommandError: (action `marked`) when the script fails.
+            ProtocolError: when it answers garbage.
+        """
+        ...
+
+    def sizes(self, remote: str, entries: Sequence[str], exclude: Sequence[str] = ()) -> int | None:
+        """The bytes a download of `entries` of `remote` (without `exclude`) would
+        bring, from the directory entries alone (no file read; links not followed);
+        None when the target cannot say (no GNU `find`). Read-only
+        (`scripts.size_script`).
+
+        Raises:
+            InvalidArgument: an entry or pattern that is not safe.
+            CommandError: (action `sizes`) when the script fails (`remote` is not a
+                directory) or times out.
+            ProtocolError: when it answers garbage.
         """
         ...
 

@@ -70,7 +70,9 @@ def run_doctor(
     )
     checks: list[DoctorCheck]
     try:
-        result = transport.run(script, action="doctor", timeout_s=DOCTOR_TIMEOUT_S)
+        result = transport.run(
+            script.text, action="doctor", timeout_s=DOCTOR_TIMEOUT_S, args=script.args
+        )
         if result.exit_code != 0:
             raise ProtocolError(error_line(result.stderr, result.exit_code))
         checks = assess(parse_doctor(result.stdout, token), options)
@@ -98,7 +100,7 @@ def _sample_clock(
     problem = ""
     for _ in range(CLOCK_SAMPLES):
         before = clock()
-        result = transport.run(CLOCK_SCRIPT, action="clock", timeout_s=CLOCK_TIMEOUT_S)
+        result = transport.run(CLOCK_SCRIPT.text, action="clock", timeout_s=CLOCK_TIMEOUT_S)
         after = clock()
         try:
             if result.exit_code != 0:

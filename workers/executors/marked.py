@@ -1,7 +1,8 @@
 """Finding a job by its mark, not by its files: the process-group leader of the job
 whose processes carry `RUNWARDEN_RUN_ID=<mark>`, with its start time, as the spawn
 would have answered (docs/protocol.md, "Spawn"). For a launch whose spawn answer was
-lost: `job.pid` is the job's to rewrite, the environment of its wrapper is not."""
+lost: `job.pid` is the job's to rewrite, the environment of its wrapper is not. The
+script is `sh/marked.sh`, the mark its argument; `Executor.find_marked` runs it."""
 
 from __future__ import annotations
 
@@ -12,8 +13,7 @@ from schemas.protocol import RUN_ID_ENV
 
 from .base import Executor
 from .errors import InvalidArgument, ProtocolError
-from .scripts import GROUP_SIGNAL, quote
-from .scripts.status import MARK_SWEEP
+from .scripts.common import Script, sh
 
 __all__ = ["find_marked_job", "marked_job_script", "parse_marked_job"]
 
@@ -21,7 +21,7 @@ _MARK: Final = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
 _ANSWER: Final = re.compile(r"([0-9]{1,10}) ([0-9]{1,20})")
 
 
-def marked_job_script(mark: str) -> str:
+def marked_job_script(mark: str) -> Script:
     """A read-only script printing `<pid> <start>` of the oldest process-group leader
     (its pid is its group's) whose environment holds the exact entry
     `RUNWARDEN_RUN_ID=<mark>`, its start time in clock ticks since boot (field 22 of
@@ -35,25 +35,7 @@ def marked_job_script(mark: str) -> str:
     """
     if _MARK.fullmatch(mark) is None:
         raise InvalidArgument(f"invalid mark {mark[:80]!r}")
-    entry = quote(f"{RUN_ID_ENV}={mark}")
-    return (
-        GROUP_SIGNAL
-        + MARK_SWEEP
-        + f"""
-rw_marked {entry}
-rw_best=; rw_best_st=
-for rw_p in $rw_left; do
-  rw_l=; {{ IFS= read -r rw_l < "/proc/$rw_p/stat"; }} 2>/dev/null || continue
-  rw_l=${{rw_l##*) }}
-  set -f; set -- $rw_l; set +f
-  [ "$#" -ge 20 ] && [ "$3" = "$rw_p" ] || continue
-  rw_st=${{20}}
-  case $rw_st in ''|*[!0-9]*) continue ;; esac
-  if [ -z "$rw_best" ] || [ "$rw_st" -lt "$rw_best_st" ]; then rw_best=$rw_p; rw_best_st=$rw_st; fi
-done
-[ -z "$rw_best" ] || printf '%s %s\\n' "$rw_best" "$rw_best_st"
-"""
-    )
+    return Script(sh("group", "sweep", "marked"), (f"{RUN_ID_ENV}={mark}",))
 
 
 def parse_marked_job(output: bytes) -> tuple[int, int] | None:
@@ -78,4 +60,4 @@ def find_marked_job(executor: Executor, mark: str) -> tuple[int, int] | None:
     Raises:
         ExecError: the target cannot be reached, or answered garbage.
     """
-    return parse_marked_job(executor.probe(marked_job_script(mark)))
+    return executor.find_marked(mark)

@@ -2,8 +2,9 @@
 all run directories of a target, and its parser into `schemas.policy.DiskSample`s
 (the decision on a sample is `schemas.policy.disk_verdict`).
 
-The script changes nothing on the target: it only runs `df -Pk`, `du -sk`, tests
-and a glob. Run it with `Executor.probe`.
+The script (`sh/disk.sh`, the directories its arguments) changes nothing on the
+target: it only runs `df -Pk`, `du -sk`, tests and a glob. `Executor.disk_usage`
+runs it.
 """
 
 from __future__ import annotations
@@ -13,10 +14,9 @@ from collections.abc import Sequence
 from typing import Final
 
 from schemas.policy import DiskSample
-from schemas.protocol import OUTPUT_DIR
 
 from .errors import InvalidArgument, ProtocolError
-from .scripts import quote
+from .scripts.common import Script, sh
 
 __all__ = ["disk_probe_script", "parse_disk_probe"]
 
@@ -24,7 +24,7 @@ _KIB: Final = 1024
 _MAX_STEP_DIGITS: Final = 18  # `[ -gt ]` compares 64-bit integers
 
 
-def disk_probe_script(run_dirs: Sequence[str], token: str) -> str:
+def disk_probe_script(run_dirs: Sequence[str], token: str) -> Script:
     """One read-only script probing every directory of `run_dirs`, in order. For the
     `i`-th it prints, each record introduced by `token` (random, so no mount point or
     file name can forge one):
@@ -48,30 +48,7 @@ def disk_probe_script(run_dirs: Sequence[str], token: str) -> str:
     for run_dir in run_dirs:
         if not run_dir.startswith("/"):
             raise InvalidArgument(f"not an absolute path: {run_dir[:200]!r}")
-    calls = "".join(f"rw_one {i} {quote(d)}\n" for i, d in enumerate(run_dirs))
-    return f"""
-rw_t={token}
-rw_one() {{
-  if [ ! -d "$2" ]; then printf '%s M %s\\n' "$rw_t" "$1"; return 0; fi
-  rw_best=
-  rw_n=
-  for rw_c in "$2/{OUTPUT_DIR}/checkpoint-"*; do
-    if [ ! -d "$rw_c" ] || [ -h "$rw_c" ]; then continue; fi
-    rw_s=${{rw_c##*/checkpoint-}}
-    case $rw_s in 0) ;; ''|0*|*[!0-9]*) continue ;; esac
-    [ "${{#rw_s}}" -le {_MAX_STEP_DIGITS} ] || continue
-    if [ -z "$rw_n" ] || [ "$rw_s" -gt "$rw_n" ]; then rw_n=$rw_s; rw_best=$rw_c; fi
-  done
-  rw_k=
-  if [ -n "$rw_best" ]; then
-    rw_k=$(du -sk -- "$rw_best" 2>/dev/null) || :
-    rw_k=${{rw_k%%[!0-9]*}}
-  fi
-  printf '%s D %s %s\\n' "$rw_t" "$1" "${{rw_k:--}}"
-  df -Pk -- "$2" 2>&1 || printf '\\n%s F %s\\n' "$rw_t" "$1"
-}}
-{calls}printf '%s E\\n' "$rw_t"
-"""
+    return Script(sh("disk"), (token, str(_MAX_STEP_DIGITS), *run_dirs))
 
 
 # A `df -P` line: filesystem (any text), then 1024-blocks, used, available, capacity

@@ -43,6 +43,7 @@ from .errors import (
 )
 from .lines import LineStream
 from .localtree import check_entries
+from .marked import marked_job_script, parse_marked_job
 from .notices import notice_watch_script
 from .probe import disk_probe_script, parse_disk_probe
 from .safetree import Downloaded, SafeTree
@@ -182,7 +183,9 @@ class ScriptExecutor:
 
     def claim(self, dir: str, owner: str) -> bool:
         script = scripts.claim_script(check_remote(dir), owner)
-        result = _checked(self._transport.run(script, action="claim"), "claim")
+        result = _checked(
+            self._transport.run(script.text, action="claim", args=script.args), "claim"
+        )
         return scripts.parse_claim(result.stdout)
 
     def upload(self, local: Path, remote: str, skip: Sequence[str] = ()) -> None:
@@ -197,7 +200,10 @@ class ScriptExecutor:
                     tar.add(local / name, arcname=name, recursive=True)
 
         script = scripts.unpack_script(check_remote(remote))
-        _checked(self._transport.send(script, action="upload", source=source), "upload")
+        result = self._transport.send(
+            script.text, action="upload", source=source, args=script.args
+        )
+        _checked(result, "upload")
 
     def _launch(self, job: JobCommand, result: Completed) -> JobId:
         _checked(result, "spawn")
@@ -227,7 +233,7 @@ class ScriptExecutor:
         if limit == 0:
             return b""
         script = scripts.read_range_script(check_remote(path), offset, limit)
-        result = self._transport.run(script, action="read")
+        result = self._transport.run(script.text, action="read", args=script.args)
         if result.exit_code == 3:
             raise ProtocolError(error_line(result.stderr, 3))
         return _checked(result, "read").stdout
@@ -296,7 +302,9 @@ class ScriptExecutor:
                 written.append(tree.result())
 
         try:
-            result = self._transport.receive(script, action="download", sink=sink)
+            result = self._transport.receive(
+                script.text, action="download", sink=sink, args=script.args
+            )
         except OSError as error:
             raise IoError(local, error) from error
         _checked(result, "download")
@@ -311,7 +319,9 @@ class ScriptExecutor:
         script = scripts.manifest_script(check_remote(remote), entries, exclude)
         # No deadline, as a download has none: hashing a checkpoint of hundreds of GB
         # takes minutes, and a retry after a timeout would only start over.
-        result = self._transport.run(script, action="manifest", timeout_s=None)
+        result = self._transport.run(
+            script.text, action="manifest", timeout_s=None, args=script.args
+        )
         _checked(result, "manifest")
         return parse_manifest(result.stdout)
 
@@ -326,7 +336,9 @@ class ScriptExecutor:
         # A random token frames the answer: no content of a job's file can forge it.
         token = _secrets.token_hex(16)
         script = scripts.follow_script(entries, token, log_chunk=log_chunk)
-        result = self._transport.run(script, action="follow", timeout_s=timeout_s)
+        result = self._transport.run(
+            script.text, action="follow", timeout_s=timeout_s, args=script.args
+        )
         _checked(result, "follow")
         return scripts.parse_follow(result.stdout, token, len(entries), log_chunk)
 
@@ -351,8 +363,18 @@ class ScriptExecutor:
         if not run_dirs:
             return []
         token = _secrets.token_hex(16)
-        output = self.probe(disk_probe_script(run_dirs, token))
+        output = self._read_only(disk_probe_script(run_dirs, token), "probe")
         return parse_disk_probe(output, token, len(run_dirs))
+
+    def find_marked(self, mark: str) -> tuple[int, int] | None:
+        return parse_marked_job(self._read_only(marked_job_script(mark), "marked"))
+
+    def sizes(
+        self, remote: str, entries: Sequence[str], exclude: Sequence[str] = ()
+    ) -> int | None:
+        check_entries(entries, exclude)
+        script = scripts.size_script(check_remote(remote), entries, exclude)
+        return scripts.parse_size_answer(self._read_only(script, "sizes"))
 
     def doctor(
         self,
@@ -370,14 +392,23 @@ class ScriptExecutor:
         script here, and the job's user makes the run directories."""
         return DoctorOptions()
 
-    def probe(self, script: str) -> bytes:
-        return _checked(self._transport.run(script, action="probe"), "probe").stdout
+    def _read_only(self, script: scripts.Script | str, action: str) -> bytes:
+        """The standard output of the read-only `script`.
+
+        Raises:
+            CommandError: (`action`) when it exits non-zero or times out.
+        """
+        if isinstance(script, str):
+            script = scripts.Script(script)
+        result = self._transport.run(script.text, action=action, args=script.args)
+        return _checked(result, action).stdout
 
     def put_file(self, path: str, content: str) -> None:
         path = check_remote(path)
         parent = posixpath.dirname(path) or "/"
         script = scripts.put_file_script(path, parent, content)
-        _checked(self._transport.run(script, action="put_file"), "put_file")
+        result = self._transport.run(script.text, action="put_file", args=script.args)
+        _checked(result, "put_file")
 
     def tail(self, path: str, offset: int = 0) -> LineStream:
         return LineStream(self, check_remote(path), offset)

@@ -121,17 +121,27 @@ class Transport(Protocol):
         ...
 
     def send(
-        self, script: str, *, action: str, source: Callable[[IO[bytes]], None]
+        self,
+        script: str,
+        *,
+        action: str,
+        source: Callable[[IO[bytes]], None],
+        args: Sequence[str] = (),
     ) -> Completed:
-        """Runs `script` with what `source` writes on its standard input (a stream:
-        an archive to unpack), then EOF."""
+        """Runs `script` (with `args`, as [`run`]) with what `source` writes on its
+        standard input (a stream: an archive to unpack), then EOF."""
         ...
 
     def receive(
-        self, script: str, *, action: str, sink: Callable[[IO[bytes]], None]
+        self,
+        script: str,
+        *,
+        action: str,
+        sink: Callable[[IO[bytes]], None],
+        args: Sequence[str] = (),
     ) -> Completed:
-        """Runs `script` and hands its standard output, as a stream, to `sink`; what
-        the sink leaves unread is drained."""
+        """Runs `script` (with `args`, as [`run`]) and hands its standard output, as
+        a stream, to `sink`; what the sink leaves unread is drained."""
         ...
 
     def reap(self, pgid: int) -> None:
@@ -272,9 +282,14 @@ class LocalTransport:
         return Completed(proc.returncode, out, err)
 
     def send(
-        self, script: str, *, action: str, source: Callable[[IO[bytes]], None]
+        self,
+        script: str,
+        *,
+        action: str,
+        source: Callable[[IO[bytes]], None],
+        args: Sequence[str] = (),
     ) -> Completed:
-        proc = self._popen(script, stdin=subprocess.PIPE)
+        proc = self._popen(script, stdin=subprocess.PIPE, args=args)
         assert proc.stdin is not None
         outputs = _Drain(proc)
         try:
@@ -294,9 +309,14 @@ class LocalTransport:
         return Completed(proc.returncode, outputs.stdout, outputs.stderr)
 
     def receive(
-        self, script: str, *, action: str, sink: Callable[[IO[bytes]], None]
+        self,
+        script: str,
+        *,
+        action: str,
+        sink: Callable[[IO[bytes]], None],
+        args: Sequence[str] = (),
     ) -> Completed:
-        proc = self._popen(script, stdin=subprocess.DEVNULL)
+        proc = self._popen(script, stdin=subprocess.DEVNULL, args=args)
         assert proc.stdout is not None
         outputs = _Drain(proc, stdout=False)
         try:

@@ -31,7 +31,6 @@ from schemas.text import format_bytes
 
 from ..errors import ArtifactQuotaExceeded
 from ..executors import ExecError, Executor
-from ..executors.scripts import parse_size_answer, size_script
 
 __all__ = ["ArtifactLimits", "Budget", "free_bytes", "open_budget", "remote_bytes", "stored_bytes"]
 
@@ -84,11 +83,11 @@ def remote_bytes(
     executor: Executor, remote_dir: str, entries: Sequence[str], exclude: Sequence[str]
 ) -> int | None:
     """The bytes a download of `entries` (without `exclude`) of `remote_dir` would
-    bring, as the target counts them (`scripts.size_script`, read-only, bounded by
-    the transport's deadline); None when it cannot say (no GNU find, the probe
+    bring, as the target counts them (`Executor.sizes`, read-only, bounded by the
+    transport's deadline); None when it cannot say (no GNU find, the probe
     failed: logged), and the check during the download alone applies."""
     try:
-        return parse_size_answer(executor.probe(size_script(remote_dir, entries, exclude)))
+        return executor.sizes(remote_dir, entries, exclude)
     except ExecError as error:
         log.info("cannot size the retrieval of %s before it starts: %s", remote_dir, error)
         return None

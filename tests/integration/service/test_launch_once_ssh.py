@@ -30,6 +30,7 @@ from ...conftest import put_signed_target, wait_for
 from ...pipeline import toy
 from ...processes import assert_one_followed_job, children, read_proc, trainers
 from ...redis_server import running_redis
+from ...shells import run_script
 from ...sshd import SshServer, running_sshd
 
 pytestmark = pytest.mark.slow
@@ -141,7 +142,7 @@ def test_an_ssh_spawn_whose_answer_is_lost_after_the_job_started_is_followed(
             },
         )
         ctx.executor = lambda target: executor  # type: ignore[method-assign,assignment,return-value]
-        executor.probe("true")  # the connection the launch will use
+        run_script(executor, "true")  # the connection the launch will use
         sessions = sshd_sessions(server)
         assert sessions
         sig = "STOP" if fault == "timeout" else "KILL"

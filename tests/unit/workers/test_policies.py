@@ -3,6 +3,7 @@ at most once a period, and probes a target's disk at most once a period."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -10,7 +11,9 @@ import pytest
 
 from schemas import RunLimits, SnapshotReason
 from schemas.events import TASK_SNAPSHOT_REQUEST, SnapshotRequestBody
+from schemas.policy import DiskSample
 from workers import policies
+from workers.executors import ProtocolError
 
 from .conftest import policy_worker, running_run
 
@@ -48,15 +51,15 @@ def test_the_disk_policy_probes_a_target_at_most_once_a_period(
 ) -> None:
     worker, store, sent = policy_worker(tmp_path, disk_used_fraction=0.000001)
     running_run(store, tmp_path, "d1")
-    probes: list[str] = []
+    probes: list[Sequence[str]] = []
     executor = worker.executor("local")
-    real = executor.probe
+    real = executor.disk_usage
 
-    def counting(script: str) -> bytes:
-        probes.append(script)
-        return real(script)
+    def counting(run_dirs: Sequence[str]) -> list[DiskSample | ProtocolError]:
+        probes.append(run_dirs)
+        return real(run_dirs)
 
-    monkeypatch.setattr(executor, "probe", counting)
+    monkeypatch.setattr(executor, "disk_usage", counting)
     policies.policy_target(worker, "local", datetime.now(UTC))
     policies.policy_target(worker, "local", datetime.now(UTC))
     assert len(probes) == 1

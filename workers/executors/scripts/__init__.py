@@ -17,7 +17,7 @@ utilities plus `setsid`, `head -c`, `find -print0`, `xargs -0` (and GNU `tar` an
 
 from __future__ import annotations
 
-from .common import CLOCK, GROUP_SIGNAL, quote
+from .common import CLOCK, GROUP_SIGNAL, Script, quote
 from .files import (
     MANIFEST_OPENSSL_ABOVE,
     archive_script,
@@ -63,6 +63,7 @@ __all__ = [
     "WATCHDOG_PID_FILE",
     "FollowEntry",
     "FollowUpdate",
+    "Script",
     "archive_script",
     "cancel_script",
     "check_exclude",

@@ -44,10 +44,18 @@ def sh(*names: str) -> str:
 @dataclass(frozen=True)
 class Script:
     """A script to run: its constant `text` (from [`sh`]) and the values it takes as
-    positional parameters (`sh -c TEXT rw ARG...`)."""
+    positional parameters (`sh -c TEXT rw ARG...`).
+
+    Raises:
+        InvalidArgument: when an argument holds a NUL byte (no shell word can).
+    """
 
     text: str
     args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if any("\0" in arg for arg in self.args):
+            raise InvalidArgument("a shell argument cannot hold a NUL byte")
 
 TICKS_PER_S: Final = 10  # the wait loops sleep 0.1 s a turn
 

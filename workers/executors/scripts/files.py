@@ -1,6 +1,8 @@
 """The file scripts of the protocol: claim a run directory, read a byte range, replace
 a small file, archive and unpack, and the SHA-256 manifest; the exclude patterns they
-share."""
+share. Their text is in `sh/` (`claim.sh`, `read_range.sh`, `put_file.sh`,
+`unpack.sh`, and `entries.sh` with `size.sh`, `archive.sh`, `manifest.sh`); paths,
+owners, entries and patterns are their arguments."""
 
 from __future__ import annotations
 
@@ -9,10 +11,8 @@ import secrets as _secrets
 from collections.abc import Sequence
 from typing import Final
 
-from schemas.protocol import CLAIM_FILE
-
 from ..errors import InvalidArgument, ProtocolError
-from .common import READ_FILE, quote
+from .common import Script, sh
 
 __all__ = [
     "MANIFEST_OPENSSL_ABOVE",
@@ -37,30 +37,13 @@ def check_owner(owner: str) -> str:
     return owner
 
 
-def claim_script(dir: str, owner: str) -> str:
+def claim_script(dir: str, owner: str) -> Script:
     """A script that claims `dir` for `owner`: creates it and its parents, then
     `.claim` exclusively (a hard link of a complete temporary file, so a reader never
     sees a partial owner). Prints `claimed` when the claim is `owner`'s (new or
     already), `taken` when another owner holds it; then nothing was changed."""
     check_owner(owner)
-    token = _secrets.token_hex(6)
-    return f"""
-rw_dir={quote(dir)}
-rw_owner={quote(owner)}
-mkdir -p -- "$rw_dir" || exit 3
-rw_tmp="$rw_dir/{CLAIM_FILE}.tmp.$$.{token}"
-printf '%s\\n' "$rw_owner" > "$rw_tmp" || exit 3
-if ln -- "$rw_tmp" "$rw_dir/{CLAIM_FILE}" 2>/dev/null; then
-  rm -f -- "$rw_tmp"; echo claimed; exit 0
-fi
-if [ ! -e "$rw_dir/{CLAIM_FILE}" ] &&
-  (set -C; cat -- "$rw_tmp" > "$rw_dir/{CLAIM_FILE}") 2>/dev/null; then
-  rm -f -- "$rw_tmp"; echo claimed; exit 0
-fi
-rm -f -- "$rw_tmp"
-rw_cur=; IFS= read -r rw_cur < "$rw_dir/{CLAIM_FILE}" || :
-if [ "$rw_cur" = "$rw_owner" ]; then echo claimed; else echo taken; fi
-"""
+    return Script(sh("claim"), (dir, owner, _secrets.token_hex(6)))
 
 
 def parse_claim(output: bytes) -> bool:
@@ -77,27 +60,17 @@ def parse_claim(output: bytes) -> bool:
     raise ProtocolError(f"claim answered {text[:80]!r}")
 
 
-def read_range_script(path: str, offset: int, limit: int) -> str:
+def read_range_script(path: str, offset: int, limit: int) -> Script:
     """A script printing at most `limit` bytes of `path` from byte `offset`: nothing
     for a missing file; exit 3 (`<path> is not a regular file`) for anything else
     that is not a regular file, a symbolic link included. The read never blocks and
     never follows a link (`rw_read`)."""
     if offset < 0 or limit < 0:
         raise InvalidArgument("offset and limit are non-negative")
-    return (
-        READ_FILE
-        + f"""
-rw_path={quote(path)}
-[ -e "$rw_path" ] || [ -h "$rw_path" ] || exit 0
-if [ ! -f "$rw_path" ] || [ -h "$rw_path" ]; then
-  printf '%s is not a regular file\\n' "$rw_path" >&2; exit 3
-fi
-rw_read "$rw_path" {limit} {offset}
-"""
-    )
+    return Script(sh("read", "read_range"), (path, str(int(limit)), str(int(offset))))
 
 
-def put_file_script(path: str, parent: str, content: str) -> str:
+def put_file_script(path: str, parent: str, content: str) -> Script:
     """A script that replaces `path` (in the directory `parent`, created if needed)
     with `content` through a rename from a temporary name unique to this writer
     (shell pid and a random token), so a reader sees the old or the new content,
@@ -105,17 +78,7 @@ def put_file_script(path: str, parent: str, content: str) -> str:
     or a FIFO is renamed over (`mv -T`: never into a directory a link points to), and
     a directory there (a job's, in a protocol file's place) is removed first. Exit 3
     when it cannot be replaced."""
-    token = _secrets.token_hex(6)
-    return f"""
-rw_path={quote(path)}
-[ -d {quote(parent)} ] || mkdir -p -- {quote(parent)} || exit 3
-rw_tmp="$rw_path.rw-tmp.$$.{token}"
-if [ -d "$rw_path" ] && [ ! -h "$rw_path" ]; then rm -rf -- "$rw_path" 2>/dev/null; fi
-if printf '%s' {quote(content)} > "$rw_tmp" && mv -fT -- "$rw_tmp" "$rw_path"; then exit 0; fi
-rm -f -- "$rw_tmp"
-printf 'cannot replace %s\\n' "$rw_path" >&2
-exit 3
-"""
+    return Script(sh("put_file"), (path, parent, _secrets.token_hex(6), content))
 
 
 _PATTERN_SPECIALS = re.compile(r"[\[\]\\/]")
@@ -132,52 +95,20 @@ def check_exclude(pattern: str) -> str:
     return pattern
 
 
-def _find_args(excludes: Sequence[str]) -> str:
-    if not excludes:
-        return ""
-    names = " -o ".join(f"-name {quote(check_exclude(p))}" for p in excludes)
-    return f"\\( {names} \\) -prune -o"
-
-
-_LINKED: Final = """
-rw_linked() {
-  rw_rest=$1; rw_pre=.
-  while :; do
-    case $rw_rest in */*) ;; *) return 1 ;; esac
-    rw_pre="$rw_pre/${rw_rest%%/*}"; rw_rest=${rw_rest#*/}
-    if [ -h "$rw_pre" ] || [ ! -d "$rw_pre" ]; then return 0; fi
-  done
-}
-"""
-"""Defines `rw_linked ENTRY`: true when a directory on the way to ENTRY (a safe
-relative path) is a symbolic link or not a directory; such an entry counts as
-missing (`find` would follow the link), on every executor alike."""
-
-
-def _entries_loop(root: str, entries: Sequence[str], body: str, after: str = "") -> str:
-    """The loop running `body` for each entry of `root` there (`$rw_e`), `after`
-    appended to its `done` (a pipe to what reads the loop's output)."""
-    words = " ".join(quote(e) for e in entries)
-    return f"""{_LINKED}
-rw_root={quote(root)}
-if [ ! -d "$rw_root" ]; then printf '%s does not exist\\n' "$rw_root" >&2; exit 3; fi
-cd -- "$rw_root" || exit 3
-rw_main=$$
-for rw_e in {words}; do
-  [ -e "./$rw_e" ] || [ -h "./$rw_e" ] || continue
-  if rw_linked "$rw_e"; then continue; fi
-{body}
-done{after}
-"""
+def _entries_args(
+    root: str, entries: Sequence[str], exclude: Sequence[str], *extra: str
+) -> tuple[str, ...]:
+    """The arguments of a script over `entries` of `root` (`sh/entries.sh`)."""
+    patterns = [check_exclude(p) for p in exclude]
+    return (root, str(len(entries)), str(len(patterns)), *extra, *entries, *patterns)
 
 
 MANIFEST_OPENSSL_ABOVE: Final = 4 * 1024 * 1024
 """Files larger than this many bytes are hashed by `openssl dgst` where it works: one
 process a file, worth it once the file takes longer to hash than a process to start."""
-_EMPTY_SHA256: Final = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
 
 
-def manifest_script(root: str, entries: Sequence[str], exclude: Sequence[str]) -> str:
+def manifest_script(root: str, entries: Sequence[str], exclude: Sequence[str]) -> Script:
     """A script printing `<sha256 hex>  ./<path>` NUL-terminated records for every
     regular file under `entries` of `root`, names matching an `exclude` pattern left
     out at any depth, symbolic links not followed. Exit 3 when `root` is not a
@@ -186,48 +117,18 @@ def manifest_script(root: str, entries: Sequence[str], exclude: Sequence[str]) -
     SHA instructions: 4x coreutils' `sha256sum` measured on x86 with SHA-NI, which
     made the manifest slower than a 1 GiB download over SSH); the others to
     `sha256sum -z` where it exists (GNU), else to one `sha256sum` a file (busybox)."""
-    if not entries:
-        return "exit 0\n"
-    prune = _find_args(exclude)
-    big = MANIFEST_OPENSSL_ABOVE
-    body = f"""
-  if [ -n "$rw_o" ]; then
-    find "./$rw_e" {prune} -type f -size +{big}c -exec sh -c '
-      for f do h=$(openssl dgst -sha256 -r < "$f") || exit 4
-        printf "%s  %s\\0" "${{h%% *}}" "$f"; done
-    ' rw {{}} + || exit 4
-  fi
-  if [ -n "$rw_z" ]; then
-    {{ find "./$rw_e" {prune} -type f $rw_small -print0 || kill -s TERM "$rw_main"; }} |
-      xargs -0 -r sha256sum -z -- || exit 4
-  else
-    find "./$rw_e" {prune} -type f $rw_small -exec sh -c '
-      for f do h=$(sha256sum < "$f") || exit 4; printf "%s  %s\\0" "${{h%% *}}" "$f"; done
-    ' rw {{}} + || exit 4
-  fi"""
-    head = f"""if printf '' | sha256sum -z >/dev/null 2>&1; then rw_z=1; else rw_z=; fi
-case $(printf '' | openssl dgst -sha256 -r 2>/dev/null) in
-  "{_EMPTY_SHA256} "*) rw_o=1; rw_small="-size -{big + 1}c" ;;
-  *) rw_o=; rw_small= ;;
-esac
-"""
-    return head + _entries_loop(root, entries, body)
+    args = _entries_args(root, entries, exclude, str(MANIFEST_OPENSSL_ABOVE))
+    return Script(sh("entries", "manifest"), args)
 
 
-def size_script(root: str, entries: Sequence[str], exclude: Sequence[str]) -> str:
+def size_script(root: str, entries: Sequence[str], exclude: Sequence[str]) -> Script:
     """A read-only script printing the total size in bytes of the regular files a
     download of `entries` of `root` would bring (names matching an `exclude` pattern
     left out at any depth, links not followed, an entry with a link on its way
     missing), as one decimal line, from the directory entries alone (no file is
     read). Prints `unknown` where `find` has no `-printf` (not GNU find). Exit 3 when
     `root` is not a directory. Names never reach the output, so none can forge it."""
-    if not entries:
-        return "echo 0\n"
-    prune = _find_args(exclude)
-    head = "find / -maxdepth 0 -printf '' >/dev/null 2>&1 || { echo unknown; exit 0; }\n"
-    body = f'  find "./$rw_e" {prune} -type f -printf \'%s\\n\' || kill -s TERM "$rw_main"'
-    total = " | awk '{ s += $1 } END { printf \"%.0f\\n\", s }' || exit 4"
-    return head + _entries_loop(root, entries, body, total)
+    return Script(sh("entries", "size"), _entries_args(root, entries, exclude))
 
 
 def parse_size_answer(output: bytes) -> int | None:
@@ -244,7 +145,7 @@ def parse_size_answer(output: bytes) -> int | None:
     return int(text)
 
 
-def archive_script(root: str, entries: Sequence[str], exclude: Sequence[str]) -> str:
+def archive_script(root: str, entries: Sequence[str], exclude: Sequence[str]) -> Script:
     """A script writing to stdout a tar stream of `entries` of `root` (directories,
     files and symbolic links, links not followed, an entry with a link on its way
     left out), names matching an `exclude` pattern left out at any depth. A file
@@ -252,19 +153,10 @@ def archive_script(root: str, entries: Sequence[str], exclude: Sequence[str]) ->
     (`--hard-dereference`): a download refuses hard link members, and the manifest
     lists each name as a regular file. Exit 3 when `root` is not a directory. Needs
     GNU tar (`--null -T -`)."""
-    if not entries:
-        return "exit 0\n"
-    prune = _find_args(exclude)
-    body = f'  find "./$rw_e" {prune} -print0 || kill -s TERM "$rw_main"'
-    tar = " | tar --null --no-recursion --hard-dereference -T - -cf - || exit 4"
-    return _entries_loop(root, entries, body, tar)
+    return Script(sh("entries", "archive"), _entries_args(root, entries, exclude))
 
 
-def unpack_script(remote: str) -> str:
+def unpack_script(remote: str) -> Script:
     """A script that creates `remote` and unpacks the tar stream on its stdin there,
     without restoring owners."""
-    return f"""
-rw_dest={quote(remote)}
-mkdir -p -- "$rw_dest" || exit 3
-tar -xf - -o -C "$rw_dest" || exit 4
-"""
+    return Script(sh("unpack"), (remote,))

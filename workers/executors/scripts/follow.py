@@ -8,20 +8,12 @@ from dataclasses import dataclass
 from typing import Final, NamedTuple
 
 from schemas import JobId, JobStatus
-from schemas.protocol import (
-    JOB_LOG,
-    METRICS_FILE,
-    NOTICE_FILE,
-    NOTICE_STATE_FILE,
-    PROOF_LIMIT,
-    SNAPSHOT_FILE,
-    SNAPSHOT_REQUEST,
-)
+from schemas.protocol import JOB_LOG, PROOF_LIMIT
 
 from ..errors import InvalidArgument, ProtocolError
 from ..lines import complete_lines
-from .common import GROUP_SIGNAL, READ_FILE, check_job_pid, job_start, quote
-from .status import parse_status, status_function
+from .common import Script, check_job_pid, sh, start_arg
+from .status import parse_status
 
 __all__ = [
     "CUT_MARK",
@@ -64,8 +56,9 @@ def follow_script(
     token: str,
     chunk: int = FOLLOW_CHUNK_BYTES,
     log_chunk: int = FOLLOW_CHUNK_BYTES,
-) -> str:
-    """One script for a whole target's follow tick: for each `(job, log_offset,
+) -> Script:
+    """One script for a whole target's follow tick (`sh/follow.sh`, the runs its
+    arguments): for each `(job, log_offset,
     metrics_offset[, proof])` it prints, each record introduced by `token` (random,
     so no file content can forge one):
 
@@ -99,93 +92,28 @@ def follow_script(
     """
     if not token.isalnum():
         raise InvalidArgument("the follow token is alphanumeric")
-    rows = []
-    for index, entry in enumerate(entries):
+    args = [
+        token,
+        str(chunk),
+        str(log_chunk),
+        str(NOTICE_READ_BYTES),
+        str(NOTICE_STATE_READ_BYTES),
+        str(PROOF_LIMIT),
+    ]
+    for entry in entries:
         job, log_offset, metrics_offset = entry[0], entry[1], entry[2]
-        proof = 1 if len(entry) > 3 and entry[3] else 0
+        proof = "1" if len(entry) > 3 and entry[3] else "0"
         if log_offset < 0 or metrics_offset < 0:
             raise InvalidArgument("offsets are non-negative")
-        rows.append(
-            f"rw_one {index} {quote(job.dir)} {check_job_pid(job)} {job_start(job)} "
-            f"{log_offset} {metrics_offset} {proof}"
-        )
-    body = "\n".join(rows)
-    return (
-        GROUP_SIGNAL
-        + READ_FILE
-        + status_function()
-        + f"""
-rw_t={token}
-rw_chunk={chunk}
-rw_lchunk={log_chunk}
-set --
-rw_flags=
-for rw_d in {" ".join(quote(entry[0].dir) for entry in entries)}; do
-  for rw_f in "$rw_d/{JOB_LOG}" "$rw_d/{METRICS_FILE}"; do
-    if [ -f "$rw_f" ] && [ ! -h "$rw_f" ]; then set -- "$@" "$rw_f"; rw_flags="${{rw_flags}}1"
-    else rw_flags="${{rw_flags}}0"; fi
-  done
-done
-rw_count=$#
-rw_sizes=
-if [ "$rw_count" -gt 0 ]; then
-  rw_sizes=$(find "$@" -maxdepth 0 -printf '%s ' 2>/dev/null) || rw_sizes=
-  set -- $rw_sizes
-  # A file gone meanwhile, or no GNU find: sizes one by one instead.
-  [ "$#" -eq "$rw_count" ] || rw_sizes=
-fi
-rw_part() {{
-  # $1 tag, $2 index, $3 file, $4 offset. A file is read only when it was listed
-  # above ($rw_flags, one character a file, in order), so sizes never shift.
-  rw_listed=${{rw_flags%"${{rw_flags#?}}"}}; rw_flags=${{rw_flags#?}}
-  [ "$rw_listed" = 1 ] || return 0
-  if [ -n "$rw_sizes" ]; then
-    rw_n=${{rw_sizes%% *}}; rw_sizes=${{rw_sizes#* }}
-  else
-    rw_n=$(ls -lnd -- "$3" 2>/dev/null) || return 0
-    set -f; set -- "$1" "$2" "$3" "$4" $rw_n; set +f
-    rw_n=${{9-}}
-  fi
-  [ "${{rw_n:-0}}" -gt "$4" ] 2>/dev/null || return 0
-  if [ "$1" = L ]; then
-    # More behind than a tick reads: on from the last `rw_lchunk` bytes.
-    rw_k=$((rw_n - $4 - rw_lchunk)); [ "$rw_k" -gt 0 ] || rw_k=0
-    printf '%s %s %s %s %s\\n' "$rw_t" "$1" "$2" "$rw_n" "$rw_k"
-    rw_read "$3" "$rw_lchunk" "$(($4 + rw_k))" || :
-    return 0
-  fi
-  printf '%s %s %s %s\\n' "$rw_t" "$1" "$2" "$rw_n"
-  rw_read "$3" "$rw_chunk" "$4" || :
-}}
-rw_file() {{
-  # $1 tag, $2 index, $3 file, $4 most bytes: the record, only for a regular file.
-  [ -f "$3" ] && [ ! -h "$3" ] || return 0
-  printf '%s %s %s\\n' "$rw_t" "$1" "$2"
-  rw_read "$3" "$4" || :
-}}
-rw_nl='
-'
-rw_one() {{
-  printf '%s S %s ' "$rw_t" "$1"
-  rw_status "$2" "$3" "$4"
-  rw_q=
-  if [ -s "$2/{SNAPSHOT_REQUEST}" ] && [ -f "$2/{SNAPSHOT_REQUEST}" ] &&
-    [ ! -h "$2/{SNAPSHOT_REQUEST}" ]; then
-    rw_q=$(rw_read "$2/{SNAPSHOT_REQUEST}" 64) || rw_q=
-    rw_q=${{rw_q%%"$rw_nl"*}}
-    [ -n "$rw_q" ] || rw_q=requested
-  fi
-  printf '%s Q %s %.32s\\n' "$rw_t" "$1" "$rw_q"
-  rw_file N "$1" "$2/{NOTICE_FILE}" {NOTICE_READ_BYTES}
-  rw_file W "$1" "$2/{NOTICE_STATE_FILE}" {NOTICE_STATE_READ_BYTES}
-  [ "$7" != 1 ] || rw_file P "$1" "$2/{SNAPSHOT_FILE}" {PROOF_LIMIT}
-  rw_part L "$1" "$2/{JOB_LOG}" "$5"
-  rw_part M "$1" "$2/{METRICS_FILE}" "$6"
-}}
-{body}
-printf '%s E\\n' "$rw_t"
-"""
-    )
+        args += [
+            job.dir,
+            str(check_job_pid(job)),
+            start_arg(job),
+            str(int(log_offset)),
+            str(int(metrics_offset)),
+            proof,
+        ]
+    return Script(sh("group", "read", "status_fn", "follow"), tuple(args))
 
 
 @dataclass(frozen=True)

@@ -121,11 +121,20 @@ class SshTransport:
         finally:
             channel.close()
 
-    def send(self, script: str, *, action: str, source: Callable[[IO[bytes]], None]) -> Completed:
+    def send(
+        self,
+        script: str,
+        *,
+        action: str,
+        source: Callable[[IO[bytes]], None],
+        args: Sequence[str] = (),
+    ) -> Completed:
+        check_size(script, args, action)
+
         def call(connection: SshConnection) -> Completed:
             channel = connection.exec_channel()
             try:
-                channel.exec_command(sh_command(script))
+                channel.exec_command(sh_command(script, args))
                 writer = _ChannelWriter(channel)
                 source(writer)  # type: ignore[arg-type]
                 channel.shutdown_write()
@@ -135,11 +144,20 @@ class SshTransport:
 
         return self._attempt(action, call)
 
-    def receive(self, script: str, *, action: str, sink: Callable[[IO[bytes]], None]) -> Completed:
+    def receive(
+        self,
+        script: str,
+        *,
+        action: str,
+        sink: Callable[[IO[bytes]], None],
+        args: Sequence[str] = (),
+    ) -> Completed:
+        check_size(script, args, action)
+
         def call(connection: SshConnection) -> Completed:
             channel = connection.exec_channel()
             try:
-                channel.exec_command(sh_command(script))
+                channel.exec_command(sh_command(script, args))
                 channel.shutdown_write()
                 errors = _StderrDrain(channel)
                 reader = _ChannelReader(channel)

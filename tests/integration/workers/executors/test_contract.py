@@ -30,6 +30,7 @@ from workers.executors import (
 from workers.executors.errors import ExecError
 
 from ....conftest import Target, toy_command, toy_env, wait_for
+from ....shells import run_script
 
 HOSTILE_NAMES = [
     "sp ace",
@@ -535,9 +536,9 @@ def test_put_file_content_is_exact(target: Target) -> None:
 
 
 def test_probe(target: Target) -> None:
-    assert target.executor.probe("echo hello; df -P . >/dev/null") == b"hello\n"
+    assert run_script(target.executor, "echo hello; df -P . >/dev/null") == b"hello\n"
     with pytest.raises(CommandError) as raised:
-        target.executor.probe("echo nope >&2; exit 3")
+        run_script(target.executor, "echo nope >&2; exit 3")
     assert raised.value.action == "probe"
     assert "nope" in raised.value.message
 

@@ -6,7 +6,6 @@ the newest checkpoint."""
 from __future__ import annotations
 
 import os
-import secrets
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +14,6 @@ import pytest
 
 from schemas.policy import DiskSample, disk_verdict
 from workers.executors import ProtocolError
-from workers.executors.probe import disk_probe_script, parse_disk_probe
 
 from ....conftest import Target
 
@@ -25,9 +23,7 @@ HOSTILE_DIR = "r $(touch PWNED) 'q' \"d\" `touch PWNED` ;&|<>* x"
 
 
 def probe(target: Target, dirs: list[str]) -> list[DiskSample | ProtocolError]:
-    token = secrets.token_hex(16)
-    output = target.executor.probe(disk_probe_script(dirs, token))
-    return parse_disk_probe(output, token, len(dirs))
+    return target.executor.disk_usage(dirs)
 
 
 def test_the_probe_on_every_target(target: Target) -> None:

@@ -19,7 +19,7 @@ import io
 import json
 import os
 import tarfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -104,7 +104,14 @@ class ReplayTransport(LocalTransport):
         super().__init__()
         self.data = data
 
-    def receive(self, script: str, *, action: str, sink: Callable[[IO[bytes]], None]) -> Completed:
+    def receive(
+        self,
+        script: str,
+        *,
+        action: str,
+        sink: Callable[[IO[bytes]], None],
+        args: Sequence[str] = (),
+    ) -> Completed:
         sink(io.BytesIO(self.data))
         return Completed(0, b"", b"")
 
@@ -118,7 +125,14 @@ class CatTransport:
         self.inner = inner
         self.path = path
 
-    def receive(self, script: str, *, action: str, sink: Callable[[IO[bytes]], None]) -> Completed:
+    def receive(
+        self,
+        script: str,
+        *,
+        action: str,
+        sink: Callable[[IO[bytes]], None],
+        args: Sequence[str] = (),
+    ) -> Completed:
         return self.inner.receive(f"cat -- {quote(str(self.path))}", action=action, sink=sink)
 
     def __getattr__(self, name: str) -> object:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import io
 import tarfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -29,7 +29,14 @@ class ReplayTransport(LocalTransport):
         super().__init__()
         self.archive = archive
 
-    def receive(self, script: str, *, action: str, sink: Callable[[IO[bytes]], None]) -> Completed:
+    def receive(
+        self,
+        script: str,
+        *,
+        action: str,
+        sink: Callable[[IO[bytes]], None],
+        args: Sequence[str] = (),
+    ) -> Completed:
         sink(io.BytesIO(self.archive))
         return Completed(0, b"", b"")
 

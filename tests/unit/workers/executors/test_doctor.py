@@ -5,7 +5,7 @@ real shells and targets: tests/integration/workers/executors/test_doctor.py."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import IO
 
 import pytest
@@ -322,13 +322,20 @@ class Answering:
         self.actions: list[str] = []
 
     def run(
-        self, script: str, *, action: str, stdin: bytes = b"", timeout_s: float | None = 0
+        self,
+        script: str,
+        *,
+        action: str,
+        stdin: bytes = b"",
+        timeout_s: float | None = 0,
+        args: Sequence[str] = (),
     ) -> Completed:
         self.actions.append(action)
         if action == "clock":
-            assert script == CLOCK_SCRIPT
+            assert script == CLOCK_SCRIPT.text
+            assert not args
             return next(self.clock_answers)
-        return self.probe(script)
+        return self.probe(args[0])  # the probe's token
 
     def run_to_end(
         self,
@@ -354,8 +361,7 @@ class Answering:
 
 
 def probe_answer(findings: Mapping[str, str]) -> Callable[[str], Completed]:
-    def answer(script: str) -> Completed:
-        token = script.split("rw_t=", 1)[1].split("\n", 1)[0]
+    def answer(token: str) -> Completed:
         body = "".join(f"{token} {k} {v}\n" for k, v in findings.items()) + f"{token} end .\n"
         return Completed(0, body.encode(), b"")
 
@@ -442,7 +448,13 @@ def test_a_target_that_refuses_every_script_raises() -> None:
 
     class Refusing(Answering):
         def run(
-            self, script: str, *, action: str, stdin: bytes = b"", timeout_s: float | None = 0
+            self,
+            script: str,
+            *,
+            action: str,
+            stdin: bytes = b"",
+            timeout_s: float | None = 0,
+            args: Sequence[str] = (),
         ) -> Completed:
             return refused(script)
 

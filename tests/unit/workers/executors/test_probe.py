@@ -145,8 +145,9 @@ def run_probe(request: pytest.FixtureRequest, tmp_path: Path) -> Probe:
         env["PATH"] = f"{busybox_bin(tmp_path)}:{env['PATH']}"
 
     def run(dirs: list[str]) -> list[DiskSample | ProtocolError]:
+        script = disk_probe_script(dirs, TOKEN)
         result = subprocess.run(
-            [*SHELLS[request.param], "-c", disk_probe_script(dirs, TOKEN)],
+            [*SHELLS[request.param], "-c", script.text, "rw", *script.args],
             capture_output=True,
             env=env,
             check=True,

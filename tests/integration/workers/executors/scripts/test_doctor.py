@@ -26,7 +26,7 @@ def probe(shell: tuple[str, ...], workdir: Path, *, writes: bool = True) -> dict
     script = doctor_script(
         str(workdir), token, job_writes_workdir=writes, random=secrets.token_hex(6)
     )
-    result = LocalTransport(shell=shell).run(script, action="doctor")
+    result = LocalTransport(shell=shell).run(script.text, action="doctor", args=script.args)
     assert result.exit_code == 0, result.stderr
     return parse_doctor(result.stdout, token)
 
@@ -97,7 +97,8 @@ def test_an_interrupted_probe_removes_its_scratch(tmp_path: Path) -> None:
     token = secrets.token_hex(16)
     script = doctor_script(str(workdir), token, job_writes_workdir=True, random="0123456789ab")
     env = {**os.environ, "PATH": f"{shims}:{os.environ['PATH']}"}
-    proc = subprocess.Popen(["sh", "-c", script], env=env, start_new_session=True,
+    proc = subprocess.Popen(["sh", "-c", script.text, "rw", *script.args], env=env,
+                            start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
     try:
         deadline = time.monotonic() + 60

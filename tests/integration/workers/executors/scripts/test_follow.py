@@ -25,8 +25,9 @@ def tick(
     log_chunk: int = 256 * 1024,
 ) -> list:  # type: ignore[type-arg]
     token = secrets.token_hex(16)
+    script = follow_script(entries, token, chunk, log_chunk=log_chunk)
     result = target.executor.transport.run(  # type: ignore[attr-defined]
-        follow_script(entries, token, chunk, log_chunk=log_chunk), action="follow"
+        script.text, action="follow", args=script.args
     )
     assert result.exit_code == 0, result.stderr
     return parse_follow(result.stdout, token, len(entries), log_chunk)

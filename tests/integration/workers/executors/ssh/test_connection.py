@@ -22,6 +22,7 @@ from workers.executors.ssh import SshDestination, SshExecutor, connection_pool
 from workers.executors.ssh.connection import MAX_SHELLS
 
 from .....conftest import ssh_executor, wait_for
+from .....shells import run_script
 from .....sshd import (
     SshServer,
     make_key,
@@ -57,7 +58,7 @@ def test_an_unknown_host_key_is_refused(sshd: SshServer, tmp_path: Path) -> None
     empty.write_text("")
     executor = executor_with(sshd, tmp_path, known_hosts=empty)
     with pytest.raises(SshError) as raised:
-        executor.probe("true")
+        run_script(executor, "true")
     assert raised.value.kind == "host_key"
     assert "unknown" in raised.value.message
     assert empty.read_text() == ""  # never added
@@ -66,7 +67,7 @@ def test_an_unknown_host_key_is_refused(sshd: SshServer, tmp_path: Path) -> None
 def test_a_missing_known_hosts_file_is_an_unknown_host(sshd: SshServer, tmp_path: Path) -> None:
     executor = executor_with(sshd, tmp_path, known_hosts=tmp_path / "none")
     with pytest.raises(SshError) as raised:
-        executor.probe("true")
+        run_script(executor, "true")
     assert raised.value.kind == "host_key"
     assert not (tmp_path / "none").exists()
 
@@ -77,7 +78,7 @@ def test_a_changed_host_key_is_refused(sshd: SshServer, tmp_path: Path, hashed: 
     before = wrong.read_text()
     executor = executor_with(sshd, tmp_path, known_hosts=wrong)
     with pytest.raises(SshError) as raised:
-        executor.probe("true")
+        run_script(executor, "true")
     assert raised.value.kind == "host_key"
     assert "CHANGED" in raised.value.message
     assert wrong.read_text() == before
@@ -85,13 +86,13 @@ def test_a_changed_host_key_is_refused(sshd: SshServer, tmp_path: Path, hashed: 
 
 def test_hashed_known_hosts_entries_are_accepted(sshd: SshServer, tmp_path: Path) -> None:
     executor = executor_with(sshd, tmp_path, known_hosts=sshd.known_hosts_hashed)
-    assert executor.probe("echo ok") == b"ok\n"
+    assert run_script(executor, "echo ok") == b"ok\n"
 
 
 def test_a_wrong_key_is_an_auth_error(sshd: SshServer, tmp_path: Path) -> None:
     other = make_key(tmp_path / "other_key")
     with pytest.raises(SshError) as raised:
-        executor_with(sshd, tmp_path, identity=other).probe("true")
+        run_script(executor_with(sshd, tmp_path, identity=other), "true")
     assert raised.value.kind == "auth"
 
 
@@ -102,7 +103,7 @@ def test_an_encrypted_key_without_an_agent_never_prompts(
     locked = make_key(tmp_path / "locked_key", passphrase="correct horse")
     started = time.monotonic()
     with pytest.raises(SshError) as raised:
-        executor_with(sshd, tmp_path, identity=locked).probe("true")
+        run_script(executor_with(sshd, tmp_path, identity=locked), "true")
     assert raised.value.kind == "auth"
     assert "encrypted" in raised.value.message
     assert time.monotonic() - started < 15
@@ -112,7 +113,7 @@ def test_errors_are_never_bare_paramiko_exceptions(sshd: SshServer, tmp_path: Pa
     import paramiko
 
     with pytest.raises(SshError) as raised:
-        executor_with(sshd, tmp_path, identity=make_key(tmp_path / "k")).probe("true")
+        run_script(executor_with(sshd, tmp_path, identity=make_key(tmp_path / "k")), "true")
     assert not isinstance(raised.value, paramiko.SSHException)
     assert isinstance(raised.value.__cause__, paramiko.SSHException)
 
@@ -141,17 +142,17 @@ def test_a_killed_sshd_is_reconnected_transparently(server: SshServer, tmp_path:
 
 def test_a_restart_between_two_calls_is_invisible(server: SshServer, tmp_path: Path) -> None:
     executor = executor_with(server, tmp_path)
-    assert executor.probe("echo 1") == b"1\n"
+    assert run_script(executor, "echo 1") == b"1\n"
     server.kill()
     server.start()
-    assert executor.probe("echo 2") == b"2\n"
+    assert run_script(executor, "echo 2") == b"2\n"
 
 
 def test_sshd_down_is_a_connect_error_in_bounded_time(server: SshServer, tmp_path: Path) -> None:
     server.stop()
     started = time.monotonic()
     with pytest.raises(SshError) as raised:
-        executor_with(server, tmp_path).probe("true")
+        run_script(executor_with(server, tmp_path), "true")
     assert raised.value.kind == "connect"
     assert time.monotonic() - started < 10
 
@@ -170,7 +171,7 @@ def test_a_server_that_never_answers_times_out(tmp_path: Path) -> None:
     )
     started = time.monotonic()
     with pytest.raises(SshError) as raised:
-        SshExecutor(destination, str(tmp_path)).probe("true")
+        run_script(SshExecutor(destination, str(tmp_path)), "true")
     assert raised.value.kind == "connect"
     assert time.monotonic() - started < 8
     listener.close()
@@ -178,12 +179,12 @@ def test_a_server_that_never_answers_times_out(tmp_path: Path) -> None:
 
 def test_a_dying_remote_shell_is_replaced(sshd: SshServer, tmp_path: Path) -> None:
     executor = ssh_executor(sshd, tmp_path)
-    assert executor.probe("echo before") == b"before\n"
+    assert run_script(executor, "echo before") == b"before\n"
     # Kill the persistent shell this command runs under (a subshell keeps its $$).
     with pytest.raises(SshError) as raised:
-        executor.probe("kill -9 $$")
+        run_script(executor, "kill -9 $$")
     assert raised.value.kind == "terminated"
-    assert executor.probe("echo after") == b"after\n"
+    assert run_script(executor, "echo after") == b"after\n"
 
 
 def test_a_script_past_its_deadline_is_abandoned(sshd: SshServer, tmp_path: Path) -> None:
@@ -192,7 +193,7 @@ def test_a_script_past_its_deadline_is_abandoned(sshd: SshServer, tmp_path: Path
     with pytest.raises(CommandError, match="timed out"):
         executor.transport.run("sleep 5", action="probe", timeout_s=0.5)
     assert time.monotonic() - started < 3
-    assert executor.probe("echo next") == b"next\n"
+    assert run_script(executor, "echo next") == b"next\n"
 
 
 def test_a_cancel_past_its_deadline_frees_the_worker_and_ends_on_the_target(
@@ -209,7 +210,7 @@ def test_a_cancel_past_its_deadline_frees_the_worker_and_ends_on_the_target(
         )
     assert time.monotonic() - started < 3
     wait_for(done.exists, timeout_s=10)
-    assert executor.probe("echo next") == b"next\n"
+    assert run_script(executor, "echo next") == b"next\n"
 
 
 def test_waiting_for_a_free_shell_counts_in_the_deadline(sshd: SshServer, tmp_path: Path) -> None:
@@ -230,7 +231,7 @@ def test_waiting_for_a_free_shell_counts_in_the_deadline(sshd: SshServer, tmp_pa
     assert time.monotonic() - started < 1.5
     for thread in busy:
         thread.join()
-    assert executor.probe("echo next") == b"next\n"
+    assert run_script(executor, "echo next") == b"next\n"
 
 
 def test_concurrent_operations_share_one_connection(sshd: SshServer, tmp_path: Path) -> None:
@@ -239,7 +240,7 @@ def test_concurrent_operations_share_one_connection(sshd: SshServer, tmp_path: P
 
     def work(executor: SshExecutor, i: int) -> None:
         for j in range(10):
-            results.append(executor.probe(f"echo {i}-{j}"))
+            results.append(run_script(executor, f"echo {i}-{j}"))
 
     threads = [threading.Thread(target=work, args=(e, i)) for i, e in enumerate(executors)]
     for thread in threads:
@@ -253,7 +254,7 @@ def test_concurrent_operations_share_one_connection(sshd: SshServer, tmp_path: P
 
 def test_a_forked_child_never_uses_its_parents_connection(sshd: SshServer, tmp_path: Path) -> None:
     executor = ssh_executor(sshd, tmp_path)
-    assert executor.probe("echo parent") == b"parent\n"
+    assert run_script(executor, "echo parent") == b"parent\n"
     parent_port = executor.transport.connection.open().sock.getsockname()[1]  # type: ignore[union-attr]
     read, write = os.pipe()
     pid = os.fork()
@@ -265,7 +266,7 @@ def test_a_forked_child_never_uses_its_parents_connection(sshd: SshServer, tmp_p
 
             ssh._INHERITED.clear()
             gc.collect()
-            out = executor.probe("echo child")
+            out = run_script(executor, "echo child")
             port = executor.transport.connection.open().sock.getsockname()[1]  # type: ignore[union-attr]
             os.write(write, f"{out.decode().strip()} {port}".encode())
         finally:
@@ -276,7 +277,7 @@ def test_a_forked_child_never_uses_its_parents_connection(sshd: SshServer, tmp_p
     assert answer[0] == "child"
     assert int(answer[1]) != parent_port
     # The parent's connection was left alone.
-    assert executor.probe("echo again") == b"again\n"
+    assert run_script(executor, "echo again") == b"again\n"
     assert executor.transport.connection.open().sock.getsockname()[1] == parent_port  # type: ignore[union-attr]
 
 
@@ -305,7 +306,7 @@ def test_a_chain_of_two_jumps(tmp_path: Path) -> None:
             "rw-hop1",
             "rw-hop2",
         ]
-        assert executor.probe("echo deep") == b"deep\n"
+        assert run_script(executor, "echo deep") == b"deep\n"
         executor.close()
 
 
@@ -318,7 +319,7 @@ def test_every_hop_is_host_key_checked(tmp_path: Path) -> None:
         config = write_ssh_config(tmp_path / "cfg", bastion, inner, known_hosts=known)
         executor = SshExecutor.connect("rw-inner", str(tmp_path), ssh_config=config)
         with pytest.raises(SshError) as raised:
-            executor.probe("true")
+            run_script(executor, "true")
         assert raised.value.kind == "host_key"
         assert "CHANGED" in raised.value.message
 
@@ -330,4 +331,4 @@ def test_the_pool_is_per_destination(sshd: SshServer, tmp_path: Path) -> None:
     one, two = ssh_executor(sshd, tmp_path), ssh_executor(sshd, tmp_path / "other")
     assert one.transport.connection is two.transport.connection
     assert connection_pool().get(one.destination) is one.transport.connection
-    wait_for(lambda: one.probe("true") == b"")
+    wait_for(lambda: run_script(one, "true") == b"")

@@ -1,0 +1,99 @@
+# shellcheck shell=sh
+# Arguments: TOKEN CHUNK LOG_CHUNK NOTICE_BYTES NOTICE_STATE_BYTES PROOF_LIMIT, then
+# for each run DIR PID START LOG_OFFSET METRICS_OFFSET PROOF (6 arguments; START
+# empty when unknown, PROOF 1 to read the proof). The follow tick of a whole target
+# (scripts.follow.follow_script). Needs group.sh, read.sh and status_fn.sh.
+rw_t=$1
+rw_chunk=$2
+rw_lchunk=$3
+rw_notice=$4
+rw_state=$5
+rw_proof=$6
+shift 6
+# The files to size, as references to the arguments ("${7}/job.log"), never their
+# values: `eval` below expands them as words, and no name is parsed as code.
+rw_list=
+rw_flags=
+rw_count=0
+rw_j=1
+rw_d=
+while [ "$rw_j" -le "$#" ]; do
+  eval "rw_d=\${$rw_j}"
+  for rw_name in job.log metrics.jsonl; do
+    if [ -f "$rw_d/$rw_name" ] && [ ! -h "$rw_d/$rw_name" ]; then
+      rw_list="$rw_list \"\${$rw_j}/$rw_name\""
+      rw_count=$((rw_count + 1))
+      rw_flags="${rw_flags}1"
+    else rw_flags="${rw_flags}0"; fi
+  done
+  rw_j=$((rw_j + 6))
+done
+rw_words() { rw_w=$#; }
+rw_sizes=
+if [ "$rw_count" -gt 0 ]; then
+  eval "rw_sizes=\$(find $rw_list -maxdepth 0 -printf '%s ' 2>/dev/null)" || rw_sizes=
+  # Sizes are digits and spaces, split on purpose.
+  # shellcheck disable=SC2086
+  rw_words $rw_sizes
+  # A file gone meanwhile, or no GNU find: sizes one by one instead.
+  [ "$rw_w" -eq "$rw_count" ] || rw_sizes=
+fi
+rw_part() {
+  # $1 tag, $2 index, $3 file, $4 offset. A file is read only when it was listed
+  # above ($rw_flags, one character a file, in order), so sizes never shift.
+  rw_listed=${rw_flags%"${rw_flags#?}"}; rw_flags=${rw_flags#?}
+  [ "$rw_listed" = 1 ] || return 0
+  if [ -n "$rw_sizes" ]; then
+    rw_n=${rw_sizes%% *}; rw_sizes=${rw_sizes#* }
+  else
+    rw_n=$(ls -lnd -- "$3" 2>/dev/null) || return 0
+    set -f
+    # The fields of `ls -lnd`, split on purpose: the size is the fifth.
+    # shellcheck disable=SC2086
+    set -- "$1" "$2" "$3" "$4" $rw_n
+    set +f
+    rw_n=${9-}
+  fi
+  [ "${rw_n:-0}" -gt "$4" ] 2>/dev/null || return 0
+  if [ "$1" = L ]; then
+    # More behind than a tick reads: on from the last `rw_lchunk` bytes.
+    rw_k=$((rw_n - $4 - rw_lchunk)); [ "$rw_k" -gt 0 ] || rw_k=0
+    printf '%s %s %s %s %s\n' "$rw_t" "$1" "$2" "$rw_n" "$rw_k"
+    rw_read "$3" "$rw_lchunk" "$(($4 + rw_k))" || :
+    return 0
+  fi
+  printf '%s %s %s %s\n' "$rw_t" "$1" "$2" "$rw_n"
+  rw_read "$3" "$rw_chunk" "$4" || :
+}
+rw_file() {
+  # $1 tag, $2 index, $3 file, $4 most bytes: the record, only for a regular file.
+  if [ ! -f "$3" ] || [ -h "$3" ]; then return 0; fi
+  printf '%s %s %s\n' "$rw_t" "$1" "$2"
+  rw_read "$3" "$4" || :
+}
+rw_nl='
+'
+rw_one() {
+  printf '%s S %s ' "$rw_t" "$1"
+  rw_status "$2" "$3" "$4"
+  rw_q=
+  if [ -s "$2/snapshot.request" ] && [ -f "$2/snapshot.request" ] &&
+    [ ! -h "$2/snapshot.request" ]; then
+    rw_q=$(rw_read "$2/snapshot.request" 64) || rw_q=
+    rw_q=${rw_q%%"$rw_nl"*}
+    [ -n "$rw_q" ] || rw_q=requested
+  fi
+  printf '%s Q %s %.32s\n' "$rw_t" "$1" "$rw_q"
+  rw_file N "$1" "$2/notice.json" "$rw_notice"
+  rw_file W "$1" "$2/.runwarden/notice.state" "$rw_state"
+  [ "$7" != 1 ] || rw_file P "$1" "$2/snapshot.json" "$rw_proof"
+  rw_part L "$1" "$2/job.log" "$5"
+  rw_part M "$1" "$2/metrics.jsonl" "$6"
+}
+rw_i=0
+while [ "$#" -ge 6 ]; do
+  rw_one "$rw_i" "$1" "$2" "$3" "$4" "$5" "$6"
+  rw_i=$((rw_i + 1))
+  shift 6
+done
+printf '%s E\n' "$rw_t"

@@ -1,0 +1,10 @@
+# shellcheck shell=sh
+# Arguments: PATH LIMIT OFFSET. At most LIMIT bytes of PATH from byte OFFSET: nothing
+# for a missing file; exit 3 for anything else that is not a regular file. Needs
+# read.sh.
+rw_path=$1
+[ -e "$rw_path" ] || [ -h "$rw_path" ] || exit 0
+if [ ! -f "$rw_path" ] || [ -h "$rw_path" ]; then
+  printf '%s is not a regular file\n' "$rw_path" >&2; exit 3
+fi
+rw_read "$rw_path" "$2" "$3"
