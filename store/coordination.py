@@ -5,13 +5,13 @@ at most the time it was taken for."""
 
 from __future__ import annotations
 
-from .base import StoreBase, millis, translated
+from .base import StorePart, millis, translated
 
-__all__ = ["CoordinationMixin"]
+__all__ = ["Coordination"]
 
 
-class CoordinationMixin(StoreBase):
-    """`once` / `marked` / `forget` markers and token locks."""
+class Coordination(StorePart):
+    """`once` / `marked` / `forget` markers and token locks (`RunStore.locks`)."""
 
     @translated
     def once(self, key: str, ttl_s: float) -> bool:
@@ -39,13 +39,13 @@ class CoordinationMixin(StoreBase):
     def lock(self, key: str, token: str, ttl_s: float) -> bool:
         """Takes the lock `key` for the holder `token` (random, one per holder) for
         `ttl_s` seconds; True when taken. Unlike [`once`], only its holder can extend
-        ([`extend_lock`]) or release ([`unlock`]) it."""
+        ([`extend`]) or release ([`unlock`]) it."""
         if not key or not token:
             raise ValueError("a lock key and token are not empty")
         return bool(self._r.set(self.keys.lock(key), token, nx=True, px=millis(ttl_s, "ttl")))
 
     @translated
-    def extend_lock(self, key: str, token: str, ttl_s: float) -> bool:
+    def extend(self, key: str, token: str, ttl_s: float) -> bool:
         """Moves the lock's expiry `ttl_s` seconds ahead; False when `token` no longer
         holds it (it lapsed, and maybe another holder took it)."""
         done = self._script(

@@ -16,7 +16,7 @@ from schemas import Settings
 from .base import translated
 from .budgets import BudgetsMixin
 from .continuations import ContinuationsMixin
-from .coordination import CoordinationMixin
+from .coordination import Coordination
 from .ending import EndingMixin
 from .health import HealthMixin
 from .launches import LaunchesMixin
@@ -35,7 +35,6 @@ class RunStore(
     LaunchesMixin,
     RetrievalsMixin,
     ContinuationsMixin,
-    CoordinationMixin,
     LedgerMixin,
     BudgetsMixin,
     MemoryMixin,
@@ -50,7 +49,8 @@ class RunStore(
 
     A concern moved out of the mixins is an object of its own over the same client,
     keys and Lua scripts: `webhooks`, the webhooks' delivery queue
-    (`store.webhooks.WebhookQueue`).
+    (`store.webhooks.WebhookQueue`); `locks`, once-markers and token locks between
+    workers (`store.coordination.Coordination`).
     """
 
     def __init__(self, client: redis.Redis, prefix: str = "rw:", **options: Any) -> None:
@@ -58,6 +58,7 @@ class RunStore(
         `StoreBase` takes them (caps, bounds, attempts)."""
         super().__init__(client, prefix, **options)
         self.webhooks = WebhookQueue(self)
+        self.locks = Coordination(self)
 
     @classmethod
     def from_url(

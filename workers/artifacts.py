@@ -73,7 +73,7 @@ def retrieve_artifacts(
     if not force and not _due(run, now):
         return run.artifacts or Artifacts(phase=ArtifactsPhase.FAILED, error="no job")
     lock, token = f"retrieve:{run_id}", _secrets.token_hex(16)
-    if not ctx.store.lock(lock, token, RETRIEVE_LEASE_S):
+    if not ctx.store.locks.lock(lock, token, RETRIEVE_LEASE_S):
         if force:
             raise Conflict(f"a retrieval of run {run_id!r} is running now")
         return run.artifacts or Artifacts()
@@ -85,7 +85,7 @@ def retrieve_artifacts(
     def heartbeat() -> None:
         while not done.wait(RETRIEVE_LEASE_S / 4):
             try:
-                if not ctx.store.extend_lock(lock, token, RETRIEVE_LEASE_S):
+                if not ctx.store.locks.extend(lock, token, RETRIEVE_LEASE_S):
                     log.error("run %s: the retrieval lock lapsed", run_id)
                     return
                 ctx.store.schedule_retrieval(run_id, utcnow() + timedelta(seconds=RETRIEVE_LEASE_S))
@@ -123,7 +123,7 @@ def retrieve_artifacts(
         return ended.artifacts or result
     finally:
         done.set()
-        ctx.store.unlock(lock, token)
+        ctx.store.locks.unlock(lock, token)
 
 
 def _attempt(ctx: Context, run: RunRecord, attempts: int, now: datetime) -> Artifacts:

@@ -148,7 +148,7 @@ def _cancel_once(ctx: Context, run: RunRecord, job: JobId) -> RunRecord:
             dropped: a retry may try).
     """
     key = cancel_key(run.id)
-    if not ctx.store.once(key, ttl_s=CANCEL_RETRY_S):
+    if not ctx.store.locks.once(key, ttl_s=CANCEL_RETRY_S):
         # The other task's cancel ends within its deadline: waiting for it never holds
         # this process longer than a cancel of its own would.
         deadline = time.monotonic() + CANCEL_DEADLINE_S
@@ -163,7 +163,7 @@ def _cancel_once(ctx: Context, run: RunRecord, job: JobId) -> RunRecord:
         emit(ctx, JobCancelled.of, run.id, utcnow())
         status = executor.status(job)
     except ExecError:
-        ctx.store.forget(key)
+        ctx.store.locks.forget(key)
         raise
     return finish(ctx, run, status, executor)
 

@@ -110,7 +110,7 @@ def continue_run(ctx: Context, run_id: str, now: datetime) -> Continuation | Non
             queued).
     """
     lock, token = f"continue:{run_id}", _secrets.token_hex(16)
-    if not ctx.store.lock(lock, token, _LOCK_S):
+    if not ctx.store.locks.lock(lock, token, _LOCK_S):
         return ctx.store.get_run(run_id).continuation
     try:
         run = ctx.store.get_run(run_id)
@@ -165,4 +165,4 @@ def continue_run(ctx: Context, run_id: str, now: datetime) -> Continuation | Non
         )  # fmt: skip
         return _set(ctx, run.id, launched)
     finally:
-        ctx.store.unlock(lock, token)
+        ctx.store.locks.unlock(lock, token)

@@ -294,7 +294,7 @@ def launch(ctx: Context, spec: LaunchSpec, now: datetime, key: str | None = None
         ExecError, StoreError.
     """
     key = spec.key or key or new_launch_key()
-    with leased(ctx.store, launch_lock(key), LAUNCH_LEASE_S, LAUNCH_WAIT_S) as lease:
+    with leased(ctx.store.locks, launch_lock(key), LAUNCH_LEASE_S, LAUNCH_WAIT_S) as lease:
         if lease is None:
             run_id = ctx.store.launch_run(key)
             if run_id is None:

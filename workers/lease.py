@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from store import RunStore
+from store.coordination import Coordination
 
 log = logging.getLogger("runwarden")
 
@@ -19,10 +19,11 @@ __all__ = ["Lease", "leased"]
 
 
 class Lease:
-    """The lock `key` of `store`, held by this process under a random token."""
+    """The lock `key` of `locks` (the store's), held by this process under a random
+    token."""
 
-    def __init__(self, store: RunStore, key: str, ttl_s: float) -> None:
-        self.store = store
+    def __init__(self, locks: Coordination, key: str, ttl_s: float) -> None:
+        self.locks = locks
         self.key = key
         self.ttl_s = ttl_s
         self.token = secrets.token_hex(16)
@@ -38,8 +39,8 @@ class Lease:
         return not self._lost.is_set()
 
     def take(self) -> bool:
-        """Takes the lock now; whether it did (see `RunStore.lock`)."""
-        return self.store.lock(self.key, self.token, self.ttl_s)
+        """Takes the lock now; whether it did (see `Coordination.lock`)."""
+        return self.locks.lock(self.key, self.token, self.ttl_s)
 
     def start(self) -> None:
         """Starts the heartbeat (a daemon thread)."""
@@ -49,7 +50,7 @@ class Lease:
     def _run(self) -> None:
         while not self._done.wait(self.ttl_s / 4):
             try:
-                if not self.store.extend_lock(self.key, self.token, self.ttl_s):
+                if not self.locks.extend(self.key, self.token, self.ttl_s):
                     log.error("the lock %s lapsed", self.key)
                     self._lost.set()
                     return
@@ -63,14 +64,14 @@ class Lease:
         if self._beat is not None:
             self._beat.join()
         try:
-            self.store.unlock(self.key, self.token)
+            self.locks.unlock(self.key, self.token)
         except Exception:  # noqa: BLE001 - it lapses by itself
             log.warning("cannot release the lock %s; it lapses in %g s", self.key, self.ttl_s)
 
 
 @contextmanager
 def leased(
-    store: RunStore, key: str, ttl_s: float, wait_s: float = 0.0, poll_s: float = 0.25
+    locks: Coordination, key: str, ttl_s: float, wait_s: float = 0.0, poll_s: float = 0.25
 ) -> Iterator[Lease | None]:
     """Holds the lock `key` (time to live `ttl_s`, extended by a heartbeat) for the
     `with` block, and releases it after. Waits up to `wait_s` seconds for a lock held
@@ -79,7 +80,7 @@ def leased(
     Raises:
         StoreError: the store cannot be reached to take the lock.
     """
-    lease = Lease(store, key, ttl_s)
+    lease = Lease(locks, key, ttl_s)
     deadline = time.monotonic() + wait_s
     while not lease.take():
         if time.monotonic() >= deadline:

@@ -54,11 +54,11 @@ def policy_target(ctx: Context, target: str, now: datetime) -> dict[str, int]:
         if verdict is not None:
             verdicts[run.id] = verdict
     watched = [r for r in runs if r.limits.disk and r.id not in verdicts]
-    if watched and ctx.store.once(f"probe:{target}", ttl_s=settings.disk_probe_s):
+    if watched and ctx.store.locks.once(f"probe:{target}", ttl_s=settings.disk_probe_s):
         verdicts.update(_disk_verdicts(ctx, target, watched))
     for run_id, verdict in verdicts.items():
         # One event per run per tick at most; the request task decides.
-        if not ctx.store.once(f"policy:{run_id}", ttl_s=settings.policy_s):
+        if not ctx.store.locks.once(f"policy:{run_id}", ttl_s=settings.policy_s):
             continue
         log.warning("run %s: policy asks a snapshot (%s): %s", run_id, verdict.reason, verdict.why)
         emit(ctx, PolicyDecision.of, run_id, verdict.reason, verdict.why, now)
@@ -71,7 +71,7 @@ def policy_target(ctx: Context, target: str, now: datetime) -> dict[str, int]:
         try:
             ctx.schedule(TASK_SNAPSHOT_REQUEST, {"body": body}, 0.0)
         except Exception:  # noqa: BLE001 - the next tick asks again
-            ctx.store.forget(f"policy:{run_id}")
+            ctx.store.locks.forget(f"policy:{run_id}")
             log.warning("run %s: cannot publish the policy's request", run_id)
     return {"runs": len(runs), "asked": len(verdicts)}
 

@@ -124,7 +124,7 @@ def settle_launches(ctx: Context, now: datetime, limit: int = 100) -> int:
 def _settle(ctx: Context, run_id: str, key: str | None, unreachable: set[str]) -> bool:
     """Settles one run of `settle_launches`; whether it did. A target that cannot be
     reached is added to `unreachable`."""
-    with leased(ctx.store, launch_lock(key, run_id), LAUNCH_LEASE_S) as lease:
+    with leased(ctx.store.locks, launch_lock(key, run_id), LAUNCH_LEASE_S) as lease:
         if lease is None:
             return False  # its launch is at work
         try:

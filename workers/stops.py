@@ -244,4 +244,4 @@ def cancel_key(run_id: str) -> str:
 def cancelling_now(ctx: Context, run_id: str) -> bool:
     """Whether a cancel of the run is under way (or began less than `CANCEL_RETRY_S`
     ago): its task records the run's end itself."""
-    return ctx.store.marked(cancel_key(run_id))
+    return ctx.store.locks.marked(cancel_key(run_id))

@@ -257,14 +257,14 @@ def watch_target(target: str) -> dict[str, int]:
     # lock is held by its holder only, for at most the follow script's deadline: a
     # worker killed in the middle of a tick delays this target's watch by that long
     # (its deadlines do not wait: reconcile fires them).
-    if not ctx.store.lock(lock, token, ttl_s=settings.follow_timeout_s + 1.0):
+    if not ctx.store.locks.lock(lock, token, ttl_s=settings.follow_timeout_s + 1.0):
         return {"skipped": 1}
     started = time.monotonic()
     try:
         return watch.watch_target(ctx, target, utcnow())
     finally:
         observe_tick(ctx, target, time.monotonic() - started)
-        ctx.store.unlock(lock, token)
+        ctx.store.locks.unlock(lock, token)
 
 
 @app.task(name=TASK_POLICY_TICK, base=QuietTask)
@@ -279,12 +279,12 @@ def policy_target(target: str) -> dict[str, int]:
     ctx = context()
     lock, token = f"policy-tick:{target}", os.urandom(8).hex()
     # Held by its holder only: a slow tick never releases the next one's lock.
-    if not ctx.store.lock(lock, token, ttl_s=max(2.0, settings.policy_s)):
+    if not ctx.store.locks.lock(lock, token, ttl_s=max(2.0, settings.policy_s)):
         return {"skipped": 1}
     try:
         return policies.policy_target(ctx, target, utcnow())
     finally:
-        ctx.store.unlock(lock, token)
+        ctx.store.locks.unlock(lock, token)
 
 
 # Acknowledged on receipt, not late: a retrieval may run for hours, far longer than

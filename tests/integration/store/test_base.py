@@ -92,7 +92,7 @@ def test_store_error_when_the_server_is_down(own_server: RedisServer) -> None:
         lambda: store.open_stop("r1", SnapshotReason.REQUESTED, "cli", T0, 30),
         lambda: store.due_deadlines(T0),
         lambda: store.append_log("r1", ["x"]),
-        lambda: store.once("k", 10),
+        lambda: store.locks.once("k", 10),
         store.ping,
     ]
     for call in calls:

@@ -113,7 +113,7 @@ def test_a_killed_retrieval_still_counts_its_attempt(
     assert artifacts.attempts == 1
     assert artifacts.phase is ArtifactsPhase.PENDING
     # The lock is released: the next one may try once the lease ends.
-    assert store.lock("retrieve:e1", "other", 5)
+    assert store.locks.lock("retrieve:e1", "other", 5)
 
 
 def test_a_retrieval_held_by_another_is_left_alone_and_a_forced_one_says_so(
@@ -122,13 +122,13 @@ def test_a_retrieval_held_by_another_is_left_alone_and_a_forced_one_says_so(
     worker, store, _ = policy_worker(tmp_path)
     ended_run(store, tmp_path)
     store.transition("e1", RunState.FAILED, message="x")
-    assert store.lock("retrieve:e1", "someone-else", 60)
+    assert store.locks.lock("retrieve:e1", "someone-else", 60)
     before = store.get_run("e1").artifacts
     assert retrieve(worker, "e1", datetime.now(UTC)) == before
     with pytest.raises(Conflict, match="running now"):
         retrieve(worker, "e1", datetime.now(UTC), force=True)
-    assert not store.unlock("retrieve:e1", "not-the-holder")
-    assert store.unlock("retrieve:e1", "someone-else")
+    assert not store.locks.unlock("retrieve:e1", "not-the-holder")
+    assert store.locks.unlock("retrieve:e1", "someone-else")
 
 
 def test_a_forced_retrieval_replaces_a_damaged_copy_and_keeps_it_aside(tmp_path: Path) -> None:

@@ -35,7 +35,7 @@ def fast(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def dead_workers_lock(ctx: launching.Context, key: str = "k1", ttl_s: float = 0.3) -> None:
     """The lock a killed worker leaves behind: held until it lapses."""
-    assert ctx.store.lock(f"launch:{key}", "dead-worker", ttl_s)
+    assert ctx.store.locks.lock(f"launch:{key}", "dead-worker", ttl_s)
 
 
 def only_run(ctx: launching.Context) -> RunRecord:
@@ -71,7 +71,7 @@ def test_a_launch_maps_its_key_claims_for_it_and_follows(tmp_path: Path) -> None
     assert ex.files[f"{record.remote_dir}/train.py"] == b"print(1)"
     assert ex.uploads[0] == (record.remote_dir, PROTOCOL_FILES)
     assert ex.pid_of(record.remote_dir) != 999999
-    assert ctx.store.lock("launch:k1", "next", 1.0)  # released
+    assert ctx.store.locks.lock("launch:k1", "next", 1.0)  # released
 
 
 def test_the_same_key_again_returns_its_run_and_starts_nothing() -> None:
@@ -190,7 +190,7 @@ def test_a_duplicate_before_the_first_created_its_run_is_refused(
 ) -> None:
     monkeypatch.setattr(launching, "LAUNCH_WAIT_S", 0.2)
     ctx = fake_context(FakeExecutor())
-    assert ctx.store.lock("launch:k1", "a-live-worker", 30.0)
+    assert ctx.store.locks.lock("launch:k1", "a-live-worker", 30.0)
     with pytest.raises(LaunchError, match="at work on another worker"):
         launching.launch(ctx, SPEC, T0)
     assert ctx.store.list_runs() == []
@@ -347,7 +347,7 @@ def test_reconcile_leaves_a_run_whose_launch_holds_its_lock() -> None:
     ex = FakeExecutor()
     ctx = fake_context(ex)
     run = died(ctx, ex, "upload")
-    assert ctx.store.lock("launch:k1", "a-redelivered-launch", 30.0)
+    assert ctx.store.locks.lock("launch:k1", "a-redelivered-launch", 30.0)
     assert reconcile.settle_launches(ctx, T0 + timedelta(hours=2)) == 0
     assert ctx.store.get_run(run.id).state is RunState.PREPARING
 

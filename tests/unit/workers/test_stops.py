@@ -136,7 +136,7 @@ def test_a_cancel_waits_for_another_tasks_cancel_no_longer_than_its_deadline(
 ) -> None:
     worker, store, _ = policy_worker(tmp_path)
     running_run(store, tmp_path, "r1")
-    assert store.once(stops.cancel_key("r1"), ttl_s=60)  # another task is cancelling it
+    assert store.locks.once(stops.cancel_key("r1"), ttl_s=60)  # another task is cancelling it
     monkeypatch.setattr(cancels, "CANCEL_DEADLINE_S", 0.5)
     started = time.monotonic()
     record = cancels.cancel(worker, "r1", asked_by="operator/cli")

@@ -51,7 +51,7 @@ def test_an_exit_code_during_a_cancel_is_left_to_the_cancel(
     run = running_run(store, tmp_path, "r1", job=JobId(dir=str(tmp_path / "r1"), pid=dead_pid()))
     (tmp_path / "r1" / "exit_code").write_text("0\n")
     if cancelling:
-        assert store.once(cancel_key(run.id), ttl_s=CANCEL_RETRY_S)
+        assert store.locks.once(cancel_key(run.id), ttl_s=CANCEL_RETRY_S)
     found = watch_target(ctx, "local", datetime.now(UTC))
     after = store.get_run(run.id)
     if cancelling:
@@ -60,7 +60,7 @@ def test_an_exit_code_during_a_cancel_is_left_to_the_cancel(
         assert store.followed("local") == [run.id]
         # The cancel's own reading: `cancelled` wins over any `exit_code`.
         (tmp_path / "r1" / "cancelled").touch()
-        store.forget(cancel_key(run.id))
+        store.locks.forget(cancel_key(run.id))
         watch_target(ctx, "local", datetime.now(UTC))
         assert store.get_run(run.id).state is RunState.CANCELLED
     else:
