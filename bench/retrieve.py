@@ -128,7 +128,9 @@ def plain_download(executor: SshExecutor, remote: str, local: Path) -> None:
                 local.mkdir(parents=True, exist_ok=True)
                 tar.extract(member, local, filter="data")
 
-    result = executor.transport.receive(script, action="download", sink=sink)
+    result = executor.transport.receive(
+        script.text, action="download", sink=sink, args=script.args
+    )
     assert result.exit_code == 0, result
 
 

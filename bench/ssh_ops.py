@@ -11,10 +11,10 @@ Per operation:
 - `warm`: `SshExecutor.status` / `read_from` (4 KiB at offset 1000 of a 64 KiB
   file) / `put_file` on the already-open connection;
 - `fresh channel`: the same script (from `workers.executors.scripts`) run as
-  `sh -c SCRIPT` on a new exec channel of the same transport, each call;
+  `sh -c SCRIPT rw ARG...` on a new exec channel of the same transport, each call;
 - `full connect`: the same, on a new TCP + SSH connection each call (reference).
 
-The floor line is an empty script (`probe(":")`) on the warm shell: the framing
+The floor line is an empty script (`transport.run(":")`) on the warm shell: the framing
 and round trip every warm operation pays before its own processes.
 
 Targets (issue 3): warm median <= 3 ms and fresh channel / warm >= 30.
@@ -35,8 +35,9 @@ from bench._timing import median_s, ms
 from schemas import JobCommand, JobId
 from tests.sshd import start_sshd
 from workers.executors import scripts
-from workers.executors.scripts import quote
+from workers.executors.scripts import Script
 from workers.executors.ssh import SshConnection, SshExecutor, SshTransport
+from workers.executors.ssh.transport import sh_command
 from workers.reaper import become_subreaper
 
 TARGET_WARM_S = 0.003
@@ -44,12 +45,12 @@ TARGET_RATIO = 30.0
 DATA = bytes(range(256)) * 256  # 64 KiB
 
 
-def run_on(connection: SshConnection, script: str) -> bytes:
+def run_on(connection: SshConnection, script: Script) -> bytes:
     """Runs `script` as `sh -c` on a new exec channel of `connection`: reads all of
     stdout and stderr, then the exit status; returns stdout."""
     channel = connection.exec_channel()
     try:
-        channel.exec_command("sh -c " + quote(script))
+        channel.exec_command(sh_command(script.text, script.args))
         channel.shutdown_write()
         out = bytearray()
         while chunk := channel.recv(1 << 20):
@@ -65,7 +66,7 @@ def run_on(connection: SshConnection, script: str) -> bytes:
     return bytes(out)
 
 
-def full_connect(executor: SshExecutor, script: str) -> bytes:
+def full_connect(executor: SshExecutor, script: Script) -> bytes:
     """Runs `script` on a connection of its own (TCP, key exchange, auth), closed
     after."""
     connection = SshConnection(executor.destination)
@@ -75,7 +76,7 @@ def full_connect(executor: SshExecutor, script: str) -> bytes:
         connection.close()
 
 
-Op = tuple[Callable[[], object], Callable[[], str]]
+Op = tuple[Callable[[], object], Callable[[], Script]]
 
 
 def operations(executor: SshExecutor, job: JobId, run_dir: str) -> dict[str, Op]:
@@ -107,16 +108,16 @@ def measure(executor: SshExecutor, ops: dict[str, Op], args: argparse.Namespace)
     assert isinstance(transport, SshTransport)
     connection = transport.connection
     print(f"{'operation':34} {'median':>11} {'x warm':>8}")
-    floor = median_s(lambda: executor.probe(":"), args.repeat, warmup=10)
+    floor = median_s(lambda: transport.run(":", action="probe"), args.repeat, warmup=10)
     print(f"{'(floor: empty script, warm)':34} {ms(floor)}")
     verdicts = []
     for name, (warm_call, make_script) in ops.items():
         warm = median_s(warm_call, args.repeat, warmup=10)
 
-        def fresh_call(make: Callable[[], str] = make_script) -> bytes:
+        def fresh_call(make: Callable[[], Script] = make_script) -> bytes:
             return run_on(connection, make())
 
-        def connect_call(make: Callable[[], str] = make_script) -> bytes:
+        def connect_call(make: Callable[[], Script] = make_script) -> bytes:
             return full_connect(executor, make())
 
         fresh = median_s(fresh_call, args.fresh_repeat, warmup=3)
