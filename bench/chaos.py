@@ -1,7 +1,7 @@
 """The chaos campaign: random runs (the hostile-job matrix and honest toy trainers)
 through the whole service while faults are injected at random (kill -9 of a worker or
 of beat, a Redis restart, duplicate and late task messages, sshd killed mid-command
-with `--ssh`); every run's invariants checked (tests/chaos.py). Prints the runs, the
+with `--ssh`); every run's invariants checked (bench/harness/chaos.py). Prints the runs, the
 violations (must be 0), the lateness of the deadlines that fired (all, and those due
 during an outage or within 5 s of its end), and a summary table with medians and
 p99.
@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.chaos import (  # noqa: E402
+from bench.harness.chaos import (  # noqa: E402
     FAULTS,
     RECOVERY_WINDOW_S,
     Campaign,

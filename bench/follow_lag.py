@@ -22,8 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.harness.pipeline import running_pipeline  # noqa: E402
 from schemas.events import LaunchSpec  # noqa: E402
-from tests.pipeline import running_pipeline  # noqa: E402
 
 JOB = """
 import sys, time

@@ -28,10 +28,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench._timing import ms  # noqa: E402
+from bench.harness.pipeline import running_pipeline, toy  # noqa: E402
+from bench.harness.sshd import running_sshd  # noqa: E402
 from schemas import JobId, RunRecord, RunState, SshOptions, TargetConfig  # noqa: E402
 from schemas.events import LaunchSpec  # noqa: E402
-from tests.pipeline import running_pipeline, toy  # noqa: E402
-from tests.sshd import running_sshd  # noqa: E402
 from workers import watch  # noqa: E402
 from workers.context import Context  # noqa: E402
 from workers.executors import FollowEntry  # noqa: E402

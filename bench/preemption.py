@@ -1,5 +1,5 @@
 """Notice-to-request latency of the preemption-notice watcher (`notice_watch_script`):
-the time from switching the notice on in a fake metadata server (`tests/fakecloud.py`,
+the time from switching the notice on in a fake metadata server (`bench/harness/fakecloud.py`,
 on loopback) to `snapshot.request` existing in the run directory, per cloud.
 
     .venv/bin/python -m workers.reaper -- .venv/bin/python bench/preemption.py \
@@ -37,8 +37,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._timing import median_s, ms
-from tests.fakecloud import FakeCloud
-from tests.notice_env import Env, Watched, running, tool_dir, wait_until
+from bench.harness.fakecloud import FakeCloud
+from bench.harness.notice_env import Env, Watched, running, tool_dir, wait_until
 from workers.reaper import become_subreaper
 
 CLOUDS = ("aws", "gcp", "azure")

@@ -41,10 +41,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.harness.redis_server import RedisServer  # noqa: E402
 from schemas import JobId, RunRecord, RunState, Settings  # noqa: E402
 from schemas.text import format_bytes  # noqa: E402
 from store import LOG_CAP, METRICS_CAP, Offsets, RunStore  # noqa: E402
-from tests.redis_server import RedisServer  # noqa: E402
 
 CHUNK = 256 * 1024
 """Bytes of log one `record_tail` carries: what one follow tick reads of a file."""

@@ -43,8 +43,8 @@ from typing import IO
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.harness.sshd import SshServer, start_sshd
 from schemas import RunState, Snapshot, SnapshotReason
-from tests.sshd import SshServer, start_sshd
 from workers import retrieval
 from workers.executors import LocalExecutor, local_manifest, scripts
 from workers.executors.base import Executor

@@ -32,8 +32,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._timing import median_s, ms
+from bench.harness.sshd import start_sshd
 from schemas import JobCommand, JobId
-from tests.sshd import start_sshd
 from workers.executors import scripts
 from workers.executors.scripts import Script
 from workers.executors.ssh import SshConnection, SshExecutor, SshTransport

@@ -26,9 +26,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench._timing import median_s, ms  # noqa: E402
+from bench.harness.pipeline import Pipeline, running_pipeline  # noqa: E402
 from producers.health import read_health  # noqa: E402
 from schemas.health import HEARTBEAT_TTL_S  # noqa: E402
-from tests.pipeline import Pipeline, running_pipeline  # noqa: E402
 
 
 def _until(ok: bool, pipeline: Pipeline, timeout_s: float = 120.0) -> float:

@@ -1,6 +1,6 @@
 """How late a stop's cancel comes after it was due, through the real service: Redis,
 Celery workers (the follow ticks on a worker of their own, as `runwarden serve` lays
-them out) and beat (tests/pipeline.py), real jobs on the local target.
+them out) and beat (bench/harness/pipeline.py), real jobs on the local target.
 
     .venv/bin/python bench/stop_timing.py [--runs 20] [--follow 1.0] [--batch 5] [--spacing 1.0]
 
@@ -43,11 +43,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.harness.pipeline import Pipeline, running_pipeline, toy  # noqa: E402
 from schemas import RunLimits, RunRecord  # noqa: E402
 from schemas.budget import StopTimeouts  # noqa: E402
 from schemas.events import DEFAULT_QUEUE, QUEUE, QUEUE_RETRIEVE, LaunchSpec  # noqa: E402
 from schemas.ledger import CancelDecided, JobCancelled, LedgerEvent, StopOpened  # noqa: E402
-from tests.pipeline import Pipeline, running_pipeline, toy  # noqa: E402
 from workers.reaper import become_subreaper  # noqa: E402
 
 PROOF_S = {"hang": 30.0, "deaf": 4.0}

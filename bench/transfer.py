@@ -35,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.sshd import SshServer, start_sshd
+from bench.harness.sshd import SshServer, start_sshd
 from workers.executors.ssh import SshExecutor, SshTransport
 from workers.reaper import become_subreaper
 

@@ -23,18 +23,14 @@ from typing import Any
 import pytest
 from hypothesis import settings as hypothesis_settings
 
+from bench.harness.paths import JOBSIDE, ROOT, TOY_TRAINER
+from bench.harness.redis_server import RedisServer, running_redis
+from bench.harness.sshd import SshServer, running_sshd
 from schemas import JobId
 from workers.executors import LocalExecutor, LocalTransport, ScriptExecutor
 from workers.executors.base import Executor
 from workers.executors.ssh import SshExecutor
 from workers.reaper import become_subreaper
-
-from .redis_server import RedisServer, running_redis
-from .sshd import SshServer, running_sshd
-
-ROOT = Path(__file__).resolve().parent.parent
-JOBSIDE = ROOT / "workers" / "jobside"
-TOY_TRAINER = ROOT / "examples" / "toy_trainer.py"
 
 become_subreaper()
 
@@ -149,7 +145,7 @@ _SPAWNERS = {
 @pytest.fixture(scope="session")
 def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshServer]:
     """One real OpenSSH server on loopback for the session: key auth, strict
-    known_hosts, run under a reaper (see tests/sshd.py)."""
+    known_hosts, run under a reaper (see bench/harness/sshd.py)."""
     with running_sshd(tmp_path_factory.mktemp("sshd")) as server:
         yield server
 
@@ -157,7 +153,7 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshServer]:
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     """One real redis-server for the session (AOF on, unix socket; see
-    tests/redis_server.py), started when a test first asks for it. A test that asks
+    bench/harness/redis_server.py), started when a test first asks for it. A test that asks
     for it fails (never skips) when `redis-server` cannot be started. The store tests'
     `redis_client` (tests/unit/store/conftest.py) empties it before each test."""
     with running_redis(tmp_path_factory.mktemp("redis")) as server:

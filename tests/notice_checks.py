@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.fakecloud import FakeCloud
-from tests.notice_env import ENVS, Env, Watched, processes_naming, wait_until
+from bench.harness.fakecloud import FakeCloud
+from bench.harness.notice_env import ENVS, Env, Watched, processes_naming, wait_until
 
 __all__ = [
     "CLIENT_NAMES",

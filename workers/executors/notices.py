@@ -9,7 +9,7 @@ already there. The service reads both with [`parse_notice`] and
 [`parse_notice_state`].
 
 Sources watched (each one documented by its cloud; the test fakes in
-`tests/fakecloud.py` emulate those documents; what each means for the machine:
+`bench/harness/fakecloud.py` emulate those documents; what each means for the machine:
 `schemas.preemption.NoticeSource`, and docs/preemption.md):
 
 - `aws-spot`: IMDSv2 `GET /latest/meta-data/spot/instance-action` answers 200

@@ -1,4 +1,4 @@
-"""Self-test of the redis-server fixture (`tests/redis_server.py`): durable, as the
+"""Self-test of the redis-server fixture (`bench/harness/redis_server.py`): durable, as the
 store's tests over it assume."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import redis
 
-from ...redis_server import RedisServer
+from bench.harness.redis_server import RedisServer
 
 
 @pytest.fixture

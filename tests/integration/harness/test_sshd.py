@@ -1,4 +1,4 @@
-"""Self-tests of the sshd fixture (`tests/sshd.py`), with OpenSSH's own client and
+"""Self-tests of the sshd fixture (`bench/harness/sshd.py`), with OpenSSH's own client and
 with paramiko: key authentication, strict known_hosts (plain and hashed), restart on
 the same port with the same key, kill dropping live sessions, reaping, and ProxyJump
 through network namespaces."""
@@ -17,8 +17,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from tests.conftest import process_alive
-from tests.sshd import (
+from bench.harness.sshd import (
     SshdError,
     SshServer,
     make_key,
@@ -31,6 +30,7 @@ from tests.sshd import (
     write_ssh_config,
     write_wrong_known_hosts,
 )
+from tests.conftest import process_alive
 
 SSH_TIMEOUT_S = 20
 

@@ -1,5 +1,5 @@
 """The web view in a real browser, over the whole service: a real redis-server,
-Celery worker and beat (tests/pipeline.py), the toy trainer as the job, the view
+Celery worker and beat (bench/harness/pipeline.py), the toy trainer as the job, the view
 served by uvicorn on a free loopback port, and Debian's Chromium driven by
 Playwright (never a downloaded browser: `make system-deps` installs `chromium`).
 
@@ -21,13 +21,13 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Locator, Page, expect, sync_playwright
 
+from bench.harness.pipeline import running_pipeline, toy
 from producers.api import Runwarden
 from producers.web import make_server
 from schemas import RunState
 from schemas.events import LaunchSpec
 
 from ...conftest import ROOT
-from ...pipeline import running_pipeline, toy
 
 pytestmark = pytest.mark.slow
 

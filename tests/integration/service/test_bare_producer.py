@@ -2,7 +2,7 @@
 producer") shows it: the snippet between the guide's `bare-producer` markers, run word for
 word in an interpreter where runwarden cannot be imported, signing with nothing but
 `hmac`, `hashlib` and `json` and a key made by `runwarden producers add`, against
-the real service (tests/pipeline.py: redis-server, beat, and the worker started
+the real service (bench/harness/pipeline.py: redis-server, beat, and the worker started
 with the very command line `runwarden serve` uses, so with its `-Q`).
 
 Checked: a stop it asks is recorded as asked by the producer's name and the run
@@ -25,12 +25,12 @@ from typing import Any
 
 import pytest
 
+from bench.harness.pipeline import Pipeline, running_pipeline, toy
 from producers.service import Service, ServiceOptions
 from schemas import RunState, SnapshotReason
 from schemas.events import LaunchSpec
 
 from ...conftest import ROOT
-from ...pipeline import Pipeline, running_pipeline, toy
 
 pytestmark = pytest.mark.slow
 

@@ -1,5 +1,5 @@
 """The service stays bounded, end to end (real redis-server, Celery worker and beat,
-tests/pipeline.py): a retrieval that would eat into the artifact store's disk reserve
+bench/harness/pipeline.py): a retrieval that would eat into the artifact store's disk reserve
 fails with the reason and leaves nothing while a stop on another run still
 completes; a run that writes far more log than its budget keeps at most its budget
 in Redis, and an ended run's follow data expires after the retention while its
@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from bench.harness.pipeline import Pipeline, running_pipeline, toy
 from schemas import ArtifactsPhase, RunState
 from schemas.events import LaunchSpec
 from store.streams import ENTRY_OVERHEAD_BYTES
@@ -23,7 +24,6 @@ from workers.executors import quote
 from workers.retrieval.quota import free_bytes
 
 from ...conftest import ROOT, wait_for
-from ...pipeline import Pipeline, running_pipeline, toy
 
 pytestmark = pytest.mark.slow
 

@@ -13,11 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness.pipeline import Pipeline, running_pipeline, toy
 from schemas import ArtifactsPhase, RunLimits, RunRecord, RunState, SnapshotReason, StopState
 from schemas.budget import StopTimeouts, TimeoutSource
 from schemas.events import LaunchSpec
-
-from ...pipeline import Pipeline, running_pipeline, toy
 
 pytestmark = pytest.mark.slow
 

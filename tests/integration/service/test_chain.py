@@ -5,7 +5,7 @@ from its verified checkpoint, and the Trainer's global step goes on; the next
 preemption is past `--max-preemptions` and is not resumed.
 
 The first preemption is a cloud's notice: the run watches GCP's metadata server
-(emulated on loopback as GCP documents it, `tests/fakecloud.py`), whose `preempted`
+(emulated on loopback as GCP documents it, `bench/harness/fakecloud.py`), whose `preempted`
 turns TRUE; the notice watcher writes the `preempted` request. The second is a SIGTERM
 to the job's whole process group, as Kubernetes sends one to a pod: the job side turns
 it into the same request at the next step end (`workers/jobside/runwarden_preempt.py`).
@@ -25,6 +25,9 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness.fakecloud import FAKES, FakeCloud
+from bench.harness.pipeline import Pipeline, running_pipeline
+from bench.harness.sshd import SshServer, running_sshd
 from schemas import (
     ArtifactsPhase,
     Preemption,
@@ -39,12 +42,9 @@ from schemas.budget import StopTimeouts
 from schemas.chain import ContinuationPhase, OnPreempt, continuation_key
 from schemas.events import LaunchSpec
 from schemas.protocol import SNAPSHOT_REQUEST
-from tests.fakecloud import FAKES, FakeCloud
 from workers.executors import quote
 
 from ...conftest import ROOT, wait_for
-from ...pipeline import Pipeline, running_pipeline
-from ...sshd import SshServer, running_sshd
 from .test_cli import as_json, ok, rw
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""A short, seeded chaos campaign (tests/chaos.py; the long one is bench/chaos.py):
+"""A short, seeded chaos campaign (bench/harness/chaos.py; the long one is bench/chaos.py):
 16 runs, 11 drawn from the hostile-job matrix and honest toy trainers and 5 always
 there (`ALWAYS`), on the local target and an SSH target (a real sshd), 8 at once,
 while faults are injected in a fixed order: a duplicate and late burst of task
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from ...chaos import Campaign, Plan, draw_plans, running_campaign
-from ...hostile import CASES
+from bench.harness.chaos import Campaign, Plan, draw_plans, running_campaign
+from bench.harness.hostile import CASES
 
 pytestmark = pytest.mark.slow
 

@@ -1,6 +1,6 @@
 """The `runwarden` command line end to end: every command run as a subprocess
 (`python -m producers.cli ...`) against one real redis-server, Celery worker and beat
-(tests/pipeline.py, shortened clocks) shared by the module; `serve` and `demo` run the
+(bench/harness/pipeline.py, shortened clocks) shared by the module; `serve` and `demo` run the
 embedded default in their own state directories.
 
 Checked for every command: the exit code (0 success, 1 the operation failed, 2 bad
@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness.pipeline import CLOCKS, Pipeline, running_pipeline
 from schemas import (
     Artifacts,
     RunRecord,
@@ -40,7 +41,6 @@ from schemas import (
 )
 
 from ...conftest import JOBSIDE, ROOT, TOY_TRAINER
-from ...pipeline import CLOCKS, Pipeline, running_pipeline
 
 pytestmark = pytest.mark.slow
 

@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 import yaml
 
+from bench.harness.redis_server import RedisServer
 from schemas import Settings
 from schemas.bounds import parse_size
 
 from ...conftest import ROOT
-from ...redis_server import RedisServer
 
 CREDENTIALS = {
     "redis-password",

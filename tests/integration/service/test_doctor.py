@@ -1,5 +1,5 @@
 """`runwarden doctor TARGET` end to end: the CLI as a subprocess, a real redis-server
-and Celery worker (tests/pipeline.py), the signed `runwarden.doctor` task the worker
+and Celery worker (bench/harness/pipeline.py), the signed `runwarden.doctor` task the worker
 answers, and targets seen the worker's way: this machine through the worker's own
 PATH (which here lacks curl, wget and python3: warnings only, exit 0), a real sshd
 (complete: exit 0; a workdir nobody can make: exit 1), a port where nothing listens
@@ -20,14 +20,14 @@ from pathlib import Path
 import pytest
 from celery.exceptions import CeleryError
 
+from bench.harness.pipeline import Pipeline, running_pipeline
+from bench.harness.sshd import SshServer
 from schemas import SshOptions, TargetConfig
 from schemas.doctor import DoctorReport
 from schemas.events import TASK_DOCTOR
 from workers.executors.scripts.doctor import UTILITIES
 
 from ...conftest import ROOT
-from ...pipeline import Pipeline, running_pipeline
-from ...sshd import SshServer
 
 pytestmark = pytest.mark.slow
 

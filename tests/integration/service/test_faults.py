@@ -4,7 +4,7 @@ the stop completed, two workers at once with duplicate messages, and bad input
 through the producers' API.
 
 Real redis-server (AOF), real Celery worker and beat processes, the toy trainer as
-the job, the shortened clocks of tests/pipeline.py (proof 6 s, end 4 s, reconcile
+the job, the shortened clocks of bench/harness/pipeline.py (proof 6 s, end 4 s, reconcile
 1 s).
 """
 
@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from bench.harness.pipeline import Pipeline, running_pipeline, toy
 from producers.api import OperationFailed
 from schemas import (
     InvalidRunId,
@@ -47,7 +48,6 @@ from schemas.events import (
 from workers.executors import quote
 
 from ...conftest import TOY_TRAINER, wait_for
-from ...pipeline import Pipeline, running_pipeline, toy
 
 pytestmark = pytest.mark.slow
 

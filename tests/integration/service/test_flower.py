@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from bench.harness.pipeline import Pipeline, running_pipeline, signed, toy
 from producers.service import FLOWER_CONFIG
 from schemas import RunState, SnapshotReason
 from schemas.budget import StopTimeouts
@@ -31,7 +32,6 @@ from schemas.events import (
 )
 
 from ...conftest import ROOT, wait_for
-from ...pipeline import Pipeline, running_pipeline, signed, toy
 
 pytestmark = pytest.mark.slow
 AUTH = "ops:fl0wer-pw"

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness.pipeline import Pipeline, running_pipeline
 from schemas import ArtifactsPhase, RunRecord, RunState
 from schemas.events import LaunchSpec
 from workers.executors import quote
 
 from ...conftest import ROOT
-from ...pipeline import Pipeline, running_pipeline
 
 pytestmark = pytest.mark.slow
 

@@ -1,10 +1,10 @@
 """The hostile-job matrix: every stop ends, whatever a job does to its run directory.
 
-Each case of tests/hostile.py (a directory, a FIFO, a link to /dev/zero, to a FIFO,
+Each case of bench/harness/hostile.py (a directory, a FIFO, a link to /dev/zero, to a FIFO,
 to /etc/shadow, a 100 MiB file in place of each protocol file the job can touch; a
 forged `exit_code` and `cancelled`; secrets named `IFS`, `PATH` and every `rw_*`
 name of the scripts; children that leave the job's process group; poisonous metrics
-lines) is launched through the real service (tests/pipeline.py: redis-server,
+lines) is launched through the real service (bench/harness/pipeline.py: redis-server,
 Celery workers and beat, short clocks) on the local target and on an SSH target
 against a real sshd, twice: (a) stopped with `api.stop`, (b) left to its own
 deadline (`max_hours`: the policy and the on-target watchdog ask for the `deadline`
@@ -19,7 +19,7 @@ cancels (`succeeded`). Per hostile run the test then checks:
 - it was never ended before its stop (a forged end is not an end);
 - its stop ended with the right state within proof + end + reconcile periods + 10 s
   of being asked;
-- no process carrying its `RUNWARDEN_RUN_ID` is alive afterwards (tests/processes.py);
+- no process carrying its `RUNWARDEN_RUN_ID` is alive afterwards (bench/harness/processes.py);
 - the case's own point: the secrets reached the job exactly; the follow went on
   past a bad metrics line;
 
@@ -46,12 +46,19 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness.hostile import (
+    CASES,
+    SHADOW,
+    Case,
+    file_digest,
+    job_environ,
+    provide_secrets,
+    secret_values,
+)
+from bench.harness.pipeline import CLOCKS, Pipeline, running_pipeline, ssh_target, toy
+from bench.harness.processes import job_processes
 from schemas import NotRunning, RunLimits, RunRecord, RunState, StopState
 from schemas.events import LaunchSpec
-
-from ...hostile import CASES, SHADOW, Case, file_digest, job_environ, provide_secrets, secret_values
-from ...pipeline import CLOCKS, Pipeline, running_pipeline, ssh_target, toy
-from ...processes import job_processes
 
 pytestmark = pytest.mark.slow
 

@@ -1,5 +1,5 @@
 """A launch is exactly once, with real processes: a real redis-server, real Celery
-worker and beat processes (tests/pipeline.py), the toy trainer as the job, and a real
+worker and beat processes (bench/harness/pipeline.py), the toy trainer as the job, and a real
 sshd on loopback for the SSH faults (tests/integration/test_launch_once_ssh.py).
 
 The worker process running a launch is killed with SIGKILL (a) during the upload,
@@ -31,6 +31,9 @@ from typing import Any
 
 import pytest
 
+from bench.harness.pipeline import Pipeline, running_pipeline, signed, toy
+from bench.harness.processes import assert_one_followed_job, children, read_proc, trainers
+from bench.harness.redis_server import running_redis
 from schemas import Conflict, JobId, RunRecord, RunState
 from schemas.events import LaunchSpec
 from store import RunStore
@@ -38,9 +41,6 @@ from workers.executors import quote
 from workers.launch import DIED_MESSAGE
 
 from ...conftest import wait_for
-from ...pipeline import Pipeline, running_pipeline, signed, toy
-from ...processes import assert_one_followed_job, children, read_proc, trainers
-from ...redis_server import running_redis
 from .test_cli import ok, refused, run_cli
 
 pytestmark = pytest.mark.slow

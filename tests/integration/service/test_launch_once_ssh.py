@@ -2,7 +2,7 @@
 sshd on loopback and a real redis-server: the spawn times out (the connection stalls)
 or its connection breaks; the launch looks in the run directory, finds the job and
 follows it, instead of recording the run failed while its job runs on. The jobs are
-counted on the machine (tests/processes.py)."""
+counted on the machine (bench/harness/processes.py)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,10 @@ from typing import Any
 
 import pytest
 
+from bench.harness.pipeline import toy
+from bench.harness.processes import assert_one_followed_job, children, read_proc, trainers
+from bench.harness.redis_server import running_redis
+from bench.harness.sshd import SshServer, running_sshd
 from schemas import JobCommand, JobId, RunState, Settings
 from schemas.events import LaunchSpec
 from store import RunStore
@@ -27,11 +31,7 @@ from workers.executors import CommandError, ExecError, ScriptExecutor, quote
 from workers.executors.ssh import SshTransport, resolve_destination
 
 from ...conftest import put_signed_target, wait_for
-from ...pipeline import toy
-from ...processes import assert_one_followed_job, children, read_proc, trainers
-from ...redis_server import running_redis
 from ...shells import run_script
-from ...sshd import SshServer, running_sshd
 
 pytestmark = pytest.mark.slow
 

@@ -1,5 +1,5 @@
 """The stop ledger end to end, with real redis-server, Celery worker and beat, real
-jobs and shortened clocks (tests/pipeline.py): four runs stopped four ways at once:
+jobs and shortened clocks (bench/harness/pipeline.py): four runs stopped four ways at once:
 by the CLI (proof, then the end), by the API with a job that ignores the request
 (cancelled at the proof deadline), by the API with a job that proves and hangs (its
 proof seen by the follow, the end deadline from the proof cancels it), and by the
@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness.pipeline import CLOCKS, Pipeline, running_pipeline, toy
 from schemas import ArtifactsPhase, RunLimits, RunRecord, RunState, SnapshotReason
 from schemas.events import LaunchSpec
 from schemas.ledger import (
@@ -30,7 +31,6 @@ from schemas.ledger import (
     StopOpened,
 )
 
-from ...pipeline import CLOCKS, Pipeline, running_pipeline, toy
 from .test_cli import ok, refused, run_cli
 
 pytestmark = pytest.mark.slow

@@ -14,11 +14,10 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.harness.pipeline import CLOCKS, Pipeline, running_pipeline, toy
 from producers.metrics import MetricsServer, serve_metrics
 from schemas import RunLimits, RunState, StopPhase
 from schemas.events import LaunchSpec
-
-from ...pipeline import CLOCKS, Pipeline, running_pipeline, toy
 
 pytestmark = pytest.mark.slow
 

@@ -1,5 +1,5 @@
 """The event pipeline end to end: real redis-server, Celery worker and beat
-processes, the toy trainer as the job, shortened clocks (tests/pipeline.py)."""
+processes, the toy trainer as the job, shortened clocks (bench/harness/pipeline.py)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness.pipeline import Pipeline, running_pipeline, toy
 from schemas import RunState, SnapshotReason
 from schemas.auth import sign
 from schemas.events import LaunchSpec
-
-from ...pipeline import Pipeline, running_pipeline, toy
 
 pytestmark = pytest.mark.slow
 

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness.pipeline import Pipeline, running_pipeline, toy
 from schemas import ArtifactsPhase, RunLimits, RunRecord, RunState, SnapshotReason, TargetConfig
 from schemas.events import LaunchSpec
 
 from ...conftest import process_alive
-from ...pipeline import Pipeline, running_pipeline, toy
 
 pytestmark = pytest.mark.slow
 

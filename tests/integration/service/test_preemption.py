@@ -1,9 +1,9 @@
 """Cloud preemption notices become checkpoints, through the whole service: real
-redis-server, Celery worker and beat (tests/pipeline.py), the notice watcher started
+redis-server, Celery worker and beat (bench/harness/pipeline.py), the notice watcher started
 beside the job on this machine, and the toy trainer (one test: the Hugging Face
 Trainer).
 
-The clouds are the fakes of `tests/fakecloud.py` on loopback: they emulate each
+The clouds are the fakes of `bench/harness/fakecloud.py` on loopback: they emulate each
 cloud's documented metadata behaviour (AWS IMDSv2 spot `instance-action`, GCP's
 `preempted` long poll, Azure's Scheduled Events `Preempt`), since the real metadata
 services cannot be reached from here. The service is pointed at them through its
@@ -34,16 +34,16 @@ from typing import Any
 
 import pytest
 
+from bench.harness.fakecloud import FAKES, FakeCloud
+from bench.harness.pipeline import Pipeline, running_pipeline, toy
 from schemas import Preemption, RunRecord, RunState, SnapshotReason, TargetConfig
 from schemas.chain import OnPreempt
 from schemas.events import LaunchSpec
 from schemas.preemption import NO_CLIENT, iso_utc, parse_not_after
 from schemas.protocol import NOTICE_FILE, NOTICE_PID_FILE, SNAPSHOT_FILE, SNAPSHOT_REQUEST
-from tests.fakecloud import FAKES, FakeCloud
 from workers.executors import quote
 
 from ...conftest import ROOT, process_alive, wait_for
-from ...pipeline import Pipeline, running_pipeline, toy
 
 pytestmark = pytest.mark.slow
 

@@ -1,7 +1,7 @@
 """A stop's proof is seen when it comes, and only a real checkpoint is one, end to end:
 real redis-server, Celery workers (the follow ticks on a worker of their own, as
 `runwarden serve` lays them out) and beat, real jobs on the local target and on an
-SSH target against a real sshd (tests/pipeline.py), one service for the module.
+SSH target against a real sshd (bench/harness/pipeline.py), one service for the module.
 
 - A job that proves and then hangs (the end of distributed training: a collective
   that never returns after the save) is cancelled within its end timeout plus one
@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness.pipeline import CLOCKS, Pipeline, running_pipeline, ssh_target, toy
+from bench.harness.sshd import SshServer
 from schemas import RunLimits, RunRecord, RunState, StopPhase
 from schemas.budget import StopTimeouts
 from schemas.events import LaunchSpec
@@ -32,8 +34,6 @@ from schemas.metrics import PROOF_LATENCY
 from workers.executors import quote
 
 from ...conftest import wait_for
-from ...pipeline import CLOCKS, Pipeline, running_pipeline, ssh_target, toy
-from ...sshd import SshServer
 
 pytestmark = pytest.mark.slow
 

@@ -1,9 +1,9 @@
 """A local target whose jobs run as another user, through the real service
-(tests/pipeline.py: redis-server, Celery worker and beat, all root here): what such a
+(bench/harness/pipeline.py: redis-server, Celery worker and beat, all root here): what such a
 job cannot reach of the worker's, and that launch, status, follow, stop with a proof,
 retrieval, resume and cancel all work for it.
 
-Everything lives in a directory others may enter (tests/users.py, `shared_dir`), so
+Everything lives in a directory others may enter (bench/harness/users.py, `shared_dir`), so
 that each refusal comes from the protection under test (a mode, `/proc`'s rule),
 never from a parent directory the job could not enter anyway. The target `local`
 (jobs as root, the worker's user) runs the same probe for contrast: it reads
@@ -25,14 +25,14 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness.pipeline import Pipeline, running_pipeline
+from bench.harness.users import JOB_USER, ensure_user, job_python, shared_dir
 from producers.embedded import EmbeddedRedis
 from schemas import ArtifactsPhase, RunRecord, RunState, Settings, TargetConfig
 from schemas.events import LaunchSpec
 from workers.executors import quote
 
 from ...conftest import TOY_TRAINER, wait_for
-from ...pipeline import Pipeline, running_pipeline
-from ...users import JOB_USER, ensure_user, job_python, shared_dir
 
 pytestmark = pytest.mark.slow
 

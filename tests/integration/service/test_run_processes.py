@@ -17,6 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness.pipeline import Pipeline, running_pipeline, ssh_target
+from bench.harness.processes import job_processes, read_proc
+from bench.harness.sshd import SshServer
 from schemas import RunRecord, RunState, SnapshotReason
 from schemas.chain import OnPreempt, continuation_key
 from schemas.events import LaunchSpec
@@ -24,9 +27,6 @@ from schemas.protocol import JOB_LOG
 from workers.executors import quote
 
 from ...conftest import wait_for
-from ...pipeline import Pipeline, running_pipeline, ssh_target
-from ...processes import job_processes, read_proc
-from ...sshd import SshServer
 
 TOY = Path(__file__).resolve().parents[3] / "examples" / "toy_trainer.py"
 LEAVER = "sh -c 'sleep 60 & echo started'"

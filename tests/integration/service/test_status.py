@@ -1,4 +1,4 @@
-"""`runwarden status` against the whole service (tests/pipeline.py: a real
+"""`runwarden status` against the whole service (bench/harness/pipeline.py: a real
 redis-server, Celery worker and beat, shortened clocks): it exits 1 within 5 s of a
 worker or beat killed with SIGKILL and 0 again once they are back; it reads the
 queues each worker really consumes; a worker that shuts down cleanly leaves no
@@ -25,11 +25,11 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from bench.harness.pipeline import Pipeline, running_pipeline
 from producers.cli import app
 from schemas.events import TASK_RECONCILE
 
 from ...conftest import ROOT
-from ...pipeline import Pipeline, running_pipeline
 
 pytestmark = pytest.mark.slow
 
@@ -250,7 +250,7 @@ def test_status_is_quick_with_exit_1_and_a_clear_line_when_redis_is_down_or_hang
 
 
 def _main_pid(reaper_pid: int) -> int:
-    """The pid of the worker's main process: the reaper's child (tests/pipeline.py)."""
+    """The pid of the worker's main process: the reaper's child (bench/harness/pipeline.py)."""
     children = Path(f"/proc/{reaper_pid}/task/{reaper_pid}/children").read_text().split()
     (child,) = children
     return int(child)

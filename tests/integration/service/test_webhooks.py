@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness.pipeline import CLOCKS, Pipeline, running_pipeline, toy
+from bench.harness.webhook_receiver import Receiver, receiver, silent_listener
 from schemas import RunLimits, RunState
 from schemas.events import LaunchSpec
 from schemas.ledger import CancelDecided, StopOpened
 from schemas.secrets import SecretsDir
 
-from ...pipeline import CLOCKS, Pipeline, running_pipeline, toy
-from ...webhook_receiver import Receiver, receiver, silent_listener
 from .test_cli import refused, run_cli
 
 pytestmark = pytest.mark.slow

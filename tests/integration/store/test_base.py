@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 import redis
 
+from bench.harness.redis_server import RedisServer, running_redis
 from schemas.errors import StoreError
 from schemas.run import RunState
 from schemas.snapshot import SnapshotReason
 from schemas.stops import StopPhase
 from store import RunStore
 
-from ...redis_server import RedisServer, running_redis
 from ...unit.store.conftest import T0, running
 
 

@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness.redis_server import RedisServer, running_redis
 from schemas import StoreError
 from store import MEMORY_WARN_FRACTION, RunStore
-
-from ...redis_server import RedisServer, running_redis
 
 
 @pytest.fixture

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness.processes import job_processes
 from schemas import JobCommand, JobStatus
 from schemas.protocol import EXIT_FILE, PID_FILE
 from workers.executors import ProtocolError
 from workers.launch import find_job
 
 from ...conftest import Target, wait_for
-from ...processes import job_processes
 
 pytestmark = pytest.mark.slow
 

@@ -10,12 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness.redis_server import RedisServer, running_redis
 from schemas import Settings
 from store import RunStore
 from workers import memory
 from workers.context import Context
-
-from ...redis_server import RedisServer, running_redis
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """`workers.stops` through the whole service (real redis-server, Celery workers and
-beat, tests/pipeline.py): duplicate deadline and cancel messages signal a job once."""
+beat, bench/harness/pipeline.py): duplicate deadline and cancel messages signal a job once."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import threading
 import time
 from datetime import timedelta
 
+from bench.harness.pipeline import Pipeline
 from schemas import RunRecord, RunState
 from schemas.events import TASK_PROOF_TIMEOUT
 
-from ...pipeline import Pipeline
 from ..service.test_faults import (  # noqa: F401 - fixtures
     launch,
     sigterms,

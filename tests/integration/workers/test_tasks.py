@@ -1,5 +1,5 @@
 """`workers.tasks` through the whole service (real redis-server, Celery workers and
-beat, tests/pipeline.py): a worker killed in the middle of a watch tick does not
+beat, bench/harness/pipeline.py): a worker killed in the middle of a watch tick does not
 stall that target's watch (the tick's lock is about as short as a tick)."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from bench.harness.pipeline import Pipeline
 from schemas import RunState
 
 from ...conftest import wait_for
-from ...pipeline import Pipeline
 from ..service.test_faults import (  # noqa: F401 - fixtures
     launch,
     pipeline,

@@ -20,14 +20,13 @@ from pydantic import SecretStr
 from rich.console import Console
 from typer.testing import CliRunner
 
+from bench.harness.redis_server import RedisServer
 from producers.cli import app
 from producers.cli.status import render
 from producers.health import QUEUES_SHOWN, read_health, redis_address, report_rows
 from schemas import Settings
 from schemas.health import Heartbeat, ServeChild, ServeState, periodic_tasks
 from store import RunStore
-
-from ...redis_server import RedisServer
 
 HOSTILE = "evil\x1b[31m\x1b]0;title\x07\u202e\nname"
 

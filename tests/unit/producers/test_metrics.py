@@ -14,13 +14,12 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.harness.redis_server import RedisServer
 from producers.metrics import StoreCollector, serve_metrics
 from schemas import JobId, RunRecord, RunState, Settings, SnapshotReason, StopPhase
 from schemas.ledger import CancelDecided, ProofSeen, StopOpened
 from schemas.metrics import event_samples
 from store import RunStore
-
-from ...redis_server import RedisServer
 
 NOW = datetime.now(UTC)
 

@@ -16,12 +16,11 @@ import fakeredis
 import pytest
 import redis
 
+from bench.harness.redis_server import RedisServer
 from schemas.job import JobId
 from schemas.run import RunRecord, RunState
 from schemas.snapshot import Snapshot, SnapshotReason
 from store import RunStore
-
-from ...redis_server import RedisServer
 
 T0 = datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=UTC)
 JOB = JobId(dir="/work/r1", pid=4242)

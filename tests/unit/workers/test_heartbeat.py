@@ -17,6 +17,7 @@ import pytest
 import redis
 from celery import Celery, signals
 
+from bench.harness.redis_server import RedisServer
 from schemas import Settings
 from schemas.health import HEARTBEAT_INTERVAL_S, HEARTBEAT_TTL_S, periodic_tasks
 from store import RunStore
@@ -25,7 +26,6 @@ from workers.beat import HeartbeatScheduler
 from workers.heartbeat import HeartbeatThread, HeartbeatWriter
 
 from ...conftest import wait_for
-from ...redis_server import RedisServer
 
 QUEUES = ("runwarden", "runwarden.retrieve")
 

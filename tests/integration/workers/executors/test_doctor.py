@@ -18,14 +18,21 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness.sshd import SshServer
+from bench.harness.users import (
+    JOB_USER,
+    WORKER_USER,
+    as_user,
+    ensure_sudo_rule,
+    ensure_user,
+    shared_dir,
+)
 from schemas.doctor import DoctorCheck
 from workers.executors import CommandError, LocalTransport, RunAsExecutor, ScriptExecutor
 from workers.executors.doctor import DoctorFindings
 from workers.executors.scripts.doctor import SCRATCH_PREFIX, UTILITIES
 
 from ....conftest import Target, ssh_executor
-from ....sshd import SshServer
-from ....users import JOB_USER, WORKER_USER, as_user, ensure_sudo_rule, ensure_user, shared_dir
 
 GNU_TOOLS = (*UTILITIES, "tar", "sha256sum", "dd", "timeout", "readlink", "mktemp")
 HOSTILE = "w $(touch PWNED) 'q' \"d\" `touch PWNED` ;&|<>*"

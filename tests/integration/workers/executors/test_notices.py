@@ -1,6 +1,6 @@
 """The preemption-notice watcher (`notice_watch_script`) run for real: under dash and
 busybox `sh`, with curl, GNU wget or busybox wget (a PATH holding only the tools
-asked for), against the fake metadata services of `tests/fakecloud.py`, beside a
+asked for), against the fake metadata services of `bench/harness/fakecloud.py`, beside a
 detached stand-in job in a run directory with a hostile name: notices delivered,
 GCP's long poll, Azure's events, and the watcher's end with the job's."""
 
@@ -14,8 +14,16 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness.fakecloud import AwsImds, AzureImds, GcpMetadata
+from bench.harness.notice_env import (
+    Env,
+    Watched,
+    closed_port_url,
+    processes_naming,
+    running,
+    wait_until,
+)
 from schemas.protocol import CANCEL_FILE, EXIT_FILE
-from tests.fakecloud import AwsImds, AzureImds, GcpMetadata
 from tests.notice_checks import (
     CLIENT_NAMES,
     DASH_CURL,
@@ -28,7 +36,6 @@ from tests.notice_checks import (
     polling,
     settled,
 )
-from tests.notice_env import Env, Watched, closed_port_url, processes_naming, running, wait_until
 from workers.executors.notices import parse_notice, parse_notice_state
 
 

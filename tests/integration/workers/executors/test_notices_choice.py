@@ -11,8 +11,16 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness.fakecloud import AwsImds, AzureImds, GcpMetadata, Misbehaviour
+from bench.harness.notice_env import (
+    Env,
+    Watched,
+    closed_port_url,
+    processes_naming,
+    running,
+    wait_until,
+)
 from schemas.protocol import EXIT_FILE
-from tests.fakecloud import AwsImds, AzureImds, GcpMetadata, Misbehaviour
 from tests.notice_checks import (
     CLIENT_NAMES,
     CLOUDS,
@@ -24,7 +32,6 @@ from tests.notice_checks import (
     polling,
     settled,
 )
-from tests.notice_env import Env, Watched, closed_port_url, processes_naming, running, wait_until
 from workers.executors.notices import parse_notice
 
 

@@ -5,7 +5,7 @@ through the user's scripts, cancel, and sudo's refusal.
 Two workers are played: `root` (this test process, root: scripts run through
 `setpriv`) and `sudo` (a worker that is not root: scripts run through `sudo -n -u
 JOB_USER`, sudo itself started as WORKER_USER, whose only rule is docs/security.md's line).
-The users and the sudo rule are created when missing and left (tests/users.py).
+The users and the sudo rule are created when missing and left (bench/harness/users.py).
 """
 
 from __future__ import annotations
@@ -23,6 +23,14 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
+from bench.harness.users import (
+    JOB_USER,
+    WORKER_USER,
+    as_user,
+    ensure_sudo_rule,
+    ensure_user,
+    shared_dir,
+)
 from schemas import JobCommand, JobId, JobStatus
 from workers.executors import (
     CommandError,
@@ -35,14 +43,6 @@ from workers.executors.runas import RUN_AS_KEPT, RUN_AS_PATH, RunAsTransport, jo
 from workers.executors.scripts import FollowEntry
 
 from ....conftest import process_alive, wait_for
-from ....users import (
-    JOB_USER,
-    WORKER_USER,
-    as_user,
-    ensure_sudo_rule,
-    ensure_user,
-    shared_dir,
-)
 
 HOSTILE_RUN = "r 'q' \"d\" $(touch PWNED) `x` ;&|"
 HOSTILE_VALUE = "a 'b' \"c\" $(touch PWNED) `id` \\ ; end"

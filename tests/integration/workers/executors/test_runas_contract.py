@@ -15,12 +15,12 @@ from collections.abc import Iterator
 
 import pytest
 
+from bench.harness.users import JOB_USER, ensure_user, job_python, shared_dir
 from schemas import JobCommand, JobStatus
 from schemas.protocol import CANCEL_FILE, CANCELLING_FILE, EXIT_FILE, PID_FILE
 from workers.executors import RunAsExecutor, quote
 
 from ....conftest import JOBSIDE, TOY_TRAINER, Target
-from ....users import JOB_USER, ensure_user, job_python, shared_dir
 from . import test_contract
 from .test_contract import *  # noqa: F403 - the contract's tests, collected here again
 

@@ -25,6 +25,7 @@ from typing import IO
 
 import pytest
 
+from bench.harness.sshd import SshServer
 from workers.errors import RetrievalError
 from workers.executors import (
     Completed,
@@ -41,7 +42,6 @@ from workers.executors.base import Executor
 from workers.retrieval import MANIFEST_FILE, retrieve
 
 from ....conftest import ssh_executor
-from ....sshd import SshServer
 from .test_shell import HOSTILE_ARCHIVES
 
 Member = tuple[str, str, bytes | str | None]

@@ -1,6 +1,6 @@
 """Preemption signals end to end: SIGTERM or SIGUSR1 sent from outside to the toy
 trainer, to the tiny Hugging Face trainer (one rank, and one of two ranks under
-torchrun), and to a job run by the whole service (tests/pipeline.py). Each saves a
+torchrun), and to a job run by the whole service (bench/harness/pipeline.py). Each saves a
 checkpoint at its next step end, proves it with reason `preempted` and exits 0;
 runwarden's own cancel still ends a job with the handlers installed at once.
 """
@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from bench.harness.pipeline import Pipeline, running_pipeline, toy
 from schemas import RunState, SnapshotReason
 from schemas.events import LaunchSpec
 from schemas.snapshot import ProofSaved, parse_proof
@@ -26,7 +27,6 @@ from workers.executors.scripts import CANCEL_TERM_WAIT_S
 from workers.jobside import runwarden_job as job
 
 from ....conftest import TOY_TRAINER, wait_for
-from ....pipeline import Pipeline, running_pipeline, toy
 from .test_runwarden_hf import RUN_STEPS, START_TIMEOUT_S, STEP_DELAY_S, finish, loss_steps, metrics
 from .test_runwarden_hf import start_trainer as start_hf_trainer
 

@@ -18,6 +18,7 @@ from typing import cast
 
 import pytest
 
+from bench.harness.sshd import SshServer, _descendants, _is_sshd, _sigkill, running_sshd
 from schemas import RunState
 from workers.errors import ArtifactMismatch, RetrievalError, StoredArtifactsInvalid, WorkerError
 from workers.executors import Charge, local_manifest
@@ -34,7 +35,6 @@ from workers.retrieval import (
 )
 
 from ....conftest import Target, ssh_executor
-from ....sshd import SshServer, _descendants, _is_sshd, _sigkill, running_sshd
 from ..executors.test_contract import HOSTILE_NAMES
 from .conftest import RUN, SNAPSHOT, leftovers, listing
 

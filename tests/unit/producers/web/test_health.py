@@ -12,13 +12,12 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
+from bench.harness.redis_server import RedisServer
 from producers.api import Runwarden
 from producers.web import create_app
 from schemas import Settings
 from schemas.health import Heartbeat, periodic_tasks
 from store import RunStore
-
-from ....redis_server import RedisServer
 
 USER, PASSWORD = "ops", "pw"
 HOSTILE = "<script>alert(1)</script>\x1b[31mred"

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness.users import sudoers_lines
 from workers.executors import InvalidArgument, runas
 from workers.executors.runas import (
     RUN_AS_PATH,
@@ -18,8 +19,6 @@ from workers.executors.runas import (
     job_user,
     run_as_environment,
 )
-
-from ....users import sudoers_lines
 
 USER = JobUser(name="rwjob", uid=4242, gid=4343, home="/home/rw job")
 
@@ -127,7 +126,7 @@ def test_job_user_refuses(name: str, needle: str) -> None:
 
 
 def test_the_security_guide_gives_the_sudoers_lines_the_tests_use() -> None:
-    """The integration tests install `tests.users.sudoers_lines` for their users;
+    """The integration tests install `bench.harness.users.sudoers_lines` for their users;
     docs/security.md must give the same lines for its own."""
     readme = (Path(__file__).resolve().parents[4] / "docs" / "security.md").read_text()
     expected = "".join(f"  {line}\n" for line in sudoers_lines("runwarden", "rwjob").splitlines())

@@ -1,6 +1,6 @@
 """The preemption-notice watcher started by spawn beside the job (`JobCommand.preemption`),
 against every executor (`target`: local, shell, ssh), with real detached processes and
-the fake metadata services of `tests/fakecloud.py` on loopback (they emulate each
+the fake metadata services of `bench/harness/fakecloud.py` on loopback (they emulate each
 cloud's documented behaviour: the real services cannot be reached from here). The
 watcher asks the toy trainer for its `preempted` snapshot by itself, outlives the
 process that spawned it, stays out of the job's process group, never has the job's
@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
+from bench.harness.fakecloud import FakeCloud
+from bench.harness.notice_env import running
 from schemas import JobCommand, JobId, JobStatus
 from schemas.protocol import (
     NOTICE_FILE,
@@ -29,8 +31,6 @@ from schemas.protocol import (
     SNAPSHOT_FILE,
     SNAPSHOT_REQUEST,
 )
-from tests.fakecloud import FakeCloud
-from tests.notice_env import running
 from workers.executors import LocalExecutor, ScriptExecutor, parse_notice
 from workers.executors.notices import notice_watch_script
 from workers.executors.transport import LocalTransport

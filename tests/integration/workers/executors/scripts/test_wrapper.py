@@ -14,6 +14,7 @@ from typing import cast
 
 import pytest
 
+from bench.harness.processes import job_processes
 from schemas import JobCommand, JobId, JobStatus
 from schemas.job import parse_job_end
 from schemas.protocol import END_FILE, JOB_LOG, RUN_ID_ENV
@@ -21,7 +22,6 @@ from workers.executors import LocalExecutor
 from workers.executors.scripts.launch import single_command
 
 from .....conftest import wait_for
-from .....processes import job_processes
 
 # A job that saves on SIGTERM or SIGUSR1 and exits 0, as the job side's bridge makes a
 # trainer do; `cd .` makes the second one a shell script, not one command.

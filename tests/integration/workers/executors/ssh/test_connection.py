@@ -2,7 +2,7 @@
 (`workers.executors.ssh`: `connection.py`, `transport.py`): strict host keys,
 authentication failures, reconnection, bounded failures, ProxyJump chains, fork
 safety, a dying remote shell, one pooled connection per destination. Real OpenSSH
-servers throughout (tests/sshd.py). Destinations and ssh_config: test_config.py."""
+servers throughout (bench/harness/sshd.py). Destinations and ssh_config: test_config.py."""
 
 from __future__ import annotations
 
@@ -16,14 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from schemas import JobCommand, JobStatus
-from workers.executors import CommandError, SshError
-from workers.executors.ssh import SshDestination, SshExecutor, connection_pool
-from workers.executors.ssh.connection import MAX_SHELLS
-
-from .....conftest import ssh_executor, wait_for
-from .....shells import run_script
-from .....sshd import (
+from bench.harness.sshd import (
     SshServer,
     make_key,
     running_jump_chain,
@@ -32,6 +25,13 @@ from .....sshd import (
     write_ssh_config,
     write_wrong_known_hosts,
 )
+from schemas import JobCommand, JobStatus
+from workers.executors import CommandError, SshError
+from workers.executors.ssh import SshDestination, SshExecutor, connection_pool
+from workers.executors.ssh.connection import MAX_SHELLS
+
+from .....conftest import ssh_executor, wait_for
+from .....shells import run_script
 
 
 @pytest.fixture

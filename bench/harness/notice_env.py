@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import cast
 
 from schemas.protocol import PID_FILE, SNAPSHOT_REQUEST
-from tests.fakecloud import FAKES, FakeCloud
 from workers.executors.notices import (
     NOTICE_FILE,
     NOTICE_PID_FILE,
@@ -27,6 +26,8 @@ from workers.executors.notices import (
     Provider,
     notice_watch_script,
 )
+
+from .fakecloud import FAKES, FakeCloud
 
 __all__ = [
     "CLIENTS",

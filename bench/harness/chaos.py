@@ -2,9 +2,9 @@
 campaign and its figures) and tests/integration/service/test_chaos.py (a short,
 seeded one).
 
-Runs are drawn at random from the hostile-job matrix (tests/hostile.py) and honest
+Runs are drawn at random from the hostile-job matrix (bench/harness/hostile.py) and honest
 toy trainers, on the local target (and an SSH target against a real sshd), launched
-through the real service (tests/pipeline.py), a bounded number in flight at once;
+through the real service (bench/harness/pipeline.py), a bounded number in flight at once;
 meanwhile faults are injected at random: kill -9 of a worker or of beat (and a
 restart), a Redis restart (AOF), duplicate and late task messages (task bodies sent
 again with `send_task`: launches, snapshot requests, cancels, deadline countdowns of
@@ -68,8 +68,8 @@ from schemas.events import (
 from workers.executors import quote
 from workers.launch import DIED_MESSAGE
 
-from .conftest import TOY_TRAINER
 from .hostile import CASES, SHADOW, Case, file_digest, provide_secrets
+from .paths import ROOT, TOY_TRAINER
 from .pipeline import Pipeline, read_small, running_pipeline, ssh_target
 from .processes import job_processes
 from .sshd import SshServer, running_sshd
@@ -523,7 +523,7 @@ class Campaign:
             pipeline.start_beat()
         elif kind == "restart-redis":
             # Restarted from the thread that started it: the server dies with the
-            # thread that started it (tests/redis_server.py), and a fault thread ends.
+            # thread that started it (bench/harness/redis_server.py), and a fault thread ends.
             self._keeper.run(pipeline.redis.restart)
         elif kind == "kill-sshd":
             assert self.sshd is not None
@@ -642,7 +642,7 @@ class Campaign:
         def skip(path: Path) -> bool:
             return str(path) in allowed
 
-        root = Path(__file__).resolve().parent.parent
+        root = ROOT
         files = _tree([self.tmp, root / "examples", root / "workers" / "jobside"], skip)
         for name, _ in list(files.items()):
             if name.endswith((".log", ".pyc")) or "beat-schedule" in name or "__pycache__" in name:

@@ -26,7 +26,7 @@ from schemas.events import DEFAULT_QUEUE, QUEUE, QUEUE_RETRIEVE, QUEUE_WATCH
 from schemas.secrets import producer_key_file
 from workers.executors import quote
 
-from .conftest import ROOT, TOY_TRAINER
+from .paths import ROOT, TOY_TRAINER
 from .redis_server import RedisServer
 from .sshd import SshServer
 
@@ -59,7 +59,7 @@ def signed(settings: Settings, task: str, body: Any, producer: str = OPERATOR) -
 def read_small(path: Path, limit: int = 64) -> str:
     """At most `limit` bytes of the regular file `path`, as a job may have written it:
     a link is never followed and a FIFO never blocks (a hostile job puts either in
-    place of `job.pid`, tests/hostile.py).
+    place of `job.pid`, bench/harness/hostile.py).
 
     Raises:
         OSError: for a missing file, a link, or anything but a regular file."""

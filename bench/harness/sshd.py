@@ -16,7 +16,7 @@ Plain functions and context managers; `conftest.py` wires them into fixtures:
 
 Process tree and reaping. Each server runs as
 
-    python -m workers.reaper -- [ip netns exec NS] python -I tests/sshd.py --supervise ...
+    python -m workers.reaper -- [ip netns exec NS] python -I bench/harness/sshd.py --supervise ...
                                                      `-- sshd -D -e -f sshd_config
 
 The reaper is a child subreaper that reaps every orphan (this machine's init does
@@ -104,7 +104,7 @@ __all__ = [
     "write_wrong_known_hosts",
 ]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LOOPBACK = "127.0.0.1"
 START_TIMEOUT_S = 10.0
 """How long a server may take to accept TCP and send its SSH banner."""
@@ -202,7 +202,7 @@ def _kill_under(root: int, *, keep: Sequence[int] = (), only_sshd: bool = False)
         time.sleep(0.005)
 
 
-# --- the supervisor (runs as `python tests/sshd.py --supervise LOG -- SSHD...`) -----
+# --- the supervisor (runs as `python bench/harness/sshd.py --supervise LOG -- SSHD...`) -----
 
 
 def _banner(host: str, port: int, timeout_s: float) -> str | None:

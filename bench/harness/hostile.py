@@ -22,6 +22,8 @@ from producers.api import Runwarden
 from schemas import TargetConfig
 from workers.executors import quote
 
+from .paths import ROOT
+
 __all__ = [
     "BIG_BYTES",
     "CASES",
@@ -36,7 +38,6 @@ __all__ = [
     "secret_values",
 ]
 
-ROOT = Path(__file__).resolve().parent.parent
 SHADOW = "/etc/shadow"
 BIG_BYTES = 100 * 1024 * 1024
 """The size of the "huge file" replacement: 100 MiB (sparse: `truncate`)."""
