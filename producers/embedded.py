@@ -19,12 +19,14 @@ import shutil
 import signal
 import subprocess
 import time
+from typing import Any
 
 import redis
 
 from schemas import RunError, Settings
 from schemas.secrets import REDIS_PASSWORD
-from workers.deathsig import wrapped
+
+from .children import dying_with_parent
 
 __all__ = ["EmbeddedRedis", "NotServing", "redis_binary"]
 
@@ -85,8 +87,10 @@ class EmbeddedRedis:
         when none answers or it does not say."""
         client = redis.Redis.from_url(self.settings.store_url(), socket_timeout=1)
         try:
-            info: dict[str, object] = client.info("server")  # type: ignore[assignment]
-            pid = info.get("process_id")
+            # redis-py types the answer differently across its majors: read it as
+            # whatever it is, a dict when the server answered.
+            info: Any = client.info("server")
+            pid = info.get("process_id") if isinstance(info, dict) else None
         except redis.RedisError:
             return None
         finally:
@@ -133,7 +137,7 @@ class EmbeddedRedis:
             out.write(f'requirepass "{quoted}"\n')
         os.chmod(config, 0o600)
         self.process = subprocess.Popen(
-            wrapped(
+            dying_with_parent(
                 [
                     redis_binary(),
                     str(config),

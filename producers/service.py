@@ -44,9 +44,9 @@ from schemas.events import DEFAULT_QUEUE, QUEUE, QUEUE_RETRIEVE, QUEUE_WATCH
 from schemas.health import SERVE_TTL_S, SERVE_WRITE_S, ServeChild, ServeState
 from schemas.secrets import FLOWER_AUTH, producer_key_file
 from store import RunStore
-from workers.deathsig import wrapped
 
 from .api import Runwarden
+from .children import dying_with_parent
 from .embedded import EmbeddedRedis, NotServing
 
 __all__ = [
@@ -175,7 +175,10 @@ class _Process(_Child):
     def launch(self) -> None:
         # From serve's main thread: the parent-death signal follows the forking thread.
         self.proc = subprocess.Popen(
-            wrapped(self.command), env=self.env, stdin=subprocess.DEVNULL, start_new_session=True
+            dying_with_parent(self.command),
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
 
     def ended(self) -> str | None:

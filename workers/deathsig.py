@@ -2,10 +2,10 @@
 (`prctl(PR_SET_PDEATHSIG)`), which the kernel sends to a process when the *thread*
 that forked it ends, however it ends (`kill -9` included), and which an `exec` keeps.
 
-`python workers/deathsig.py PARENT_PID -- CMD [ARG...]` ([`wrapped`] builds it) arms
-SIGTERM as its own parent-death signal, checks that its parent is still `PARENT_PID`
-(when it is not, the parent died before the signal was armed: exit 1 at once, nothing
-run), then execs CMD in its place. `runwarden serve` starts each of its processes so
+`python -I -m workers.deathsig PARENT_PID -- CMD [ARG...]` (`producers/children.py`
+builds it for serve) arms SIGTERM as its own parent-death signal, checks that its
+parent is still `PARENT_PID` (when it is not, the parent died before the signal was
+armed: exit 1 at once, nothing run), then execs CMD in its place. `runwarden serve` starts each of its processes so
 (from its main thread, which lives as long as serve), so that no process of the
 service outlives serve: a `kill -9` of serve, or of its process group, leaves none
 behind. SIGTERM is what every one of them stops on cleanly (Redis writes its
@@ -19,11 +19,9 @@ import ctypes
 import os
 import signal
 import sys
-from collections.abc import Sequence
-from pathlib import Path
 from typing import Final
 
-__all__ = ["die_with_parent", "main", "wrapped"]
+__all__ = ["die_with_parent", "main"]
 
 _PR_SET_PDEATHSIG: Final = 1
 # Loaded at import, never between fork and exec: the symbols of the running program,
@@ -37,14 +35,6 @@ def die_with_parent(signum: int = signal.SIGTERM) -> bool:
     if _LIBC is None:
         return False
     return int(_LIBC.prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)) == 0
-
-
-def wrapped(command: Sequence[str], parent_pid: int | None = None) -> list[str]:
-    """`command` as a command line that arms the signal and execs it, for a child of
-    `parent_pid` (default: this process). The file is run by its path, isolated
-    (`-I`: only the standard library), so it needs no package on the path."""
-    parent = os.getpid() if parent_pid is None else parent_pid
-    return [sys.executable, "-I", str(Path(__file__).resolve()), str(parent), "--", *command]
 
 
 def main(argv: list[str] | None = None) -> int:
