@@ -1,7 +1,8 @@
 """The context every run operation shares: the run store, the settings, how to send a
 task (now or after a countdown), and this process's own state: the executor of each
 target (built once per target and process, rebuilt when the target's configuration
-changes; an SSH executor's connection is per process anyway).
+changes; an SSH executor's connection is per process anyway) and the webhook
+delivery (the configured webhooks, the delivery threads).
 
 The operations (`workers.launch`, `.stops`, `.finish`, `.artifacts`, `.watch`,
 `.policies`) are functions of a `Context`; `workers.tasks` builds one per process and
@@ -26,6 +27,7 @@ from store import RunStore
 
 from .executors import Executor, LocalExecutor, RunAsExecutor, SshExecutor
 from .identity import Identities
+from .webhooks import WebhookDelivery
 
 __all__ = ["Context", "Scheduler", "build_executor", "utcnow"]
 
@@ -48,6 +50,8 @@ class Context:
     """Names this process in deadline leases; default `<host>:<pid>`."""
     identities: Identities = field(init=False)
     """The producers' keys: who sent a message, who signed a target."""
+    webhooks: WebhookDelivery = field(init=False)
+    """This process's webhook delivery: the configured webhooks, the threads."""
     _executors: dict[str, tuple[TargetConfig, Executor]] = field(
         default_factory=dict, init=False, repr=False
     )
@@ -56,6 +60,7 @@ class Context:
     def __post_init__(self) -> None:
         self.worker_id = self.worker_id or f"{os.uname().nodename}:{os.getpid()}"
         self.identities = Identities(self.settings)
+        self.webhooks = WebhookDelivery(self.store, self.settings)
 
     def executor(self, target: str) -> Executor:
         """The executor of target `target` for this process (built once, rebuilt when

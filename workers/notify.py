@@ -51,7 +51,6 @@ from schemas.metrics import FOLLOW_TICK, Sample, event_samples
 from .context import Context
 from .errors import RetrievalError
 from .retrieval import stored_files
-from .webhooks import configured_webhooks, start_deliverer
 
 log = logging.getLogger("runwarden")
 
@@ -83,11 +82,11 @@ def emit(
 
 def _record(ctx: Context, event: LedgerEvent) -> None:
     for done in _completed(ctx, event):
-        hooks = [hook for hook in configured_webhooks(ctx.settings) if hook.wants(done.kind)]
+        hooks = [hook for hook in ctx.webhooks.hooks if hook.wants(done.kind)]
         deliveries = [(hook.name, _delivery(done, hook.format)) for hook in hooks]
         ctx.store.record_event(done, event_samples(done), deliveries)
         if deliveries:
-            start_deliverer(ctx.store, ctx.settings)
+            ctx.webhooks.start()
 
 
 def _completed(ctx: Context, event: LedgerEvent) -> list[LedgerEvent]:

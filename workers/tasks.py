@@ -20,6 +20,7 @@ import threading
 import time
 from typing import Any, Final, TypeVar
 
+from celery.signals import worker_process_init
 from pydantic import BaseModel, ValidationError
 
 from schemas import (
@@ -107,6 +108,17 @@ def context() -> Context:
         if _context is None:
             _context = Context(RunStore.from_settings(settings), settings, _schedule)
         return _context
+
+
+@worker_process_init.connect
+def _deliver_waiting(**_: Any) -> None:
+    """A new worker process delivers what is waiting (deliveries queued before a
+    restart), without waiting for an event of its own."""
+    try:
+        if settings.webhooks:
+            context().webhooks.start()
+    except Exception:  # never stops a worker from starting
+        log.exception("webhooks: cannot start the delivery threads")
 
 
 _M = TypeVar("_M", bound=BaseModel)

@@ -38,8 +38,6 @@ from pathlib import Path
 from typing import Any, Final
 from urllib.parse import urlsplit
 
-from celery.signals import worker_process_init
-
 from schemas import Settings
 from schemas.metrics import WEBHOOK_DELIVERIES, Sample
 from schemas.secrets import SecretsDir, SecretsError
@@ -62,10 +60,10 @@ __all__ = [
     "POLL_S",
     "Attempt",
     "Deliverer",
+    "WebhookDelivery",
     "configured_webhooks",
     "post",
     "read_secret",
-    "start_deliverer",
 ]
 
 POLL_S: Final = 1.0
@@ -81,21 +79,13 @@ _BATCH: Final = 20
 
 
 def configured_webhooks(settings: Settings) -> tuple[Webhook, ...]:
-    """The webhooks of `settings` (`RUNWARDEN_WEBHOOKS`), read once per value in this
-    process; none, with the error logged once, when they cannot be read."""
-    value = settings.webhooks
-    with _cache_lock:
-        if value not in _cache:
-            try:
-                _cache[value] = load_webhooks(value)
-            except WebhookConfigError as error:
-                log.error("webhooks not configured: %s", error)
-                _cache[value] = ()
-        return _cache[value]
-
-
-_cache_lock = threading.Lock()
-_cache: dict[str | None, tuple[Webhook, ...]] = {}
+    """The webhooks of `settings` (`RUNWARDEN_WEBHOOKS`); none, with the error logged,
+    when they cannot be read."""
+    try:
+        return load_webhooks(settings.webhooks)
+    except WebhookConfigError as error:
+        log.error("webhooks not configured: %s", error)
+        return ()
 
 
 @dataclass(frozen=True)
@@ -328,59 +318,47 @@ def _headers(delivery: dict[str, Any], body: bytes, secret: bytes) -> dict[str, 
     return headers
 
 
-# --- the threads of this process ------------------------------------------------------
-
-_threads_lock = threading.Lock()
-_threads: list[threading.Thread] = []
-_wake = threading.Event()
+# --- the delivery of one process ------------------------------------------------------
 
 
-def _reset() -> None:
-    _threads.clear()  # a forked child has none of its parent's threads
-    _wake.clear()
+class WebhookDelivery:
+    """The webhook delivery of one process (its `workers.context.Context` owns it):
+    the webhooks of its settings (`RUNWARDEN_WEBHOOKS`, read once; none, with the
+    error logged once, when they cannot be read) and its [`DELIVERY_THREADS`]
+    delivery threads, started on first need. A forked child builds its own context,
+    so it has its own threads."""
 
+    def __init__(self, store: RunStore, settings: Settings) -> None:
+        self.hooks = configured_webhooks(settings)
+        self._store = store
+        self._secrets = settings.secrets
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._wake = threading.Event()
 
-os.register_at_fork(after_in_child=_reset)
+    def start(self) -> bool:
+        """Starts the delivery threads, once, when webhooks are configured, and wakes
+        them (a delivery was just queued); whether they run."""
+        if not self.hooks:
+            return False
+        with self._lock:
+            self._threads[:] = [thread for thread in self._threads if thread.is_alive()]
+            while len(self._threads) < DELIVERY_THREADS:
+                deliverer = Deliverer(self._store, self.hooks, self._secrets)
+                thread = threading.Thread(
+                    target=self._loop, args=(deliverer,), name="runwarden-webhooks", daemon=True
+                )
+                thread.start()
+                self._threads.append(thread)
+        self._wake.set()
+        return True
 
-
-def start_deliverer(store: RunStore, settings: Settings) -> bool:
-    """Starts this process's [`DELIVERY_THREADS`] delivery threads, once, when
-    `settings` configure webhooks, and wakes them (a delivery was just queued);
-    whether they run."""
-    hooks = configured_webhooks(settings)
-    if not hooks:
-        return False
-    with _threads_lock:
-        _threads[:] = [thread for thread in _threads if thread.is_alive()]
-        while len(_threads) < DELIVERY_THREADS:
-            deliverer = Deliverer(store, hooks, settings.secrets)
-            thread = threading.Thread(
-                target=_loop, args=(deliverer,), name="runwarden-webhooks", daemon=True
-            )
-            thread.start()
-            _threads.append(thread)
-    _wake.set()
-    return True
-
-
-def _loop(deliverer: Deliverer) -> None:
-    while True:
-        _wake.wait(POLL_S)
-        _wake.clear()
-        try:
-            while deliverer.run_pending(datetime.now(UTC)):
-                pass
-        except Exception:  # Redis trouble: the next round tries again
-            log.exception("webhooks: delivery round failed")
-
-
-@worker_process_init.connect  # type: ignore[untyped-decorator]
-def _on_worker_process(**_: Any) -> None:
-    """A new worker process delivers what is waiting (deliveries queued before a
-    restart), without waiting for an event of its own."""
-    try:
-        settings = Settings()
-        if configured_webhooks(settings):
-            start_deliverer(RunStore.from_url(settings.store_url()), settings)
-    except Exception:  # never stops a worker from starting
-        log.exception("webhooks: cannot start the delivery thread")
+    def _loop(self, deliverer: Deliverer) -> None:
+        while True:
+            self._wake.wait(POLL_S)
+            self._wake.clear()
+            try:
+                while deliverer.run_pending(datetime.now(UTC)):
+                    pass
+            except Exception:  # Redis trouble: the next round tries again
+                log.exception("webhooks: delivery round failed")

@@ -25,6 +25,7 @@ from schemas.ledger import (
 )
 from workers import finish, notify, stops
 from workers.artifacts import retrieve_artifacts
+from workers.webhooks import WebhookDelivery
 
 from .conftest import ended_run, policy_worker, running_run
 
@@ -39,7 +40,12 @@ HOOKS = json.dumps([
 def no_thread(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """The seam's delivery thread is `workers.webhooks`' own test: here it is noted only."""
     started: list[Any] = []
-    monkeypatch.setattr(notify, "start_deliverer", lambda *a: started.append(a))
+
+    def noted(delivery: WebhookDelivery) -> bool:
+        started.append(delivery)
+        return True
+
+    monkeypatch.setattr(WebhookDelivery, "start", noted)
     return started
 
 
