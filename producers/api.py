@@ -328,7 +328,7 @@ class Runwarden:
             NotFound, StoreError.
         """
         self.store.get_run(run_id)
-        return self.store.ledger(run_id)
+        return self.store.ledger.events(run_id)
 
     def ledger_history(self, run_id: str | None = None, limit: int = 500) -> list[LedgerEvent]:
         """The newest `limit` ledger events of run `run_id`, or of every run, newest
@@ -339,7 +339,7 @@ class Runwarden:
         """
         if run_id is not None:
             self.store.get_run(run_id)
-        return self.store.ledger_history(run_id, limit)
+        return self.store.ledger.history(run_id, limit)
 
     def webhook_failures(self, limit: int = 100) -> list[dict[str, Any]]:
         """The webhook deliveries given up, newest first (webhook, run, event id and

@@ -63,7 +63,7 @@ class StoreCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily("runwarden_store_up", "Whether the run store could be read.")
         try:
-            series = self.store.read_series()
+            series = self.store.counters.series()
             stops = self.store.list_stops()
             runs = self.store.list_runs()
             pending = self.store.webhooks.pending()

@@ -19,9 +19,9 @@ from typing import Any
 
 from schemas.metrics import METRICS, MetricSpec, Sample, bucket_index
 
-from .base import StoreBase, text, translated
+from .base import StorePart, text, translated
 
-__all__ = ["CountersMixin", "StoredSeries"]
+__all__ = ["Counters", "StoredSeries"]
 
 _SPECS = {spec.name: spec for spec in METRICS}
 
@@ -43,11 +43,12 @@ def _field(*parts: Any) -> str:
     return json.dumps(parts, separators=(",", ":"))
 
 
-class CountersMixin(StoreBase):
-    """Stored counters and histograms."""
+class Counters(StorePart):
+    """Stored counters and histograms (`RunStore.counters`)."""
 
-    def _queue_samples(self, pipe: Any, samples: Sequence[Sample]) -> None:
-        """Queues on `pipe` the increments of `samples`."""
+    def queue(self, pipe: Any, samples: Sequence[Sample]) -> None:
+        """Queues on `pipe` the increments of `samples`, for a transaction of another
+        concern that counts what it records (`Ledger.record`)."""
         for sample in samples:
             spec, labels = sample.spec, list(sample.labels)
             if len(labels) != len(spec.labels):
@@ -63,16 +64,16 @@ class CountersMixin(StoreBase):
                 raise ValueError(f"{spec.name} is a {spec.kind}: computed, never stored")
 
     @translated
-    def add_samples(self, samples: Sequence[Sample]) -> None:
+    def add(self, samples: Sequence[Sample]) -> None:
         """Counts `samples` (in one round trip, atomically)."""
         if not samples:
             return
         with self._r.pipeline(transaction=True) as pipe:
-            self._queue_samples(pipe, samples)
+            self.queue(pipe, samples)
             pipe.execute()
 
     @translated
-    def read_series(self) -> list[StoredSeries]:
+    def series(self) -> list[StoredSeries]:
         """Every stored series of a metric this version knows (others, and fields
         that are not this module's, are left out), sorted by name and labels."""
         found: dict[tuple[str, tuple[str, ...]], StoredSeries] = {}

@@ -16,10 +16,10 @@ from schemas import StoreError, validation_message
 from schemas.ledger import LEDGER_EVENT, LedgerEvent
 from schemas.metrics import Sample
 
-from .base import aware, score, text, translated
-from .counters import CountersMixin
+from .base import StoreBase, StorePart, aware, score, text, translated
+from .counters import Counters
 
-__all__ = ["HISTORY_PAGE", "LedgerMixin"]
+__all__ = ["HISTORY_PAGE", "Ledger"]
 
 HISTORY_PAGE: Final = 50
 """Runs read per round when the newest events of every run are gathered."""
@@ -35,11 +35,16 @@ def _event(raw: bytes | str, run_id: str) -> LedgerEvent:
         ) from error
 
 
-class LedgerMixin(CountersMixin):
-    """The ledger: `record_event`, `ledger`, `ledger_history`."""
+class Ledger(StorePart):
+    """The ledger (`RunStore.ledger`): `record`, `events`, `history`; an event's
+    metrics are counted by `counters` in the transaction that records it."""
+
+    def __init__(self, shared: StoreBase, counters: Counters) -> None:
+        super().__init__(shared)
+        self._counters = counters
 
     @translated
-    def record_event(
+    def record(
         self,
         event: LedgerEvent,
         samples: Sequence[Sample] = (),
@@ -60,7 +65,7 @@ class LedgerMixin(CountersMixin):
         with self._r.pipeline(transaction=True) as pipe:
             pipe.rpush(self.keys.ledger(event.run_id), event.model_dump_json())
             pipe.zadd(self.keys.ledger_runs, {event.run_id: score(event.at)}, gt=True)
-            self._queue_samples(pipe, samples)
+            self._counters.queue(pipe, samples)
             for name, delivery in deliveries:
                 member = self.keys.hook_member(name, event.run_id)
                 pipe.rpush(self.keys.hook(member), delivery)
@@ -68,7 +73,7 @@ class LedgerMixin(CountersMixin):
             pipe.execute()
 
     @translated
-    def ledger(self, run_id: str, last: int | None = None) -> list[LedgerEvent]:
+    def events(self, run_id: str, last: int | None = None) -> list[LedgerEvent]:
         """The ledger of run `run_id`, oldest first (the order recorded): all of it,
         or its `last` newest events. Empty for a run without one.
 
@@ -82,7 +87,7 @@ class LedgerMixin(CountersMixin):
         return [_event(raw, run_id) for raw in raws]
 
     @translated
-    def ledger_history(self, run_id: str | None = None, limit: int = 500) -> list[LedgerEvent]:
+    def history(self, run_id: str | None = None, limit: int = 500) -> list[LedgerEvent]:
         """The newest `limit` events of run `run_id`, or of every run when None,
         newest first (by `at`; a run's events of one time in reverse order of
         recording). Reads the runs by their newest event, and stops once no run
@@ -94,7 +99,7 @@ class LedgerMixin(CountersMixin):
         if limit < 1:
             raise ValueError("limit must be at least 1")
         if run_id is not None:
-            return list(reversed(self.ledger(run_id, last=limit)))
+            return list(reversed(self.events(run_id, last=limit)))
         found: list[LedgerEvent] = []
         offset = 0
         while True:
@@ -108,6 +113,6 @@ class LedgerMixin(CountersMixin):
                     found = sorted(found, key=lambda e: e.at, reverse=True)[:limit]
                     if newest < score(found[-1].at):
                         return found
-                found.extend(reversed(self.ledger(text(member), last=limit)))
+                found.extend(reversed(self.events(text(member), last=limit)))
             offset += HISTORY_PAGE
         return sorted(found, key=lambda e: e.at, reverse=True)[:limit]

@@ -17,10 +17,11 @@ from .base import translated
 from .budgets import BudgetsMixin
 from .continuations import ContinuationsMixin
 from .coordination import Coordination
+from .counters import Counters
 from .ending import EndingMixin
 from .health import HealthMixin
 from .launches import LaunchesMixin
-from .ledger import LedgerMixin
+from .ledger import Ledger
 from .memory import MemoryMixin
 from .retrievals import RetrievalsMixin
 from .targets import TargetsMixin
@@ -35,7 +36,6 @@ class RunStore(
     LaunchesMixin,
     RetrievalsMixin,
     ContinuationsMixin,
-    LedgerMixin,
     BudgetsMixin,
     MemoryMixin,
     HealthMixin,
@@ -50,7 +50,9 @@ class RunStore(
     A concern moved out of the mixins is an object of its own over the same client,
     keys and Lua scripts: `webhooks`, the webhooks' delivery queue
     (`store.webhooks.WebhookQueue`); `locks`, once-markers and token locks between
-    workers (`store.coordination.Coordination`).
+    workers (`store.coordination.Coordination`); `ledger`, the stop ledger
+    (`store.ledger.Ledger`), which counts its events' metrics with `counters`
+    (`store.counters.Counters`).
     """
 
     def __init__(self, client: redis.Redis, prefix: str = "rw:", **options: Any) -> None:
@@ -59,6 +61,8 @@ class RunStore(
         super().__init__(client, prefix, **options)
         self.webhooks = WebhookQueue(self)
         self.locks = Coordination(self)
+        self.counters = Counters(self)
+        self.ledger = Ledger(self, self.counters)
 
     @classmethod
     def from_url(

@@ -84,7 +84,7 @@ def _record(ctx: Context, event: LedgerEvent) -> None:
     for done in _completed(ctx, event):
         hooks = [hook for hook in ctx.webhooks.hooks if hook.wants(done.kind)]
         deliveries = [(hook.name, _delivery(done, hook.format)) for hook in hooks]
-        ctx.store.record_event(done, event_samples(done), deliveries)
+        ctx.store.ledger.record(done, event_samples(done), deliveries)
         if deliveries:
             ctx.webhooks.start()
 
@@ -95,13 +95,13 @@ def _completed(ctx: Context, event: LedgerEvent) -> list[LedgerEvent]:
     if isinstance(event, ProofSeen) and event.seen_by == "end":
         # The run's end tells a proof no one saw before: unless a follow tick or the
         # deadline told it meanwhile (they race the end by one read).
-        found = open_stop_of(ctx.store.ledger(event.run_id, last=LEDGER_TAIL))
+        found = open_stop_of(ctx.store.ledger.events(event.run_id, last=LEDGER_TAIL))
         return [] if found is not None and found.proved else [event]
     if isinstance(event, StopOpened | PolicyDecision | ProofSeen):
         return [event]
     if isinstance(event, CancelDecided) and event.stop_id is not None:
         return [event]
-    tail = ctx.store.ledger(event.run_id, last=LEDGER_TAIL)
+    tail = ctx.store.ledger.events(event.run_id, last=LEDGER_TAIL)
     found = open_stop_of(tail)
     if found is None or isinstance(event, RetrievalDone | RetrievalFailed):
         # After the run's end: a retrieval, or a cancel whose end a follow tick
@@ -157,6 +157,6 @@ def retrieved(run: RunRecord, result: Artifacts, now: datetime) -> LedgerEvent |
 def observe_tick(ctx: Context, target: str, seconds: float) -> None:
     """Counts one follow tick of `target` that took `seconds`. Never raises."""
     try:
-        ctx.store.add_samples([Sample(FOLLOW_TICK, (target,), max(0.0, seconds))])
+        ctx.store.counters.add([Sample(FOLLOW_TICK, (target,), max(0.0, seconds))])
     except Exception:  # noqa: BLE001 - a lost sample never breaks a tick
         log.warning("target %s: cannot count the follow tick", target)

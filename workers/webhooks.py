@@ -299,7 +299,7 @@ class Deliverer:
 
     def _count(self, name: str, outcome: str) -> None:
         try:
-            self.store.add_samples([Sample(WEBHOOK_DELIVERIES, (name, outcome), 1.0)])
+            self.store.counters.add([Sample(WEBHOOK_DELIVERIES, (name, outcome), 1.0)])
         except Exception:  # noqa: BLE001 - a count lost is no delivery lost
             log.warning("webhook %s: cannot count a delivery", name)
 

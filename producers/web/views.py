@@ -137,6 +137,6 @@ def run_view(api: Runwarden, run_id: str) -> RunView:
         history=api.store.stop_history(run.id),
         log=log,
         log_last=last,
-        ledger=api.store.ledger_history(run.id, LEDGER_SHOWN),
+        ledger=api.store.ledger.history(run.id, LEDGER_SHOWN),
         lost=lost_after_notice(run),
     )

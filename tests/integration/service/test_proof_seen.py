@@ -90,7 +90,7 @@ def ledger_with(pipeline: Pipeline, run_id: str, kind: str, timeout_s: float = 6
 
 def latency_series(pipeline: Pipeline) -> tuple[float, float]:
     """The proof latency histogram's (count, sum) as stored."""
-    for series in pipeline.api.store.read_series():
+    for series in pipeline.api.store.counters.series():
         if series.spec is PROOF_LATENCY:
             return series.count, series.sum
     return 0.0, 0.0

@@ -82,7 +82,7 @@ def test_counters_and_histograms_are_the_stored_ones(store: RunStore) -> None:
         ProofSeen(run_id="a", stop_id=stop.stop_id, at=NOW + timedelta(seconds=7), step=4,
                   checkpoint="output/checkpoint-4", asked_at=NOW),  # at the run's end
     ):
-        store.record_event(event, event_samples(event))
+        store.ledger.record(event, event_samples(event))
     got = scrape(store)
     assert got[("runwarden_cancels_total", (("cause", "proof_timeout"),))] == 1.0
     assert got[("runwarden_ledger_events_total", (("kind", "stop_opened"),))] == 1.0

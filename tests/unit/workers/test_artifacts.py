@@ -174,6 +174,6 @@ def test_a_retrieval_without_the_snapshot_s_checkpoint_is_failed_never_done(
     assert result.error is not None
     assert "the checkpoint output/checkpoint-3 did not come home" in result.error
     assert store.get_run("e1").artifacts == result
-    kinds = [e.kind for e in store.ledger("e1")]
+    kinds = [e.kind for e in store.ledger.events("e1")]
     assert kinds[-1] == "retrieval_failed"
     assert "retrieval_done" not in kinds

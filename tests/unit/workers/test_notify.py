@@ -60,7 +60,7 @@ def test_a_stop_proved_at_the_end_is_told_in_order_with_its_digest(tmp_path: Pat
                                   datetime.now(UTC))  # fmt: skip
     finish.finish(worker, run, JobStatus.CANCELLED, worker.executor("local"))
     retrieve_artifacts(worker, run.id, datetime.now(UTC))
-    ledger = store.ledger(run.id)
+    ledger = store.ledger.events(run.id)
     assert kinds(ledger) == ["stop_opened", "proof_seen", "run_ended", "retrieval_done"]
     opened, proof, ended, retrieved = ledger
     assert isinstance(opened, StopOpened)
@@ -125,7 +125,7 @@ def test_an_event_that_cannot_be_recorded_never_breaks_the_stop(
     def broken(*_: object, **__: object) -> None:
         raise StoreError("run store: cannot reach Redis (record_event): down")
 
-    monkeypatch.setattr(store, "record_event", broken)
+    monkeypatch.setattr(store.ledger, "record", broken)
     with caplog.at_level(logging.ERROR, logger="runwarden"):
         stop = stops.request_snapshot(worker, run.id, SnapshotReason.REQUESTED, "cli",
                                       datetime.now(UTC))  # fmt: skip
@@ -146,13 +146,13 @@ def test_a_builder_that_fails_is_logged_not_raised(
         notify.emit(worker, bad)
         notify.emit(worker, lambda: None)
     assert "could not record" in caplog.text
-    assert store.ledger_history() == []
+    assert store.ledger.history() == []
 
 
 def test_a_follow_tick_is_timed_per_target(tmp_path: Path) -> None:
     worker, store, _ = policy_worker(tmp_path)
     notify.observe_tick(worker, "local", 0.2)
-    (series,) = store.read_series()
+    (series,) = store.counters.series()
     assert (series.spec.name, series.labels, series.count, series.sum) == (
         "runwarden_follow_tick_seconds", ("local",), 1.0, 0.2,
     )  # fmt: skip
@@ -168,9 +168,9 @@ def test_a_job_cancelled_after_its_run_s_end_belongs_to_the_stop_it_ended(
     ended = store.transition(run.id, RunState.CANCELLED)
     notify.emit(worker, RunEnded.of, ended, datetime.now(UTC))  # a follow tick saw it first
     notify.emit(worker, JobCancelled.of, run.id, datetime.now(UTC))  # then the cancel returns
-    assert kinds(store.ledger(run.id)) == ["stop_opened", "run_ended", "job_cancelled"]
-    assert [e.stop_id for e in store.ledger(run.id)] == [stop.stop_id] * 3
+    assert kinds(store.ledger.events(run.id)) == ["stop_opened", "run_ended", "job_cancelled"]
+    assert [e.stop_id for e in store.ledger.events(run.id)] == [stop.stop_id] * 3
     # A run without a stop: nothing to belong to.
     other = running_run(store, tmp_path, "r2")
     notify.emit(worker, JobCancelled.of, other.id, datetime.now(UTC))
-    assert [e.stop_id for e in store.ledger(other.id)] == [None]
+    assert [e.stop_id for e in store.ledger.events(other.id)] == [None]

@@ -112,7 +112,7 @@ def test_a_tick_sees_the_proof_and_the_end_deadline_counts_from_it(
     assert moved.end_deadline == written + timedelta(seconds=60)
     [countdown] = [c for n, _, c in sent.calls if n == TASK_END_TIMEOUT]
     assert 48 < countdown <= 53  # from the proof (10 s ago, 3 s after asking): not 60
-    [seen] = [e for e in store.ledger("r1") if isinstance(e, ProofSeen)]
+    [seen] = [e for e in store.ledger.events("r1") if isinstance(e, ProofSeen)]
     assert (seen.at, seen.seen_by, seen.due, seen.step) == (written, "follow", None, 21)
     assert seen.seen_at is not None
     assert seen.at < seen.seen_at
@@ -125,7 +125,7 @@ def test_a_tick_sees_the_proof_and_the_end_deadline_counts_from_it(
     assert cancels._proof_deadline(ctx, stop, run, proof, stop.proof_deadline) == "proved"
     assert stops.proof_seen(ctx, stop, proof, datetime.now(UTC), "follow") is None
     assert store.get_stop("r1") == moved
-    assert [e.kind for e in store.ledger("r1")].count("proof_seen") == 1
+    assert [e.kind for e in store.ledger.events("r1")].count("proof_seen") == 1
     assert len([n for n, _, _ in sent.calls if n == TASK_END_TIMEOUT]) == 1
     # The next ticks read no proof: the stop waits for the end now.
     watch_target(ctx, "local", datetime.now(UTC))
@@ -156,7 +156,7 @@ def test_a_proof_with_a_linked_checkpoint_is_never_seen_and_its_deadline_says_wh
     for _ in range(2):
         watch_target(ctx, "local", datetime.now(UTC))
         assert store.get_stop("r1") == stop
-    assert not [e for e in store.ledger("r1") if isinstance(e, ProofSeen)]
+    assert not [e for e in store.ledger.events("r1") if isinstance(e, ProofSeen)]
     assert finishing.read_proof(ctx.executor("local"), run) == ProofInvalid(why=why)
     notes: list[str] = []
     monkeypatch.setattr(cancels, "_escalate", lambda ctx, stop, note, now: notes.append(note) or "")

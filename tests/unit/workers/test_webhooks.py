@@ -56,7 +56,7 @@ def queue(store: RunStore, run_id: str, n: int, now: datetime) -> list[str]:
         event = JobCancelled.of(run_id, now + timedelta(seconds=i))
         body = event.model_dump_json()
         delivery = {"id": event.id, "kind": event.kind, "run_id": run_id, "body": body}
-        store.record_event(event, deliveries=[("ops", json.dumps(delivery))], now=now)
+        store.ledger.record(event, deliveries=[("ops", json.dumps(delivery))], now=now)
         ids.append(event.id)
     return ids
 

@@ -25,7 +25,7 @@ def test_the_run_page_shows_the_ledger_newest_first(
     ended = api.store.transition("r1", RunState.CANCELLED, message=HOSTILE)
     for event in (StopOpened.of(stop), CancelDecided.of(stop, "no proof", late),
                   RunEnded.of(ended, late)):  # fmt: skip
-        api.store.record_event(event)
+        api.store.ledger.record(event)
     page = client.get("/runs/r1").text
     table = page[page.index('id="ledger"'):]
     table = table[: table.index("</table>")]
