@@ -43,7 +43,7 @@ system-deps:
 # The on-target scripts (workers/executors/sh/) are POSIX sh: dash and busybox run them.
 lint: venv check-sh
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy schemas store producers workers
+	$(VENV)/bin/mypy schemas store producers workers bench
 
 check-sh:
 	shellcheck -s sh workers/executors/sh/*.sh
@@ -62,7 +62,7 @@ check-ruff:
 	$(VENV)/bin/ruff check .
 
 check-mypy:
-	$(VENV)/bin/mypy schemas store producers workers
+	$(VENV)/bin/mypy schemas store producers workers bench
 
 check-unit:
 	$(PY) -m workers.reaper -- $(PY) -m pytest -q -n 2 --dist loadfile tests/unit $(PYTEST_ARGS)

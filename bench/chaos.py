@@ -164,7 +164,10 @@ def main() -> None:
     parser.add_argument("--fault-every", type=float, default=6.0, help="mean s between faults")
     parser.add_argument("--minutes", type=float, default=None, help="stop drawing runs after")
     parser.add_argument("--json", type=Path, default=None, help="write the raw figures here")
+    parser.add_argument("--tiny", action="store_true", help="the smoke test's run: least of all")
     args = parser.parse_args()
+    if args.tiny:
+        args.runs, args.in_flight, args.fault_every = 3, 3, 2.0
     tmp = Path(tempfile.mkdtemp(prefix="rw-bench-chaos-"))
     faults = tuple(f for f in FAULTS if args.ssh or f != "kill-sshd")
     targets = ["local", "ssh"] if args.ssh else ["local"]

@@ -77,7 +77,9 @@ def _seed(env: dict[str, str]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=7, help="runs of each command (median)")
-    runs = parser.parse_args().runs
+    parser.add_argument("--tiny", action="store_true", help="the smoke test's run: least of all")
+    args = parser.parse_args()
+    runs = 1 if args.tiny else args.runs
     with tempfile.TemporaryDirectory(prefix="rw-cli-bench-") as tmp:
         server, socket = _redis(Path(tmp))
         try:

@@ -93,7 +93,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30.0, help="how long the job writes")
     parser.add_argument("--wait", type=float, default=60.0, help="most seconds to wait after")
     parser.add_argument("--periods", default="5,1", help="follow periods to measure, in s")
+    parser.add_argument("--tiny", action="store_true", help="the smoke test's run: least of all")
     args = parser.parse_args()
+    if args.tiny:
+        args.seconds, args.wait, args.periods = 3.0, 30.0, "1"
     with tempfile.TemporaryDirectory(prefix="rw-follow-lag-") as tmp:
         for i, period in enumerate(float(p) for p in args.periods.split(",")):
             measure(Path(tmp) / str(i), period, args.seconds, args.wait)

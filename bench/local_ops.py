@@ -27,7 +27,10 @@ from workers.reaper import become_subreaper
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=300)
+    parser.add_argument("--tiny", action="store_true", help="the smoke test's run: least of all")
     args = parser.parse_args()
+    if args.tiny:
+        args.repeat = 10
     become_subreaper()
     root = Path(tempfile.mkdtemp(prefix="rw-bench-"))
     floor = median_s(

@@ -9,12 +9,18 @@
 3. the worker's peak RSS with 1,000 followed runs and 1,000 pending countdowns.
 
     .venv/bin/python -m workers.reaper -- .venv/bin/python bench/pipeline.py
+
+The stops and countdowns are signed as the workers require (the operator's key for a
+stop, the workers' for a deadline: `bench.harness.pipeline.signed`), and every wait
+has a deadline: a stop that never reaches the target ends the bench with the
+workers' logs, it does not hang. `--tiny` is the smoke test's run
+(tests/integration/bench/).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -28,14 +34,34 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench._timing import ms  # noqa: E402
-from bench.harness.pipeline import running_pipeline, toy  # noqa: E402
+from bench.harness.pipeline import (  # noqa: E402
+    Pipeline,
+    put_signed_target,
+    running_pipeline,
+    signed,
+    toy,
+)
 from bench.harness.sshd import running_sshd  # noqa: E402
 from schemas import JobId, RunRecord, RunState, SshOptions, TargetConfig  # noqa: E402
+from schemas.auth import WORKER  # noqa: E402
 from schemas.events import LaunchSpec  # noqa: E402
 from workers import watch  # noqa: E402
 from workers.context import Context  # noqa: E402
 from workers.executors import FollowEntry  # noqa: E402
 from workers.executors.ssh import SshTransport  # noqa: E402
+
+STOP_DEADLINE_S = 30.0
+"""How long a stop may take to reach the target before the bench gives up."""
+
+
+def wait_file(path: Path, pipeline: Pipeline, deadline_s: float = STOP_DEADLINE_S) -> None:
+    """Returns as soon as `path` exists; ends the bench with the workers' logs when it
+    does not within `deadline_s`."""
+    deadline = time.perf_counter() + deadline_s
+    while not path.exists():
+        if time.perf_counter() > deadline:
+            raise SystemExit(f"{path} never appeared in {deadline_s:g} s\n{pipeline.logs()}")
+        time.sleep(0.0002)
 
 
 def stop_latency(tmp: Path, runs: int, rounds: int) -> None:
@@ -56,10 +82,11 @@ def stop_latency(tmp: Path, runs: int, rounds: int) -> None:
         samples = []
         for run_id in ids:
             request = Path(api.get_run(run_id).remote_dir) / "snapshot.request"
+            task = "runwarden.snapshot_request"
+            kwargs = signed(api.settings, task, {"run_id": run_id})  # as a producer signs
             started = time.perf_counter()
-            api.app.send_task("runwarden.snapshot_request", kwargs={"body": {"run_id": run_id}})
-            while not request.exists():
-                time.sleep(0.0002)
+            api.app.send_task(task, kwargs=kwargs)
+            wait_file(request, pipeline)
             samples.append(time.perf_counter() - started)
         for run_id in ids:
             api.cancel(run_id)
@@ -87,6 +114,17 @@ class Counting:
         SshTransport.run = run  # type: ignore[method-assign,assignment]
 
 
+def tick_all(worker: Context, names: list[str], now: datetime) -> None:
+    """One follow tick of each target in `names`, all at once, as the workers run them."""
+    threads = [threading.Thread(target=watch.watch_target, args=(worker, n, now)) for n in names]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)  # each tick's SSH calls have their own deadlines
+        if thread.is_alive():
+            raise SystemExit("a watch tick still runs after 120 s")
+
+
 def poll_tick(tmp: Path, targets: int, per_target: int, rounds: int) -> None:
     print(f"== 2. one poll tick over {targets * per_target} runs on {targets} SSH targets")
     import fakeredis
@@ -96,15 +134,17 @@ def poll_tick(tmp: Path, targets: int, per_target: int, rounds: int) -> None:
 
     with running_sshd(tmp / "sshd") as server:
         store = RunStore(fakeredis.FakeRedis())
-        worker = Context(store, Settings(), lambda *_: None)
+        settings = Settings(state_dir=tmp / "state")
+        worker = Context(store, settings, lambda *_: None)
         leaders = []
         now = datetime.now(UTC)
         for t in range(targets):
             workdir = tmp / f"target-{t}"
             workdir.mkdir()
             name = f"t{t}"
-            store.put_target(
-                name,
+            put_signed_target(
+                store,
+                settings,
                 TargetConfig(
                     name=name,
                     kind="ssh",
@@ -143,14 +183,7 @@ def poll_tick(tmp: Path, targets: int, per_target: int, rounds: int) -> None:
         for _ in range(rounds):
             counter.count = 0
             started = time.perf_counter()
-            threads = [
-                threading.Thread(target=watch.watch_target, args=(worker, n, now))
-                for n in names
-            ]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
+            tick_all(worker, names, now)
             batched.append(time.perf_counter() - started)
         batched_commands = counter.count
         single = []
@@ -220,9 +253,10 @@ def worker_memory(tmp: Path, runs: int) -> None:
                 )
             )
             store.follow(f"mem-{r}")
-            api.app.send_task(
+            pipeline.send(
                 "runwarden.proof_timeout",
-                kwargs={"body": {"run_id": f"mem-{r}", "stop_id": f"bench{r:012d}"}},
+                {"run_id": f"mem-{r}", "stop_id": f"bench{r:012d}"},
+                WORKER,  # a deadline is the workers' own message
                 countdown=3600,
             )
         for _ in range(10):  # a few ticks over all of them
@@ -245,12 +279,19 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--targets", type=int, default=10)
     parser.add_argument("--per-target", type=int, default=100)
+    parser.add_argument("--tiny", action="store_true", help="the smoke test's run: least of all")
     args = parser.parse_args()
+    floor_rounds = 50
+    if args.tiny:
+        args.stops, args.rounds, args.targets, args.per_target = 2, 2, 2, 3
+        floor_rounds = 5
     tmp = Path(tempfile.mkdtemp(prefix="rw-bench-pipeline-"))
-    stop_latency(tmp, args.stops, 50)
-    poll_tick(tmp, args.targets, args.per_target, args.rounds)
-    worker_memory(tmp, args.targets * args.per_target)
-    os.system(f"rm -rf {tmp}")  # noqa: S605 - our own temporary directory
+    try:
+        stop_latency(tmp, args.stops, floor_rounds)
+        poll_tick(tmp, args.targets, args.per_target, args.rounds)
+        worker_memory(tmp, args.targets * args.per_target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -111,7 +111,10 @@ def main() -> None:
     parser.add_argument("--poll", type=float, default=1.0)
     parser.add_argument("--shell", choices=("dash", "busybox"), default="dash")
     parser.add_argument("--client", choices=("curl", "wget", "busybox-wget"), default="curl")
+    parser.add_argument("--tiny", action="store_true", help="the smoke test's run: least of all")
     args = parser.parse_args()
+    if args.tiny:
+        args.rounds = 2
     become_subreaper()
     env = Env(args.shell, args.client)
     clouds = [c for c in CLOUDS if not (c == "aws" and env.client == "busybox-wget")]

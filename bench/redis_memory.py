@@ -132,7 +132,11 @@ def arguments() -> argparse.Namespace:
         "about 150 bytes a log line); long: every line a progress bar, the worst case "
         "for the byte budget (each entry at the line cap)",
     )
-    return parser.parse_args()
+    parser.add_argument("--tiny", action="store_true", help="the smoke test's run: least of all")
+    args = parser.parse_args()
+    if args.tiny:
+        args.runs, args.mib_per_run = 3, 0.25
+    return args
 
 
 def create_runs(store: RunStore, count: int) -> list[str]:

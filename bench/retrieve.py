@@ -259,15 +259,18 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=1.0, help="shard size factor")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--dir", type=Path, default=None, help="where the temp dir goes")
+    parser.add_argument("--tiny", action="store_true", help="the smoke test's run: least of all")
     args = parser.parse_args()
+    if args.tiny:
+        args.scale, args.rounds = 0.002, 1
     become_subreaper()
     started = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix="rw-bench-retrieve-", dir=args.dir))
     server: SshServer | None = None
     ssh: SshExecutor | None = None
     flush = FlushTimer()
-    retrieval_disk.flush_tree = flush  # type: ignore[assignment] # times the fsync share
-    retrieval_verified.flush_tree = flush  # type: ignore[assignment] # imported by name there
+    retrieval_disk.flush_tree = flush  # times the fsync share
+    retrieval_verified.flush_tree = flush  # type: ignore[attr-defined] # imported by name there
     try:
         server = start_sshd(tmp)
         run = server.workdir / "run"
@@ -307,7 +310,7 @@ def main() -> None:
         samples, fsyncs = run_rounds(contenders, clean, args.rounds, flush)
         ok = report(samples, fsyncs, size, args.rounds)
         print(f"total {time.perf_counter() - started:.0f} s")
-        if not ok:
+        if not ok and not args.tiny:  # a tiny run's figures are read, never judged
             sys.exit(1)
     finally:
         if ssh is not None:

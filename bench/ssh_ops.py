@@ -45,10 +45,15 @@ TARGET_RATIO = 30.0
 DATA = bytes(range(256)) * 256  # 64 KiB
 
 
+CALL_TIMEOUT_S = 60.0
+"""The most one call on a channel may wait for its server."""
+
+
 def run_on(connection: SshConnection, script: Script) -> bytes:
     """Runs `script` as `sh -c` on a new exec channel of `connection`: reads all of
     stdout and stderr, then the exit status; returns stdout."""
     channel = connection.exec_channel()
+    channel.settimeout(CALL_TIMEOUT_S)  # a stalled read ends the bench, it never hangs
     try:
         channel.exec_command(sh_command(script.text, script.args))
         channel.shutdown_write()
@@ -139,7 +144,10 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=200, help="warm calls per op")
     parser.add_argument("--fresh-repeat", type=int, default=50, help="fresh-channel calls per op")
     parser.add_argument("--connect-repeat", type=int, default=15, help="full-connect calls per op")
+    parser.add_argument("--tiny", action="store_true", help="the smoke test's run: least of all")
     args = parser.parse_args()
+    if args.tiny:
+        args.repeat, args.fresh_repeat, args.connect_repeat = 5, 3, 2
     become_subreaper()
     tmp = Path(tempfile.mkdtemp(prefix="rw-bench-ssh-"))
     server = start_sshd(tmp)

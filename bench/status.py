@@ -42,7 +42,7 @@ def _until(ok: bool, pipeline: Pipeline, timeout_s: float = 120.0) -> float:
 
 
 def _rounds(
-    name: str, pipeline: Pipeline, kill: Callable[[], None], start: Callable[[], None], n: int
+    name: str, pipeline: Pipeline, kill: Callable[[], object], start: Callable[[], object], n: int
 ) -> None:
     down, up = [], []
     for _ in range(n):
@@ -72,7 +72,11 @@ def _cli(pipeline: Pipeline, *args: str) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--tiny", action="store_true", help="the smoke test's run: least of all")
     args = parser.parse_args()
+    readings, commands = 50, 3
+    if args.tiny:
+        args.rounds, readings, commands = 1, 5, 1
     with tempfile.TemporaryDirectory() as tmp, running_pipeline(Path(tmp)) as pipeline:
         print("== 1. detection of a SIGKILL (polled every 50 ms)")
         _rounds("worker", pipeline, lambda: pipeline.kill_worker("w1"),
@@ -82,12 +86,12 @@ def main() -> None:
         _until(True, pipeline)
         client = pipeline.redis.client()
         floor = median_s(client.ping, repeat=200)
-        reading = median_s(lambda: read_health(pipeline.api.settings), repeat=50, warmup=3)
+        reading = median_s(lambda: read_health(pipeline.api.settings), repeat=readings, warmup=3)
         print(f"   read_health {ms(reading)}  vs  PING {ms(floor)}")
         client.close()
-        print("== 3. the command as a subprocess (median of 3)")
-        help_s = statistics.median(_cli(pipeline, "--help") for _ in range(3))
-        status_s = statistics.median(_cli(pipeline, "status") for _ in range(3))
+        print(f"== 3. the command as a subprocess (median of {commands})")
+        help_s = statistics.median(_cli(pipeline, "--help") for _ in range(commands))
+        status_s = statistics.median(_cli(pipeline, "status") for _ in range(commands))
         print(f"   runwarden status {status_s:.2f} s  vs  runwarden --help {help_s:.2f} s")
 
 

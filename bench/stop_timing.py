@@ -109,7 +109,7 @@ def one_batch(
     added to `disturbed`, with why, and left out."""
     api = pipeline.api
     runs = [(kind, launch(pipeline, kind)) for _ in range(size) for kind in ("hang", "deaf")]
-    asked = []
+    asked: list[tuple[str, RunRecord]] = []
     for kind, run in runs:
         try:
             pipeline.wait_step(run.id, 2, timeout_s=60)
@@ -149,7 +149,10 @@ def main() -> None:
     parser.add_argument(
         "--spacing", type=float, default=1.0, help="seconds between two stops (1.0; 0: a storm)"
     )
+    parser.add_argument("--tiny", action="store_true", help="the smoke test's run: least of all")
     args = parser.parse_args()
+    if args.tiny:
+        args.runs, args.batch = 1, 1
     become_subreaper()  # the jobs' orphans come here, and are reaped
     tmp = Path(tempfile.mkdtemp(prefix="rw-bench-stop-timing-"))
     extra = {"RUNWARDEN_FOLLOW_POLL_S": str(args.follow)}

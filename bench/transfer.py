@@ -196,7 +196,10 @@ def main() -> None:
         default="aes128-gcm@openssh.com",
         help="also time OpenSSH forced to this cipher (paramiko's); '' skips it",
     )
+    parser.add_argument("--tiny", action="store_true", help="the smoke test's run: least of all")
     args = parser.parse_args()
+    if args.tiny:
+        args.scale, args.rounds = 0.002, 1
     become_subreaper()
     started = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix="rw-bench-xfer-", dir=args.dir))

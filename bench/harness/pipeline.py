@@ -21,7 +21,7 @@ from typing import Any
 
 from producers.api import Runwarden
 from schemas import RunRecord, Settings, SshOptions, StopPhase, StopState, TargetConfig
-from schemas.auth import OPERATOR, WORKER, sign
+from schemas.auth import OPERATOR, WORKER, sign, sign_target
 from schemas.events import DEFAULT_QUEUE, QUEUE, QUEUE_RETRIEVE, QUEUE_WATCH
 from schemas.secrets import producer_key_file
 from workers.executors import quote
@@ -54,6 +54,13 @@ def signed(settings: Settings, task: str, body: Any, producer: str = OPERATOR) -
     (its key created in the secrets directory when missing)."""
     key, _ = settings.secrets.ensure(producer_key_file(producer))
     return {"body": body, "auth": sign(task, body, producer, key, time.time())}
+
+
+def put_signed_target(store: Any, settings: Settings, config: dict[str, Any]) -> None:
+    """Stores target `config` signed with the operator's key of `settings` (created
+    in its secrets directory when missing), as `runwarden targets add` does."""
+    key, _ = settings.secrets.ensure(producer_key_file(OPERATOR))
+    store.put_target(config["name"], config, sign_target(config["name"], config, key))
 
 
 def read_small(path: Path, limit: int = 64) -> str:
@@ -333,13 +340,12 @@ def running_pipeline(
     env["RUNWARDEN_REDIS_URL"] = redis.url
     env["RUNWARDEN_STATE_DIR"] = str(tmp / "state")
     env["PYTHONPATH"] = str(ROOT)
-    settings = Settings(
-        **{
-            k.removeprefix("RUNWARDEN_").lower(): v
-            for k, v in env.items()
-            if k.startswith("RUNWARDEN_")
-        }
-    )  # type: ignore[arg-type]
+    fields: dict[str, Any] = {
+        k.removeprefix("RUNWARDEN_").lower(): v
+        for k, v in env.items()
+        if k.startswith("RUNWARDEN_")
+    }
+    settings = Settings(**fields)
     for producer in (OPERATOR, WORKER):  # as `runwarden serve` creates them
         settings.secrets.ensure(producer_key_file(producer))
     api = Runwarden(settings)
