@@ -100,7 +100,7 @@ def read_health(
     except (RunwardenError, ValueError) as error:  # the password file, a malformed URL
         return unreachable(address, _line(error) + hint, time.time(), late_after_s)
     try:
-        readings = store.read_health(QUEUES_SHOWN, list(periods))
+        readings = store.health.read_health(QUEUES_SHOWN, list(periods))
     except RunwardenError as error:
         return unreachable(address, _line(error) + hint, time.time(), late_after_s)
     finally:

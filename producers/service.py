@@ -545,7 +545,7 @@ class Service:
         try:
             if self._store is None:
                 self._store = RunStore.from_url(self.settings.store_url(), timeout_s=1.0)
-            written = self._store.write_serve(self._state(), SERVE_TTL_S)
+            written = self._store.health.write_serve(self._state(), SERVE_TTL_S)
         except (RunwardenError, ValueError):
             return
         self._started = written.started
@@ -564,7 +564,7 @@ class Service:
             child.wait()
         if self._store is not None:
             with contextlib.suppress(RunwardenError):
-                self._store.end_serve(self.name)
+                self._store.health.end_serve(self.name)
             self._store.client.close()
         if self.embedded is not None:
             self.embedded.stop()

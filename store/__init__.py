@@ -20,7 +20,7 @@ Guarantees:
 - Redis stays bounded: each run's log and metrics streams keep at most an entry cap
   and a byte budget (each line at most a line cap), trimmed oldest first in the
   script that appends (`store.streams`); an ended run's follow data expires after
-  the retention (`end_run`), while its record and stop history stay. `RunStore.memory`
+  the retention (`end_run`), while its record and stop history stay. `RunStore.health.memory`
   reads Redis's use against its `maxmemory`.
 - Every Redis failure is raised as `StoreError` (`raise ... from` the Redis error).
   The operation may then have been applied or not (the reply was lost): retrying

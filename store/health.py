@@ -31,10 +31,11 @@ from schemas.health import (
     ServeState,
 )
 
-from .base import StoreBase, millis, replace_model, text, translated
+from .base import StorePart, millis, replace_model, text, translated
 from .keys import BROKER_PRIORITY_STEPS
+from .memory import MemoryUse, memory_use
 
-__all__ = ["HealthMixin"]
+__all__ = ["Health"]
 
 _ROLES: tuple[Role, Role] = ("worker", "beat")
 
@@ -58,8 +59,18 @@ def _number(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-class HealthMixin(StoreBase):
-    """Heartbeats, periodic task runs, and the health reading."""
+class Health(StorePart):
+    """Heartbeats, periodic task runs, Redis's memory, and the health reading
+    (`RunStore.health`)."""
+
+    @translated
+    def memory(self) -> MemoryUse:
+        """Redis's memory use now, and its limit (`INFO memory`).
+
+        Raises:
+            StoreError: Redis failed, or its answer lacks the numbers.
+        """
+        return memory_use(self._r)
 
     @translated
     def redis_now(self) -> float:

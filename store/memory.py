@@ -9,9 +9,9 @@ from typing import Any, Final, NamedTuple
 from schemas import StoreError
 from schemas.text import format_bytes
 
-from .base import StoreBase, text, translated
+from .base import text
 
-__all__ = ["MEMORY_WARN_FRACTION", "MemoryMixin", "MemoryUse"]
+__all__ = ["MEMORY_WARN_FRACTION", "MemoryUse", "memory_use"]
 
 MEMORY_WARN_FRACTION: Final = 0.8
 """Share of `maxmemory` above which the service warns."""
@@ -69,24 +69,21 @@ def _number(info: dict[str, Any], name: str) -> int:
     return value
 
 
-class MemoryMixin(StoreBase):
-    """[`memory`]: Redis's memory use and limit."""
+def memory_use(client: Any) -> MemoryUse:
+    """Redis's memory use now, and its limit (`INFO memory` of `client`).
 
-    @translated
-    def memory(self) -> MemoryUse:
-        """Redis's memory use now, and its limit (`INFO memory`).
-
-        Raises:
-            StoreError: Redis failed, or its answer lacks the numbers.
-        """
-        info = self._r.info("memory")
-        if not isinstance(info, dict):
-            raise StoreError("run store: Redis's INFO memory is not a section")
-        info = {text(k): v for k, v in info.items()}
-        limit = _number(info, "maxmemory")
-        policy = info.get("maxmemory_policy", "")
-        return MemoryUse(
-            used=_number(info, "used_memory"),
-            max=limit or None,
-            policy=text(policy) if isinstance(policy, bytes | str) else str(policy),
-        )
+    Raises:
+        StoreError: its answer lacks the numbers. A Redis error propagates (the
+            caller translates it).
+    """
+    info = client.info("memory")
+    if not isinstance(info, dict):
+        raise StoreError("run store: Redis's INFO memory is not a section")
+    info = {text(k): v for k, v in info.items()}
+    limit = _number(info, "maxmemory")
+    policy = info.get("maxmemory_policy", "")
+    return MemoryUse(
+        used=_number(info, "used_memory"),
+        max=limit or None,
+        policy=text(policy) if isinstance(policy, bytes | str) else str(policy),
+    )

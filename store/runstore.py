@@ -19,10 +19,9 @@ from .continuations import ContinuationsMixin
 from .coordination import Coordination
 from .counters import Counters
 from .ending import EndingMixin
-from .health import HealthMixin
+from .health import Health
 from .launches import LaunchesMixin
 from .ledger import Ledger
-from .memory import MemoryMixin
 from .retrievals import RetrievalsMixin
 from .targets import TargetsMixin
 from .webhooks import WebhookQueue
@@ -37,8 +36,6 @@ class RunStore(
     RetrievalsMixin,
     ContinuationsMixin,
     BudgetsMixin,
-    MemoryMixin,
-    HealthMixin,
 ):
     """The run store over one Redis client (keys: `store.keys`).
 
@@ -52,7 +49,8 @@ class RunStore(
     (`store.webhooks.WebhookQueue`); `locks`, once-markers and token locks between
     workers (`store.coordination.Coordination`); `ledger`, the stop ledger
     (`store.ledger.Ledger`), which counts its events' metrics with `counters`
-    (`store.counters.Counters`).
+    (`store.counters.Counters`); `health`, heartbeats, periodic task runs, Redis's
+    memory and the health reading (`store.health.Health`).
     """
 
     def __init__(self, client: redis.Redis, prefix: str = "rw:", **options: Any) -> None:
@@ -63,6 +61,7 @@ class RunStore(
         self.locks = Coordination(self)
         self.counters = Counters(self)
         self.ledger = Ledger(self, self.counters)
+        self.health = Health(self)
 
     @classmethod
     def from_url(

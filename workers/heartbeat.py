@@ -87,7 +87,7 @@ class HeartbeatWriter:
                 queues=self._queues(),
                 started=self._started,
             )
-            written = self._connected().heartbeat(self.role, beat, self._ttl_s)
+            written = self._connected().health.heartbeat(self.role, beat, self._ttl_s)
         except (RunwardenError, ValueError) as error:
             self._failed("writing", error)
             return False
@@ -104,7 +104,7 @@ class HeartbeatWriter:
     def end(self) -> None:
         """Removes the heartbeat (a clean shutdown) and closes the connection."""
         try:
-            self._connected().end_heartbeat(self.role, self.name)
+            self._connected().health.end_heartbeat(self.role, self.name)
         except (RunwardenError, ValueError) as error:
             self._failed("ending", error)
         if self._own_store and self._store is not None:

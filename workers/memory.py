@@ -45,7 +45,7 @@ def watch_memory(ctx: Context, every_s: float = MEMORY_CHECK_S) -> MemoryUse | N
     if not _due(time.monotonic(), every_s):
         return None
     try:
-        use = ctx.store.memory()
+        use = ctx.store.health.memory()
     except StoreError as error:
         log.warning("cannot read Redis's memory: %s", error)
         return None

@@ -220,7 +220,7 @@ def end_timeout(body: Any = None, auth: Any = None) -> str:
 def _ran(task: str) -> None:
     """Records that the periodic `task` runs now: `runwarden status` tells from it how
     late the task is (`schemas.health`)."""
-    context().store.record_tick(task)
+    context().store.health.record_tick(task)
 
 
 @app.task(name=TASK_RECONCILE, base=QuietTask)

@@ -147,7 +147,7 @@ def show(
     from schemas import StoreError
 
     try:
-        warning = api.store.memory().warning()
+        warning = api.store.health.memory().warning()
     except StoreError:
         warning = None  # a Redis that does not answer INFO: the run is shown all the same
     if warning is not None:

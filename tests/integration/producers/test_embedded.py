@@ -60,7 +60,7 @@ def test_the_embedded_server_has_the_maxmemory_of_the_settings(
         assert client.config_get("maxmemory") == {"maxmemory": str(expected)}
         assert client.config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
         assert client.config_get("appendonly") == {"appendonly": "yes"}
-        use = RunStore.from_settings(settings).memory()
+        use = RunStore.from_settings(settings).health.memory()
         assert (use.max, use.policy, use.high) == (expected, "noeviction", False)
         client.close()
         anonymous = redis.Redis(unix_socket_path=str(settings.embedded_socket), socket_timeout=5)

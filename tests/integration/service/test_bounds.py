@@ -81,7 +81,7 @@ def test_a_retrieval_past_the_reserve_fails_and_a_stop_still_completes(
     assert "RUNWARDEN_ARTIFACT_RESERVE_BYTES" in shown
     assert "Redis memory is high" not in shown
     client = pipeline.redis.client()
-    used = pipeline.api.store.memory().used
+    used = pipeline.api.store.health.memory().used
     client.config_set("maxmemory", int(used / 0.85))
     try:
         shown = show(pipeline, short.id)

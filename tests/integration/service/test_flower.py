@@ -151,7 +151,7 @@ def test_the_periodic_tasks_leave_the_task_list_to_the_stops(
     def every_tick_ran_since() -> bool:
         # Each periodic task and its fan-out ran while Flower listened: the run is
         # followed and its target's policies ticked since the stop.
-        ran.update(pipeline.api.store.read_health((), QUIET_TASKS).ticks)
+        ran.update(pipeline.api.store.health.read_health((), QUIET_TASKS).ticks)
         periodic = (TASK_FOLLOW_TICK, TASK_POLL_REQUESTS, TASK_POLICY_TICK, TASK_RECONCILE)
         ticked = all(ran.get(t, 0.0) > since for t in periodic)
         return ticked and pipeline.api.store.get_offsets(run_id).log > 0

@@ -1,4 +1,4 @@
-"""`RunStore.memory` against a real `redis-server` of the test's own (fakeredis has no
+"""`RunStore.health.memory` against a real `redis-server` of the test's own (fakeredis has no
 `INFO`): Redis's use against its `maxmemory`, and `high` above 80 % of it; at the
 limit, with `noeviction`, Redis refuses writes and the store says so."""
 
@@ -24,15 +24,15 @@ def test_memory_reads_use_and_limit(own_server: RedisServer) -> None:
     client = own_server.client()
     store = RunStore(client)
     client.config_set("maxmemory", 0)
-    free = store.memory()
+    free = store.health.memory()
     assert free.used > 0
     assert (free.max, free.fraction, free.high) == (None, None, False)
 
-    used = store.memory().used
+    used = store.health.memory().used
     limit = int(used / 0.9)  # about 90 % used once set
     client.config_set("maxmemory", limit)
     client.config_set("maxmemory-policy", "noeviction")
-    near = store.memory()
+    near = store.health.memory()
     assert near.max == limit
     assert near.policy == "noeviction"
     assert near.fraction is not None
@@ -40,7 +40,7 @@ def test_memory_reads_use_and_limit(own_server: RedisServer) -> None:
     assert near.high
 
     client.config_set("maxmemory", used * 4)
-    assert not store.memory().high
+    assert not store.health.memory().high
 
 
 def test_at_the_limit_redis_refuses_writes_and_the_store_says_so(
@@ -48,7 +48,7 @@ def test_at_the_limit_redis_refuses_writes_and_the_store_says_so(
 ) -> None:
     client = own_server.client()
     store = RunStore(client)
-    client.config_set("maxmemory", store.memory().used + 256 * 1024)
+    client.config_set("maxmemory", store.health.memory().used + 256 * 1024)
     client.config_set("maxmemory-policy", "noeviction")
     def fill() -> None:
         for _ in range(1000):
@@ -56,4 +56,4 @@ def test_at_the_limit_redis_refuses_writes_and_the_store_says_so(
 
     with pytest.raises(StoreError, match="maxmemory"):
         fill()
-    assert store.memory().high
+    assert store.health.memory().high

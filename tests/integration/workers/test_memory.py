@@ -30,7 +30,7 @@ def test_a_warning_above_80_percent_at_most_once_per_period(
 ) -> None:
     context, server = ctx
     client = server.client()
-    used = context.store.memory().used
+    used = context.store.health.memory().used
     client.config_set("maxmemory", used * 10)
     caplog.set_level(logging.INFO, logger="runwarden")
     use = memory.watch_memory(context, every_s=3600)

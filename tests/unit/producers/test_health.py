@@ -48,10 +48,10 @@ def healthy(store: RunStore, settings: Settings, hostname: str = "h") -> None:
     """Heartbeats of a worker on both queues and of a beat; every periodic task ran."""
     queues = ("celery", "runwarden", "runwarden.retrieve", "runwarden.watch")
     beat = Heartbeat(name="w1@h", hostname=hostname, pid=7, queues=queues)
-    store.heartbeat("worker", beat, ttl_s=60)
-    store.heartbeat("beat", Heartbeat(name="beat@h", hostname=hostname, pid=8), ttl_s=60)
+    store.health.heartbeat("worker", beat, ttl_s=60)
+    store.health.heartbeat("beat", Heartbeat(name="beat@h", hostname=hostname, pid=8), ttl_s=60)
     for task in periodic_tasks(settings):
-        store.record_tick(task)
+        store.health.record_tick(task)
 
 
 @pytest.fixture
@@ -205,7 +205,7 @@ def test_serves_record_is_read_shown_and_removed_at_a_clean_stop(
     healthy(server, settings)
     child = ServeChild(name="beat", pid=9, restarts=1, last_end="killed by SIGKILL",
                        last_end_ago_s=2.0)  # fmt: skip
-    written = server.write_serve(ServeState(name="serve@h", hostname="h", pid=7,
+    written = server.health.write_serve(ServeState(name="serve@h", hostname="h", pid=7,
                                             children=(child,)), ttl_s=5)  # fmt: skip
     assert written.started == written.at
     [serve] = read_health(settings).serve
@@ -217,10 +217,10 @@ def test_serves_record_is_read_shown_and_removed_at_a_clean_stop(
     assert rows[0][:3] == ("serve", "up", "serve@h")
     assert rows[1][:3] == ("child", "up", "beat")
     assert rows[1][3].startswith("pid 9, 1 restart(s), last killed by SIGKILL ")
-    server.end_serve("serve@h")
+    server.health.end_serve("serve@h")
     assert read_health(settings).serve == ()
     # A serve killed without a word drops out when its record lapses.
-    server.write_serve(ServeState(name="serve@h", hostname="h", pid=7), ttl_s=0.1)
+    server.health.write_serve(ServeState(name="serve@h", hostname="h", pid=7), ttl_s=0.1)
     time.sleep(0.3)
     assert read_health(settings).serve == ()
 
@@ -233,7 +233,7 @@ def test_the_table_is_aligned_cleaned_and_never_wrapped(
 ) -> None:
     settings = settings_for(redis_server.url, tmp_path)
     healthy(server, settings, hostname=HOSTILE)
-    server.heartbeat("worker", Heartbeat(name=HOSTILE, hostname="h", pid=9), ttl_s=0.1)
+    server.health.heartbeat("worker", Heartbeat(name=HOSTILE, hostname="h", pid=9), ttl_s=0.1)
     time.sleep(0.3)
     report = read_health(settings)
     rows = report_rows(report)

@@ -42,12 +42,12 @@ def dump(store: RunStore) -> dict[str, Any]:
 
 
 def test_a_heartbeat_is_alive_with_its_record_stamped_by_redis(store: RunStore) -> None:
-    before = store.redis_now()
-    written = store.heartbeat("worker", beat(), ttl_s=5)
-    after = store.redis_now()
+    before = store.health.redis_now()
+    written = store.health.heartbeat("worker", beat(), ttl_s=5)
+    after = store.health.redis_now()
     assert before <= written.at <= after
     assert written.started == written.at
-    reading = store.read_health(QUEUES, TASKS)
+    reading = store.health.read_health(QUEUES, TASKS)
     (seen,) = reading.workers
     assert seen.name == "w1@h"
     assert seen.heartbeat == written
@@ -58,44 +58,44 @@ def test_a_heartbeat_is_alive_with_its_record_stamped_by_redis(store: RunStore) 
 
 
 def test_started_is_kept_from_the_first_heartbeat(store: RunStore) -> None:
-    first = store.heartbeat("beat", beat("beat@h", ()), ttl_s=5)
+    first = store.health.heartbeat("beat", beat("beat@h", ()), ttl_s=5)
     time.sleep(0.01)
-    second = store.heartbeat("beat", first.model_copy(update={"pid": 43}), ttl_s=5)
+    second = store.health.heartbeat("beat", first.model_copy(update={"pid": 43}), ttl_s=5)
     assert second.started == first.started
     assert second.at > first.at
-    (seen,) = store.read_health(QUEUES, TASKS).beats
+    (seen,) = store.health.read_health(QUEUES, TASKS).beats
     assert seen.heartbeat is not None
     assert seen.heartbeat.pid == 43
 
 
 def test_a_heartbeat_lapses_after_its_time_to_live(store: RunStore) -> None:
-    written = store.heartbeat("worker", beat(), ttl_s=0.2)
+    written = store.health.heartbeat("worker", beat(), ttl_s=0.2)
     time.sleep(0.5)
-    (seen,) = store.read_health(QUEUES, TASKS).workers
+    (seen,) = store.health.read_health(QUEUES, TASKS).workers
     assert seen.heartbeat is None
     assert seen.last_seen == pytest.approx(written.at)
 
 
 def test_ending_a_heartbeat_forgets_the_process(store: RunStore) -> None:
-    store.heartbeat("worker", beat("a@h"), ttl_s=5)
-    store.heartbeat("worker", beat("b@h"), ttl_s=5)
-    store.end_heartbeat("worker", "a@h")
-    assert [w.name for w in store.read_health(QUEUES, TASKS).workers] == ["b@h"]
+    store.health.heartbeat("worker", beat("a@h"), ttl_s=5)
+    store.health.heartbeat("worker", beat("b@h"), ttl_s=5)
+    store.health.end_heartbeat("worker", "a@h")
+    assert [w.name for w in store.health.read_health(QUEUES, TASKS).workers] == ["b@h"]
     assert not store.client.exists(store.keys.heartbeat("worker", "a@h"))
 
 
 def test_processes_are_listed_latest_first_and_the_long_gone_forgotten(store: RunStore) -> None:
-    now = store.redis_now()
+    now = store.health.redis_now()
     seen = store.keys.heartbeats("worker")
     store.client.zadd(seen, {"ancient@h": now - HEARTBEAT_KEPT_S - 10, "recent@h": now - 5})
-    store.heartbeat("worker", beat("live@h"), ttl_s=5)
-    names = [w.name for w in store.read_health(QUEUES, TASKS).workers]
+    store.health.heartbeat("worker", beat("live@h"), ttl_s=5)
+    names = [w.name for w in store.health.read_health(QUEUES, TASKS).workers]
     assert names == ["live@h", "recent@h"]
 
 
 def test_roles_are_apart(store: RunStore) -> None:
-    store.heartbeat("beat", beat("x", ()), ttl_s=5)
-    reading = store.read_health(QUEUES, TASKS)
+    store.health.heartbeat("beat", beat("x", ()), ttl_s=5)
+    reading = store.health.read_health(QUEUES, TASKS)
     assert reading.workers == ()
     assert [b.name for b in reading.beats] == ["x"]
 
@@ -103,39 +103,39 @@ def test_roles_are_apart(store: RunStore) -> None:
 def test_an_unreadable_or_foreign_heartbeat_reads_as_lapsed(store: RunStore) -> None:
     for name, raw in (("junk@h", "{not json"), ("other@h", beat("w9@h").model_dump_json())):
         store.client.set(store.keys.heartbeat("worker", name), raw)
-        store.client.zadd(store.keys.heartbeats("worker"), {name: store.redis_now()})
-    assert [w.heartbeat for w in store.read_health(QUEUES, TASKS).workers] == [None, None]
+        store.client.zadd(store.keys.heartbeats("worker"), {name: store.health.redis_now()})
+    assert [w.heartbeat for w in store.health.read_health(QUEUES, TASKS).workers] == [None, None]
 
 
 def test_a_huge_heartbeat_is_read_bounded(store: RunStore) -> None:
     name = "big@h"
     store.client.set(store.keys.heartbeat("worker", name), "x" * (HEARTBEAT_BYTES * 10))
-    store.client.zadd(store.keys.heartbeats("worker"), {name: store.redis_now()})
-    (seen,) = store.read_health(QUEUES, TASKS).workers
+    store.client.zadd(store.keys.heartbeats("worker"), {name: store.health.redis_now()})
+    (seen,) = store.health.read_health(QUEUES, TASKS).workers
     assert seen.heartbeat is None
 
 
 def test_a_bad_role_or_time_to_live_is_refused(store: RunStore) -> None:
     with pytest.raises(ValueError, match="role"):
-        store.heartbeat("flower", beat(), ttl_s=5)  # type: ignore[arg-type]
+        store.health.heartbeat("flower", beat(), ttl_s=5)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="time to live"):
-        store.heartbeat("worker", beat(), ttl_s=0)
+        store.health.heartbeat("worker", beat(), ttl_s=0)
 
 
 def test_ticks_record_when_each_task_last_ran(store: RunStore) -> None:
-    first = store.record_tick("runwarden.reconcile")
+    first = store.health.record_tick("runwarden.reconcile")
     time.sleep(0.01)
-    second = store.record_tick("runwarden.reconcile")
+    second = store.health.record_tick("runwarden.reconcile")
     assert second > first
-    reading = store.read_health(QUEUES, TASKS)
+    reading = store.health.read_health(QUEUES, TASKS)
     assert reading.ticks == {"runwarden.reconcile": second}
-    assert store.read_health(QUEUES, ()).ticks == {}
+    assert store.health.read_health(QUEUES, ()).ticks == {}
 
 
 def test_an_unreadable_tick_reads_as_never_run(store: RunStore) -> None:
     store.client.hset(store.keys.ticks, mapping={"runwarden.reconcile": "soon", "x": "1"})
     store.client.hset(store.keys.ticks, "runwarden.follow_tick", "nan")
-    assert store.read_health(QUEUES, TASKS).ticks == {}
+    assert store.health.read_health(QUEUES, TASKS).ticks == {}
 
 
 def test_queue_depths_read_every_priority_list_of_the_broker(store: RunStore) -> None:
@@ -145,7 +145,7 @@ def test_queue_depths_read_every_priority_list_of_the_broker(store: RunStore) ->
     r.rpush("runwarden.retrieve\x06\x169", "m4")
     r.rpush("runwarden\x06\x165", "not a step")
     r.hset("unacked", mapping={"t1": "{}", "t2": "{}", "t3": "{}"})
-    reading = store.read_health(QUEUES, TASKS)
+    reading = store.health.read_health(QUEUES, TASKS)
     assert reading.queues == {
         "runwarden": {0: 2, 3: 0, 6: 1, 9: 0},
         "runwarden.retrieve": {0: 0, 3: 0, 6: 0, 9: 1},
@@ -154,15 +154,15 @@ def test_queue_depths_read_every_priority_list_of_the_broker(store: RunStore) ->
 
 
 def test_the_deadline_table_pending_overdue_and_next(store: RunStore) -> None:
-    now = store.redis_now()
-    reading = store.read_health(QUEUES, TASKS)
+    now = store.health.redis_now()
+    reading = store.health.read_health(QUEUES, TASKS)
     assert (reading.deadlines.pending, reading.deadlines.overdue) == (0, 0)
     assert reading.deadlines.next is None
     for run_id, age in (("r1", 100.0), ("r2", -1000.0)):
         running(store, run_id)
         asked = datetime.fromtimestamp(now - age, UTC)
         store.open_stop(run_id, SnapshotReason.REQUESTED, "api", asked, proof_timeout_s=50)
-    reading = store.read_health(QUEUES, TASKS)
+    reading = store.health.read_health(QUEUES, TASKS)
     assert (reading.deadlines.pending, reading.deadlines.overdue) == (2, 1)
     first = reading.deadlines.next
     assert first is not None
@@ -174,10 +174,10 @@ def test_the_reading_writes_nothing_not_even_to_drop_a_malformed_deadline(
     store: RunStore,
 ) -> None:
     store.client.zadd(store.keys.deadlines, {"not|a deadline": 1.0})
-    store.heartbeat("worker", beat(), ttl_s=60)
-    store.record_tick("runwarden.reconcile")
+    store.health.heartbeat("worker", beat(), ttl_s=60)
+    store.health.record_tick("runwarden.reconcile")
     before = dump(store)
-    reading = store.read_health(QUEUES, TASKS)
+    reading = store.health.read_health(QUEUES, TASKS)
     assert dump(store) == before
     assert reading.deadlines.pending == 1
     assert reading.deadlines.next is None
@@ -186,7 +186,7 @@ def test_the_reading_writes_nothing_not_even_to_drop_a_malformed_deadline(
 def test_memory_is_read_where_redis_reports_it(
     store: RunStore, request: pytest.FixtureRequest
 ) -> None:
-    reading = store.read_health(QUEUES, TASKS)
+    reading = store.health.read_health(QUEUES, TASKS)
     if "fake" in request.node.callspec.id:
         # fakeredis has no INFO: read as a Redis whose ACL refuses it.
         assert (reading.used_memory, reading.maxmemory) == (None, None)
@@ -198,5 +198,6 @@ def test_memory_is_read_where_redis_reports_it(
 
 
 def test_the_clock_is_redis_s(store: RunStore) -> None:
-    assert abs(store.redis_now() - time.time()) < 5  # the same machine here
-    assert store.read_health(QUEUES, TASKS).now == pytest.approx(store.redis_now(), abs=2)
+    assert abs(store.health.redis_now() - time.time()) < 5  # the same machine here
+    now = store.health.redis_now()
+    assert store.health.read_health(QUEUES, TASKS).now == pytest.approx(now, abs=2)

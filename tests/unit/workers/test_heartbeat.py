@@ -36,7 +36,7 @@ def fake_store() -> RunStore:
 
 def alive(store: RunStore, role: str = "worker") -> dict[str, tuple[str, ...]]:
     """Name -> queues of every live process of `role`."""
-    reading = store.read_health(QUEUES, ())
+    reading = store.health.read_health(QUEUES, ())
     processes = reading.workers if role == "worker" else reading.beats
     return {p.name: p.heartbeat.queues for p in processes if p.heartbeat is not None}
 
@@ -55,13 +55,13 @@ def test_a_write_is_a_live_heartbeat_with_the_queues_as_they_stand(tmp_path: Pat
     queues.append(QUEUES)
     assert beats.write()
     assert alive(store) == {"w1@h": QUEUES}
-    (seen,) = store.read_health(QUEUES, ()).workers
+    (seen,) = store.health.read_health(QUEUES, ()).workers
     assert seen.heartbeat is not None
     assert seen.heartbeat.started is not None
     assert seen.heartbeat.started < seen.heartbeat.at
     beats.end()
     assert alive(store) == {}
-    assert store.read_health(QUEUES, ()).workers == ()
+    assert store.health.read_health(QUEUES, ()).workers == ()
 
 
 def test_the_heartbeat_lives_its_time_to_live(tmp_path: Path) -> None:
@@ -113,7 +113,7 @@ def test_the_thread_beats_until_stopped_then_ends_the_heartbeat(tmp_path: Path) 
     assert alive(store)
     thread.stop()
     assert alive(store) == {}
-    assert store.read_health(QUEUES, ()).workers == ()
+    assert store.health.read_health(QUEUES, ()).workers == ()
     thread.stop()  # twice is harmless
 
 
@@ -153,14 +153,14 @@ def test_worker_ready_starts_the_heartbeat_and_shutdown_ends_it(installed: RunSt
     signals.worker_ready.send(sender=Consumer("t1@h", ("runwarden.retrieve", "runwarden")))
     wait_for(lambda: alive(installed), timeout_s=5)
     assert alive(installed) == {"t1@h": ("runwarden", "runwarden.retrieve")}
-    (seen,) = installed.read_health(QUEUES, ()).workers
+    (seen,) = installed.health.read_health(QUEUES, ()).workers
     assert seen.heartbeat is not None
     assert seen.heartbeat.pid > 1
     time.sleep(HEARTBEAT_TTL_S + HEARTBEAT_INTERVAL_S)  # outlives one time to live: rewritten
     assert alive(installed)
     signals.worker_shutdown.send(sender=None)
     assert alive(installed) == {}
-    assert installed.read_health(QUEUES, ()).workers == ()
+    assert installed.health.read_health(QUEUES, ()).workers == ()
 
 
 def test_a_warm_shutdown_ends_the_heartbeat_when_it_begins(installed: RunStore) -> None:
@@ -182,7 +182,7 @@ def test_beat_s_scheduler_writes_its_heartbeat_on_its_ticks(tmp_path: Path) -> N
     assert alive(store, "beat") == {"beat@h": ()}
     scheduler.close()
     assert alive(store, "beat") == {}
-    assert store.read_health(QUEUES, ()).beats == ()
+    assert store.health.read_health(QUEUES, ()).beats == ()
 
 
 def test_beat_is_configured_to_beat() -> None:

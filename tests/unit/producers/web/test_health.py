@@ -44,15 +44,16 @@ def settings(redis_server: RedisServer, tmp_path: Path) -> Settings:
 
 def beating(store: RunStore, settings: Settings, hostname: str = "h") -> None:
     queues = ("runwarden", "runwarden.retrieve", "runwarden.watch")
-    store.heartbeat("worker", Heartbeat(name="w1@h", hostname=hostname, pid=7, queues=queues), 60)
-    store.heartbeat("beat", Heartbeat(name="beat@h", hostname=hostname, pid=8), 60)
+    worker = Heartbeat(name="w1@h", hostname=hostname, pid=7, queues=queues)
+    store.health.heartbeat("worker", worker, 60)
+    store.health.heartbeat("beat", Heartbeat(name="beat@h", hostname=hostname, pid=8), 60)
     for task in periodic_tasks(settings):
-        store.record_tick(task)
+        store.health.record_tick(task)
 
 
 def test_the_health_page_shows_the_report(store: RunStore, settings: Settings) -> None:
     beating(store, settings, hostname=HOSTILE)
-    store.heartbeat("worker", Heartbeat(name=HOSTILE, hostname="x", pid=9), 0.001)
+    store.health.heartbeat("worker", Heartbeat(name=HOSTILE, hostname="x", pid=9), 0.001)
     page = client_for(settings).get("/health")
     assert page.status_code == 200
     html = page.text
