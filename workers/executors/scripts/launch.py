@@ -27,7 +27,7 @@ from schemas.protocol import (
 )
 
 from ..errors import InvalidArgument
-from .common import CLOCK, GROUP_SIGNAL, quote
+from .common import GROUP_SIGNAL, Script, quote, sh
 
 __all__ = [
     "LEFTOVER_GIVE_UP_S",
@@ -303,14 +303,16 @@ def _watchdog_ms(name: str, seconds: float, least: int) -> int:
     return max(least, round(seconds * 1000))
 
 
-def watchdog_script(dir: str, after_s: float, poll_s: float) -> str:
+def watchdog_script(dir: str, after_s: float, poll_s: float) -> Script:
     """The on-target watchdog of the job in `dir`: plain POSIX `sh` (no Python, no
-    worker, no Redis), run as `sh -c` beside the job (see [`launcher_script`]). It
-    asks for the `deadline` snapshot by itself when every worker is gone.
+    worker, no Redis; `sh/watchdog.sh`), run as `sh -c` beside the job (see
+    [`launcher_script`]). It asks for the `deadline` snapshot by itself when every
+    worker is gone.
 
-    - It takes the job's pid and its leader's start time from its arguments (`sh -c
-      WATCHDOG rw-watchdog PID START`, as the launcher starts it: never from a file
-      the job could rewrite); started without them, it reads the pid from `job.pid`.
+    - It takes the job's pid and its leader's start time from its arguments after
+      its own (`sh -c WATCHDOG rw-watchdog ARG... PID START`, as the launcher starts
+      it: never from a file the job could rewrite); started without them, it reads
+      the pid from `job.pid`.
       Exit 3 when that is not a pid above 1. It records its own pid in
       `.runwarden/watchdog.pid` (the folder created when missing; a temporary name
       and a rename) and moves to `/`, so it pins no directory.
@@ -337,59 +339,8 @@ def watchdog_script(dir: str, after_s: float, poll_s: float) -> str:
     """
     after_ms = _watchdog_ms("after_s", after_s, 1)
     poll_ms = _watchdog_ms("poll_s", poll_s, _WATCHDOG_MIN_POLL_MS)
-    token = _secrets.token_hex(6)
-    return (
-        GROUP_SIGNAL
-        + CLOCK
-        + f"""
-rw_dir={quote(dir)}
-rw_after={after_ms}
-rw_poll={poll_ms}
-rw_pid=${{1-}}
-rw_begun=${{2-}}
-if [ -z "$rw_pid" ]; then IFS= read -r rw_pid < "$rw_dir/{PID_FILE}" || :; fi
-case $rw_begun in *[!0-9]*) rw_begun= ;; esac
-case $rw_pid in ''|*[!0-9]*) exit 3 ;; esac
-if [ "${{#rw_pid}}" -gt 9 ] || [ "$rw_pid" -le 1 ]; then exit 3; fi
-cd / || :
-rw_w="$rw_dir/{WATCHDOG_PID_FILE}"
-mkdir -p -- "$rw_dir/{JOBSIDE_DIR}" 2>/dev/null || :
-if printf '%s\n' "$$" > "$rw_w.tmp.$$"; then mv -f -- "$rw_w.tmp.$$" "$rw_w" || :; fi
-rm -f -- "$rw_w.tmp.$$" 2>/dev/null || :
-rw_ended() {{
-  [ ! -d "$rw_dir" ] || ! rw_ours "$rw_pid" "$rw_begun"
-}}
-rw_ask() {{
-  rw_req="$rw_dir/{SNAPSHOT_REQUEST}"
-  if [ -e "$rw_req" ] || [ -h "$rw_req" ]; then return 0; fi
-  rw_tmp="$rw_req.rw-tmp.$$.{token}"
-  if printf '%s' deadline > "$rw_tmp"; then
-    if ! ln -- "$rw_tmp" "$rw_req" 2>/dev/null; then
-      if [ ! -e "$rw_req" ] && [ ! -h "$rw_req" ]; then mv -f -- "$rw_tmp" "$rw_req" || :; fi
-    fi
-  fi
-  rm -f -- "$rw_tmp" 2>/dev/null || :
-}}
-rw_now 0
-rw_fire=$((rw_ms + rw_after))
-rw_left=0
-while ! rw_ended; do
-  if [ -n "$rw_fire" ]; then
-    rw_now "$rw_left"
-    rw_left=$((rw_fire - rw_ms))
-    if [ "$rw_left" -le 0 ]; then
-      rw_fire=
-      rw_ask
-      continue
-    fi
-    [ "$rw_left" -le "$rw_poll" ] || rw_left=$rw_poll
-  else
-    rw_left=$rw_poll
-  fi
-  rw_sleep "$rw_left"
-done
-"""
-    )
+    args = (dir, str(after_ms), str(poll_ms), _secrets.token_hex(6))
+    return Script(sh("group", "clock", "watchdog"), args)
 
 
 def launcher_script(
@@ -465,10 +416,12 @@ def launcher_script(
     )
     companions = ""
     if watchdog is not None:
+        dog = watchdog_script(dir, *watchdog)
         companions = (
-            """"$rw_sh" -c 'trap "" HUP; "$1" "$2" -c "$3" rw-watchdog "$4" "$5" \\
-  </dev/null >/dev/null 2>&1 & wait $!' rw-watchdog-parent "$rw_setsid" "$rw_sh" """
-            + quote(watchdog_script(dir, *watchdog))
+            """"$rw_sh" -c 'trap "" HUP; rw_s=$1 rw_h=$2 rw_t=$3; shift 3
+  "$rw_s" "$rw_h" -c "$rw_t" rw-watchdog "$@" </dev/null >/dev/null 2>&1 & wait $!' \\
+  rw-watchdog-parent "$rw_setsid" "$rw_sh" """
+            + " ".join(quote(word) for word in (dog.text, *dog.args))
             + ' "$rw_pid" "$rw_st" </dev/null >/dev/null 2>&1 &\n'
         )
     if notice_watcher is not None:

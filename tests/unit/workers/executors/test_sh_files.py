@@ -12,6 +12,7 @@ import pytest
 
 from schemas import protocol
 from workers.executors.scripts.common import sh
+from workers.executors.scripts.launch import WATCHDOG_PID_FILE
 
 ROOT = Path(__file__).resolve().parents[4]
 SH_DIR = ROOT / "workers" / "executors" / "sh"
@@ -21,6 +22,7 @@ PROTOCOL_NAMES: dict[str, set[str]] = {
     "cancel": {protocol.CANCEL_FILE, protocol.CANCELLING_FILE, protocol.EXIT_FILE},
     "claim": {protocol.CLAIM_FILE},
     "disk": {protocol.OUTPUT_DIR},
+    "watchdog": {protocol.PID_FILE, protocol.SNAPSHOT_REQUEST, protocol.JOBSIDE_DIR},
     "follow": {
         protocol.JOB_LOG,
         protocol.METRICS_FILE,
@@ -73,6 +75,10 @@ def test_the_protocol_names_a_script_writes_are_those_of_schemas_protocol(name: 
     assert PROTOCOL_NAMES.get(name, set()) <= _PROTOCOL_VALUES
     for value in PROTOCOL_NAMES.get(name, set()):
         assert re.search(rf"(?<![A-Za-z0-9_.]){re.escape(value)}(?![A-Za-z0-9_])", text), value
+
+
+def test_the_watchdog_records_its_pid_where_spawn_looks() -> None:
+    assert f'"$rw_dir/{WATCHDOG_PID_FILE}"' in sh("watchdog")
 
 
 def shell_strings(path: Path) -> list[str]:

@@ -58,8 +58,9 @@ class Watchdog:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, after_s: float, poll_s: float = POLL_S) -> subprocess.Popen[bytes]:
+        dog = watchdog_script(str(self.dir), after_s, poll_s)
         self.proc = subprocess.Popen(
-            [*self.shell, "-c", watchdog_script(str(self.dir), after_s, poll_s)],
+            [*self.shell, "-c", dog.text, "rw-watchdog", *dog.args],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -220,12 +221,8 @@ def test_bad_times_are_refused(after_s: float, poll_s: float) -> None:
 
 
 def test_times_are_rounded_to_milliseconds() -> None:
-    script = watchdog_script("/w/r", 0.0001, 0.0001)
-    assert "rw_after=1\n" in script
-    assert "rw_poll=10\n" in script
-    script = watchdog_script("/w/r", 54_000.0, 5.0)
-    assert "rw_after=54000000\n" in script
-    assert "rw_poll=5000\n" in script
+    assert watchdog_script("/w/r", 0.0001, 0.0001).args[1:3] == ("1", "10")
+    assert watchdog_script("/w/r", 54_000.0, 5.0).args[1:3] == ("54000000", "5000")
 
 
 def test_the_launcher_starts_a_watchdog_only_when_asked() -> None:
