@@ -17,6 +17,10 @@ rw_ck() {
     if [ ! -d "$rw_p" ]; then printf '%s C %s notdir %s\n' "$rw_t" "$rw_i" "$rw_n"; return 0; fi
     case $rw_rest in */*) rw_rest=${rw_rest#*/} ;; *) break ;; esac
   done
+  # A directory this user cannot list or enter cannot be resolved either: said first.
+  if [ ! -r "$rw_p" ] || [ ! -x "$rw_p" ]; then
+    printf '%s C %s unreadable 0\n' "$rw_t" "$rw_i"; return 0
+  fi
   # Inside: the physical path under the run directory's own (a component swapped for
   # a link between the tests above and here is caught; builtins only, in subshells).
   rw_top=$(cd -P -- "$rw_d" 2>/dev/null && pwd -P) || rw_top=
@@ -25,9 +29,6 @@ rw_ck() {
   "$rw_top"/?*) ;;
   *) printf '%s C %s outside 0\n' "$rw_t" "$rw_i"; return 0 ;;
   esac
-  if [ ! -r "$rw_p" ] || [ ! -x "$rw_p" ]; then
-    printf '%s C %s unreadable 0\n' "$rw_t" "$rw_i"; return 0
-  fi
   set -- "$rw_p"/* "$rw_p"/.[!.]* "$rw_p"/..?*
   for rw_e in "$@"; do
     if [ -e "$rw_e" ] || [ -h "$rw_e" ]; then printf '%s C %s ok 0\n' "$rw_t" "$rw_i"; return 0; fi

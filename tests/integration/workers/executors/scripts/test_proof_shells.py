@@ -8,7 +8,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pytest
+from bench.harness.users import WORKER_USER, as_user, shared_dir
+from workers.executors import LocalTransport, ScriptExecutor
 
 from .....shells import HOSTILE_DIR, Shell, no_pwned
 
@@ -72,16 +73,24 @@ def test_every_way_a_checkpoint_can_fail_is_named(sh: Shell, tmp_path: Path) -> 
     assert sorted(os.listdir(elsewhere)) == ["checkpoint-21"]  # nothing written there
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root may search any directory")
 def test_a_directory_that_cannot_be_read_is_refused(sh: Shell) -> None:
-    run = run_with(sh, "locked")
-    path = real_checkpoint(run)
-    path.chmod(0)
-    try:
-        [verdict] = sh.executor.check_checkpoints([(str(run), CKPT)])
-    finally:
+    # Root may search any directory: the script runs as an unprivileged user, as the
+    # control user of a target whose jobs run as another may.
+    with shared_dir("rw-proof-") as workdir:
+        run = workdir / "locked"
+        run.mkdir()
+        run.chmod(0o755)
+        path = real_checkpoint(run)
+        path.parent.chmod(0o755)
+        path.chmod(0)
+        executor = ScriptExecutor(
+            LocalTransport(shell=(*as_user(WORKER_USER), *sh.shell)), str(workdir)
+        )
+        [verdict] = executor.check_checkpoints([(str(run), CKPT)])
         path.chmod(0o755)
+        [readable] = executor.check_checkpoints([(str(run), CKPT)])
     assert verdict == f"checkpoint {CKPT} cannot be read"
+    assert readable is None
 
 
 def test_no_checks_run_no_script(sh: Shell) -> None:
