@@ -16,10 +16,10 @@ a command that needs one module does not pay for building every model.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any, Final
+import importlib as _importlib
+import typing as _typing
 
-if TYPE_CHECKING:
+if _typing.TYPE_CHECKING:
     from .errors import (
         BadRequest,
         Conflict,
@@ -174,7 +174,7 @@ __all__ = [
 
 # Where each public name lives; tests/unit/schemas/test_lazy.py checks it matches the
 # imports above.
-_WHERE: Final[dict[str, str]] = {
+_WHERE: _typing.Final[dict[str, str]] = {
     "BadRequest": "errors",
     "Conflict": "errors",
     "InvalidPath": "errors",
@@ -250,12 +250,12 @@ _WHERE: Final[dict[str, str]] = {
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _typing.Any:
     """Imports the submodule that defines `name` on first use and caches the name."""
     module = _WHERE.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    value = getattr(_importlib.import_module(f".{module}", __name__), name)
     globals()[name] = value
     return value
 
