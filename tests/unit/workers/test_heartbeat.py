@@ -16,6 +16,8 @@ import fakeredis
 import pytest
 import redis
 from celery import Celery, signals
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from bench.harness.redis_server import RedisServer
 from schemas import Settings
@@ -83,7 +85,11 @@ def test_write_due_writes_once_per_interval(tmp_path: Path) -> None:
 def test_a_redis_that_is_down_fails_a_write_without_raising_logged_once(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    down = redis.Redis(unix_socket_path=str(tmp_path / "none.sock"), socket_timeout=1)
+    # Without retries, as the store builds its bounded clients (redis-py 8 retries
+    # three times by default).
+    down = redis.Redis(
+        unix_socket_path=str(tmp_path / "none.sock"), socket_timeout=1, retry=Retry(NoBackoff(), 0)
+    )
     beats = writer(RunStore(down), tmp_path)
     with caplog.at_level(logging.WARNING, logger="runwarden.heartbeat"):
         started = time.monotonic()
