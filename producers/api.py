@@ -319,7 +319,6 @@ class Runwarden:
             where = "this client's settings: no worker has published its own"
         return stop_budget(run.timeouts, saves, rule), where
 
-
     def ledger(self, run_id: str) -> list[LedgerEvent]:
         """The stop ledger of run `run_id`, oldest first (the order recorded): its
         stops, cancels, policy decisions, end and retrievals (`schemas.ledger`).
