@@ -5,12 +5,12 @@ that forked it ends, however it ends (`kill -9` included), and which an `exec` k
 `python -I -m workers.deathsig PARENT_PID -- CMD [ARG...]` (`producers/children.py`
 builds it for serve) arms SIGTERM as its own parent-death signal, checks that its
 parent is still `PARENT_PID` (when it is not, the parent died before the signal was
-armed: exit 1 at once, nothing run), then execs CMD in its place. `runwarden serve` starts each of its processes so
-(from its main thread, which lives as long as serve), so that no process of the
-service outlives serve: a `kill -9` of serve, or of its process group, leaves none
-behind. SIGTERM is what every one of them stops on cleanly (Redis writes its
-append-only file, a worker ends the tasks it runs). Off Linux the signal cannot be
-armed and CMD runs without it.
+armed: exit 1 at once, nothing run), then execs CMD in its place. `runwarden serve`
+starts each of its processes so (from its main thread, which lives as long as serve),
+so that no process of the service outlives serve: a `kill -9` of serve, or of its
+process group, leaves none behind. SIGTERM is what every one of them stops on
+cleanly (Redis writes its append-only file, a worker ends the tasks it runs). Off
+Linux the signal cannot be armed and CMD runs without it.
 """
 
 from __future__ import annotations
