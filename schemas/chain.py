@@ -19,16 +19,13 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import TYPE_CHECKING, Annotated, Final
+from typing import Annotated, Final
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .defaults import DEFAULT_MAX_PREEMPTIONS
 from .snapshot import Snapshot, SnapshotReason
 from .targets import TargetName
-
-if TYPE_CHECKING:
-    from .run import RunRecord
 
 __all__ = [
     "CONTINUE_RETRY_S",
@@ -40,7 +37,6 @@ __all__ = [
     "candidate_targets",
     "continuation_key",
     "is_preempted",
-    "lost_after_notice",
 ]
 
 MAX_CHAIN: Final = 1000
@@ -122,34 +118,3 @@ def continuation_key(run_id: str) -> str:
     """The launch key of the run that continues `run_id`: one per preempted run, so
     the continuation is launched once however often it is sent."""
     return f"continue.{run_id}"
-
-
-def lost_after_notice(run: RunRecord) -> list[tuple[str, str]]:
-    """What `show` and the web view's run page say of a run *lost* after a cloud's
-    preemption notice (it ended, not succeeded, without a snapshot, once a notice was
-    recorded: its machine went away, or it was cancelled, before its job proved the
-    `preempted` snapshot), as labelled lines: `lost`, when and how, and, for a run
-    launched with `on_preempt`, `continued`: why it was not (it has no verified
-    checkpoint of its own to go on from; the chain's last one can be resumed by
-    hand). Empty for any other run."""
-    notice = run.preemption.notice if run.preemption is not None else None
-    if notice is None or not run.state.is_terminal or run.state == "succeeded":
-        return []
-    if run.snapshot is not None:
-        return []  # it saved: continued when preempted, else stopped for another reason
-    seen = notice.seen_at or notice.recorded_at
-    lines = [
-        (
-            "lost",
-            f"after the {notice.source} notice seen {seen:%Y-%m-%d %H:%M:%S} UTC: the run"
-            f" ended {run.state} before its job proved the preempted snapshot",
-        )
-    ]
-    if run.on_preempt is not None:
-        why = "no: a run lost after a notice has no verified checkpoint of its own"
-        if run.resumed_from is not None:
-            why += f"; resume its chain's last one by hand: runwarden resume {run.resumed_from}"
-        else:
-            why += "; its chain has no earlier one: launch it again"
-        lines.append(("continued", why))
-    return lines

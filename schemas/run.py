@@ -31,6 +31,7 @@ __all__ = [
     "check_resumable",
     "check_snapshot_request",
     "decide_outcome",
+    "lost_after_notice",
     "transitioned",
 ]
 
@@ -442,3 +443,34 @@ def _decide(
         )
     message = "the job was cancelled" if base is RunState.CANCELLED else None
     return Outcome(state=base, message=message)
+
+
+def lost_after_notice(run: RunRecord) -> list[tuple[str, str]]:
+    """What `show` and the web view's run page say of a run *lost* after a cloud's
+    preemption notice (it ended, not succeeded, without a snapshot, once a notice was
+    recorded: its machine went away, or it was cancelled, before its job proved the
+    `preempted` snapshot), as labelled lines: `lost`, when and how, and, for a run
+    launched with `on_preempt`, `continued`: why it was not (it has no verified
+    checkpoint of its own to go on from; the chain's last one can be resumed by
+    hand). Empty for any other run."""
+    notice = run.preemption.notice if run.preemption is not None else None
+    if notice is None or not run.state.is_terminal or run.state == "succeeded":
+        return []
+    if run.snapshot is not None:
+        return []  # it saved: continued when preempted, else stopped for another reason
+    seen = notice.seen_at or notice.recorded_at
+    lines = [
+        (
+            "lost",
+            f"after the {notice.source} notice seen {seen:%Y-%m-%d %H:%M:%S} UTC: the run"
+            f" ended {run.state} before its job proved the preempted snapshot",
+        )
+    ]
+    if run.on_preempt is not None:
+        why = "no: a run lost after a notice has no verified checkpoint of its own"
+        if run.resumed_from is not None:
+            why += f"; resume its chain's last one by hand: runwarden resume {run.resumed_from}"
+        else:
+            why += "; its chain has no earlier one: launch it again"
+        lines.append(("continued", why))
+    return lines

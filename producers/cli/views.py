@@ -163,8 +163,8 @@ def show(
 
 def _preemption_lines(run: RunRecord) -> list[tuple[str, str]]:
     """What `show` says of the run's preemption watch and its notice, and of a run
-    lost after a notice (`schemas.chain.lost_after_notice`), with labels."""
-    from schemas.chain import lost_after_notice
+    lost after a notice (`schemas.run.lost_after_notice`), with labels."""
+    from schemas.run import lost_after_notice
 
     if run.preemption is None:
         return []

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from schemas import Progress, RunRecord, StopState, validate_run_id
-from schemas.chain import lost_after_notice
 from schemas.ledger import LedgerEvent
+from schemas.run import lost_after_notice
 from schemas.text import clean_text
 
 from ..api import Runwarden
@@ -76,7 +76,7 @@ class RunView:
     """The run's newest [`LEDGER_SHOWN`] ledger events, newest first."""
     lost: list[tuple[str, str]] = field(default_factory=list)
     """What is said of a run lost after a preemption notice, labelled
-    (`schemas.chain.lost_after_notice`); empty for any other run."""
+    (`schemas.run.lost_after_notice`); empty for any other run."""
 
 
 def check_entry_id(entry_id: str) -> str:

@@ -15,11 +15,10 @@ from schemas.chain import (
     candidate_targets,
     continuation_key,
     is_preempted,
-    lost_after_notice,
 )
 from schemas.events import LaunchSpec
 from schemas.idempotency import validate_launch_key
-from schemas.run import transitioned
+from schemas.run import lost_after_notice, transitioned
 
 from ..conftest import record
 
