@@ -205,8 +205,9 @@ def wrapper_script(
     `wait`, not the job, so it waits again while the job runs; the exit code is the
     job's, never that of the interrupted `wait`), except when the `cancelling`
     marker exists: runwarden's cancel then ends it, after it sent the signal once
-    more to the whole group a second later (a process its job's shell forked just
-    then may have lost the first), so no exit code is written and status says
+    more to the whole group a second later while the job's own shell still runs (a
+    process that shell forked just then may have lost the first; a job whose shell
+    execed its command gets no second), so no exit code is written and status says
     cancelled, not `exited 143`. Its own error output goes nowhere (a shell reports
     a child killed by a signal, which is not the job's output); the job's goes to
     `job.log`."""
@@ -252,11 +253,22 @@ fi
 """
     return f"""cd -- {quote(dir)} || exit 126
 rw_sh=$1 rw_mv=$2 rw_entry={entry} rw_sig=
+rw_shell() {{
+  # Whether process $1 still runs the job's shell (not a command it execed); yes
+  # when it cannot be told.
+  kill -0 "$1" 2>/dev/null || return 1
+  rw_x=$(readlink "/proc/$1/exe" 2>/dev/null) || return 0
+  rw_s=$(readlink -f "$rw_sh" 2>/dev/null) || return 0
+  [ "$rw_x" = "$rw_s" ]
+}}
 rw_caught() {{
   if [ -e {CANCELLING_FILE} ] || [ -h {CANCELLING_FILE} ]; then
-    # Once more to the whole group a second later: a process forked by a shell with a
-    # trap (the job's own shell) loses a signal that comes between its fork and exec.
-    trap '' "$1"; sleep 1; kill -s "$1" 0; trap - "$1"; kill -s "$1" $$
+    # Once more to the whole group a second later, only while the job's own shell
+    # lives on: a process a shell with a trap forks loses a signal that comes between
+    # its fork and exec. A job that is one command (execed) gets one SIGTERM.
+    trap '' "$1"; sleep 1
+    if rw_shell "$rw_job"; then kill -s "$1" 0; fi
+    trap - "$1"; kill -s "$1" $$
   fi
   rw_sig=1
 }}
