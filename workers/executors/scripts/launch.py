@@ -213,8 +213,10 @@ def wrapper_script(
     `job.log`."""
     traps = "".join(f"trap 'rw_caught {name}' {name}\n" for name in PREEMPTION_SIGNALS)
     entry = quote(f"{RUN_ID_ENV}={mark}") if mark is not None else "''"
-    kill_ticks = LEFTOVER_KILL_S * 10
-    give_up_ticks = LEFTOVER_GIVE_UP_S * 10
+    # Two looks a second: each reads every process's stat and environment, and many
+    # runs may end at once on one machine.
+    kill_ticks = LEFTOVER_KILL_S * 2
+    give_up_ticks = LEFTOVER_GIVE_UP_S * 2
     if wait_for_all:
         after = f"""rw_seen=
 while rw_scan && [ -n "$rw_left" ]; do
@@ -240,7 +242,7 @@ while rw_scan && [ -n "$rw_left" ]; do
   [ "$rw_i" -lt {kill_ticks} ] || kill -s KILL $rw_left 2>/dev/null || :
   rw_i=$((rw_i + 1))
   [ "$rw_i" -le {give_up_ticks} ] || break
-  sleep 0.1 2>/dev/null || sleep 1
+  sleep 0.5 2>/dev/null || sleep 1
 done
 rw_count "$rw_seen"
 [ "$rw_n" = 0 ] || rw_end="${{rw_end}}leftovers $rw_n
@@ -254,19 +256,26 @@ fi
     return f"""cd -- {quote(dir)} || exit 126
 rw_sh=$1 rw_mv=$2 rw_entry={entry} rw_sig=
 rw_shell() {{
-  # Whether process $1 still runs the job's shell (not a command it execed); yes
-  # when it cannot be told.
+  # Whether process $1 still runs the job's shell: not ended (a zombie has ended),
+  # not a command it execed. Without /proc it cannot be told: yes.
   kill -0 "$1" 2>/dev/null || return 1
-  rw_x=$(readlink "/proc/$1/exe" 2>/dev/null) || return 0
-  rw_s=$(readlink -f "$rw_sh" 2>/dev/null) || return 0
-  [ "$rw_x" = "$rw_s" ]
+  [ -r "/proc/$1/stat" ] || return 0
+  rw_z=; {{ IFS= read -r rw_z < "/proc/$1/stat"; }} 2>/dev/null || return 1
+  case ${{rw_z##*) }} in Z*) return 1 ;; esac
+  rw_x=$(readlink "/proc/$1/exe" 2>/dev/null) || return 1
+  rw_z=$(readlink -f "$rw_sh" 2>/dev/null) || return 0
+  [ "$rw_x" = "$rw_z" ]
 }}
 rw_caught() {{
   if [ -e {CANCELLING_FILE} ] || [ -h {CANCELLING_FILE} ]; then
-    # Once more to the whole group a second later, only while the job's own shell
-    # lives on: a process a shell with a trap forks loses a signal that comes between
-    # its fork and exec. A job that is one command (execed) gets one SIGTERM.
-    trap '' "$1"; sleep 1
+    # Once more to the whole group, only when the job's own shell still runs a second
+    # later: a process a shell with a trap forks loses a signal that comes between its
+    # fork and exec. A job that is one command (execed) gets one SIGTERM, and a shell
+    # that ended at once keeps the group no longer.
+    trap '' "$1"; rw_w=0
+    while [ "$rw_w" -lt 10 ] && rw_shell "$rw_job"; do
+      sleep 0.1 2>/dev/null || sleep 1; rw_w=$((rw_w + 1))
+    done
     if rw_shell "$rw_job"; then kill -s "$1" 0; fi
     trap - "$1"; kill -s "$1" $$
   fi
