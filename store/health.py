@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 from redis.exceptions import RedisError
@@ -39,6 +39,9 @@ __all__ = ["Health"]
 
 _ROLES: tuple[Role, Role] = ("worker", "beat")
 
+
+_Live = TypeVar("_Live", Heartbeat, ServeState)
+"""A record kept alive by rewriting it: a process's heartbeat or a serve's state."""
 
 def _seconds(reply: Any) -> float:
     """A `TIME` reply as unix seconds."""
@@ -88,16 +91,9 @@ class Health(StorePart):
             ValueError: an unknown role, or `ttl_s` not a positive number.
             StoreError: Redis failed.
         """
-        key, seen = self.keys.heartbeat(role, beat.name), self.keys.heartbeats(role)
         ttl_ms = millis(ttl_s, "a heartbeat's time to live")
-        now = _seconds(self._r.time())
-        written = replace_model(beat, at=now, started=now if beat.started is None else beat.started)
-        pipe = self._r.pipeline(transaction=True)
-        pipe.set(key, written.model_dump_json(), px=ttl_ms)
-        pipe.zadd(seen, {beat.name: now})
-        pipe.zremrangebyscore(seen, "-inf", now - HEARTBEAT_KEPT_S)
-        pipe.execute()
-        return written
+        key, seen = self.keys.heartbeat(role, beat.name), self.keys.heartbeats(role)
+        return self._write_live(key, seen, beat, ttl_ms)
 
     @translated
     def end_heartbeat(self, role: Role, name: str) -> None:
@@ -119,15 +115,20 @@ class Health(StorePart):
             ValueError: `ttl_s` not a positive number.
             StoreError: Redis failed.
         """
-        key, seen = self.keys.serve(state.name), self.keys.serves
         ttl_ms = millis(ttl_s, "a serve record's time to live")
+        return self._write_live(self.keys.serve(state.name), self.keys.serves, state, ttl_ms)
+
+    def _write_live(self, key: str, seen: str, record: _Live, ttl_ms: int) -> _Live:
+        """Writes `record` (a heartbeat or a serve's state) at `key` for `ttl_ms`,
+        stamped with Redis's clock (`at`, and `started` when it has none), and its name
+        in the sorted set `seen`, forgetting names stopped more than
+        `HEARTBEAT_KEPT_S` ago; one transaction. Returns what was written."""
         now = _seconds(self._r.time())
-        written = replace_model(
-            state, at=now, started=now if state.started is None else state.started
-        )
+        started = now if record.started is None else record.started
+        written = replace_model(record, at=now, started=started)
         pipe = self._r.pipeline(transaction=True)
         pipe.set(key, written.model_dump_json(), px=ttl_ms)
-        pipe.zadd(seen, {state.name: now})
+        pipe.zadd(seen, {record.name: now})
         pipe.zremrangebyscore(seen, "-inf", now - HEARTBEAT_KEPT_S)
         pipe.execute()
         return written
