@@ -263,8 +263,8 @@ rw_shell() {{
   rw_z=; {{ IFS= read -r rw_z < "/proc/$1/stat"; }} 2>/dev/null || return 1
   case ${{rw_z##*) }} in Z*) return 1 ;; esac
   rw_x=$(readlink "/proc/$1/exe" 2>/dev/null) || return 1
-  rw_z=$(readlink -f "$rw_sh" 2>/dev/null) || return 0
-  [ "$rw_x" = "$rw_z" ]
+  [ -n "$rw_real" ] || return 0
+  [ "$rw_x" = "$rw_real" ]
 }}
 rw_caught() {{
   if [ -e {CANCELLING_FILE} ] || [ -h {CANCELLING_FILE} ]; then
@@ -273,6 +273,7 @@ rw_caught() {{
     # fork and exec. A job that is one command (execed) gets one SIGTERM, and a shell
     # that ended at once keeps the group no longer.
     trap '' "$1"; rw_w=0
+    rw_real=$(readlink -f "$rw_sh" 2>/dev/null) || rw_real=
     while [ "$rw_w" -lt 10 ] && rw_shell "$rw_job"; do
       sleep 0.1 2>/dev/null || sleep 1; rw_w=$((rw_w + 1))
     done
