@@ -205,9 +205,11 @@ def wrapper_script(
     `wait`, not the job, so it waits again while the job runs; the exit code is the
     job's, never that of the interrupted `wait`), except when the `cancelling`
     marker exists: runwarden's cancel then ends it, after it sent the signal once
-    more to the whole group a second later while the job's own shell still runs (a
-    process that shell forked just then may have lost the first; a job whose shell
-    execed its command gets no second), so no exit code is written and status says
+    more to the whole group a second later while the job's own shell or any other
+    member of the group still runs (a process that shell forked just then may have
+    lost the first, and a background one outlives a shell that ended at once; it
+    waits no longer than the group lives; a job whose shell execed its command gets
+    no second), so no exit code is written and status says
     cancelled, not `exited 143`. Its own error output goes nowhere (a shell reports
     a child killed by a signal, which is not the job's output); the job's goes to
     `job.log`."""
@@ -253,9 +255,10 @@ if [ "$rw_i" -gt {give_up_ticks} ]; then
 "
 fi
 """
+    execd = "1" if single_command(script) else ""
     return f"""cd -- {quote(dir)} || exit 126
-rw_sh=$1 rw_mv=$2 rw_entry={entry} rw_sig=
-rw_shell() {{
+rw_sh=$1 rw_mv=$2 rw_entry={entry} rw_sig= rw_execd={execd}
+{_PROCESS_SCAN}rw_shell() {{
   # Whether process $1 still runs the job's shell: not ended (a zombie has ended),
   # not a command it execed. Without /proc it cannot be told: yes.
   kill -0 "$1" 2>/dev/null || return 1
@@ -266,19 +269,45 @@ rw_shell() {{
   [ -n "$rw_real" ] || return 0
   [ "$rw_x" = "$rw_real" ]
 }}
+rw_others() {{
+  # Whether the group holds a live process other than this wrapper, its children
+  # and theirs (the job's shell, the helpers of this look). One awk over every
+  # stat, not rw_scan's loop: many runs may be cancelled at once.
+  if [ -r "/proc/$$/stat" ]; then
+    rw_left=$(cat /proc/[0-9]*/stat 2>/dev/null | awk -v w="$$" '
+      {{ p = $1; l = $0; if (!sub(/.*\\) /, "", l)) next; split(l, f, " ")
+        st[p] = f[1]; pp[p] = f[2]; pg[p] = f[3] }}
+      END {{ for (p in pg) if (pg[p] == w && p != w && st[p] != "Z" &&
+        pp[p] != w && pp[pp[p]] != w) {{ print p; exit }} }}')
+  else
+    rw_e=$rw_entry; rw_entry=; rw_scan; rw_entry=$rw_e
+  fi
+  [ -n "$rw_left" ]
+}}
 rw_caught() {{
+  rw_sg=$1
   if [ -e {CANCELLING_FILE} ] || [ -h {CANCELLING_FILE} ]; then
-    # Once more to the whole group, only when the job's own shell still runs a second
-    # later: a process a shell with a trap forks loses a signal that comes between its
-    # fork and exec. A job that is one command (execed) gets one SIGTERM, and a shell
-    # that ended at once keeps the group no longer.
-    trap '' "$1"; rw_w=0
-    rw_real=$(readlink -f "$rw_sh" 2>/dev/null) || rw_real=
-    while [ "$rw_w" -lt 10 ] && rw_shell "$rw_job"; do
-      sleep 0.1 2>/dev/null || sleep 1; rw_w=$((rw_w + 1))
-    done
-    if rw_shell "$rw_job"; then kill -s "$1" 0; fi
-    trap - "$1"; kill -s "$1" $$
+    # Once more to the whole group when, a second later, the job's own shell or
+    # another member still runs: a process a shell with a trap forks loses a signal
+    # that comes between its fork and exec (a background one outlives a shell that
+    # ended at once). A job that is one command (execed) gets one; a group that
+    # emptied is kept no longer. At most two looks at every process: many runs may
+    # be cancelled at once.
+    trap '' "$rw_sg"; rw_w=0
+    if [ -z "$rw_execd" ]; then
+      rw_real=$(readlink -f "$rw_sh" 2>/dev/null) || rw_real=
+      while [ "$rw_w" -lt 10 ] && rw_shell "$rw_job"; do
+        sleep 0.1 2>/dev/null || sleep 1; rw_w=$((rw_w + 1))
+      done
+      if rw_shell "$rw_job"; then
+        kill -s "$rw_sg" 0
+      elif rw_others; then
+        rw_w=$((10 - rw_w))
+        sleep "$((rw_w / 10)).$((rw_w % 10))" 2>/dev/null || sleep 1
+        if rw_others; then kill -s "$rw_sg" 0; fi
+      fi
+    fi
+    trap - "$rw_sg"; kill -s "$rw_sg" $$
   fi
   rw_sig=1
 }}
@@ -304,7 +333,7 @@ if [ "$rw_code" -gt 128 ]; then
   case $rw_name in ''|*[!A-Z0-9]*) ;; *) rw_end="signal ${{rw_name#SIG}}
 " ;; esac
 fi
-{_PROCESS_SCAN}{after}if [ -n "$rw_end" ]; then
+{after}if [ -n "$rw_end" ]; then
   printf '%s' "$rw_end" > "{END_FILE}.tmp.$$" && "$rw_mv" -f -- "{END_FILE}.tmp.$$" {END_FILE}
 fi
 printf '%s\\n' "$rw_code" > "{EXIT_FILE}.tmp.$$" && "$rw_mv" -f -- "{EXIT_FILE}.tmp.$$" {EXIT_FILE}

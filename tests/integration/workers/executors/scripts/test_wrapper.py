@@ -152,3 +152,25 @@ def test_with_wait_for_all_the_run_ends_with_its_last_process(executor: LocalExe
     end = parse_job_end((Path(job.dir) / END_FILE).read_bytes())
     assert end is not None
     assert end.waited == 1
+
+
+def test_a_background_process_that_lost_the_cancel_signal_gets_it_again(
+    executor: LocalExecutor,
+) -> None:
+    """A process the job's shell forked just as cancel's SIGTERM came has lost it (a
+    subshell ignoring it for a moment stands in for that window), and the shell itself
+    ended at once: the wrapper sends it once more a second later, so cancel never
+    waits for its SIGKILL escalation (10 s)."""
+    job = spawn(
+        executor,
+        "lost",
+        "(trap '' TERM; echo forked; sleep 0.5; trap - TERM; exec sleep 60) & wait",
+    )
+    log = Path(job.dir) / JOB_LOG
+    wait_for(lambda: "forked" in log.read_text(), 10)
+    started = time.monotonic()
+    executor.cancel(job)
+    assert time.monotonic() - started < 4
+    assert executor.status(job) == JobStatus.CANCELLED
+    assert job.mark is not None
+    assert job_processes(job.mark) == []
