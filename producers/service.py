@@ -4,12 +4,11 @@ for the follow ticks, beat, and optionally Flower, the web view and the metrics
 endpoint; supervised until asked to stop, then stopped in order, Redis last (workers
 finish what they run: a cancel runs to its end).
 
-Supervision: every child, process or thread, that ends by itself is started again
-after a backoff ([`RESTART_FIRST_S`], doubling to [`RESTART_MAX_S`]; back to the first
-once it stayed up [`STEADY_S`]), with a line on stderr naming it and how it ended. A
-child that ends [`GIVE_UP_DEATHS`] times within [`GIVE_UP_WINDOW_S`] stops the service
-(exit 1, said why). Serve writes what it supervises, with the restarts, to the store
-every `schemas.health.SERVE_WRITE_S` (`runwarden status` shows it).
+Supervision (`producers.supervision`): every child, process or thread, that ends by
+itself is started again after a backoff, with a line on stderr naming it and how it
+ended; a child that keeps ending stops the service (exit 1, said why). Serve writes
+what it supervises, with the restarts, to the store every
+`schemas.health.SERVE_WRITE_S` (`runwarden status` shows it).
 
 No child outlives serve: each process is started from serve's main thread with its
 parent-death signal armed (`workers.deathsig`: SIGTERM when serve ends, `kill -9`
@@ -25,15 +24,12 @@ import contextlib
 import fcntl
 import os
 import secrets
-import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
@@ -46,34 +42,17 @@ from schemas.secrets import FLOWER_AUTH, producer_key_file
 from store import RunStore
 
 from .api import Runwarden
-from .children import dying_with_parent
 from .embedded import EmbeddedRedis, NotServing
+from .supervision import Child, ProcessChild, RedisChild, Supervisor, ThreadChild
 
 __all__ = [
     "FLOWER_CONFIG",
-    "GIVE_UP_DEATHS",
-    "GIVE_UP_WINDOW_S",
-    "RESTART_FIRST_S",
-    "RESTART_MAX_S",
-    "STEADY_S",
     "ServeError",
     "Service",
     "ServiceOptions",
 ]
 
 FLOWER_CONFIG: Final = Path(__file__).resolve().parent / "flower_config.py"
-STOP_WAIT_S: Final = 60.0
-"""How long a process has to end after SIGTERM before it is killed, in seconds."""
-RESTART_FIRST_S: Final = 1.0
-"""The wait before a child that ended is started again the first time, in seconds."""
-RESTART_MAX_S: Final = 30.0
-"""The longest wait before a restart, in seconds (the wait doubles at each end)."""
-STEADY_S: Final = 60.0
-"""A child up this long when it ends waits `RESTART_FIRST_S` again, in seconds."""
-GIVE_UP_DEATHS: Final = 5
-"""Ends of one child within `GIVE_UP_WINDOW_S` after which serve stops everything."""
-GIVE_UP_WINDOW_S: Final = 300.0
-"""The window of `GIVE_UP_DEATHS`, in seconds."""
 ORPHAN_WAIT_S: Final = 15.0
 """How long the Redis of a serve that died is given to end (its parent-death signal)
 before a new serve refuses to start, in seconds."""
@@ -116,137 +95,6 @@ class _WebThread:
     def stop(self) -> None:
         self._server.should_exit = True
         self.thread.join(timeout=10)
-
-
-def _how(code: int) -> str:
-    """How a process with exit status `code` (Popen's: negative for a signal) ended."""
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    try:  # a wrapper (the reaper) says 128 + n for a command killed by signal n
-        by = f" (128 + {signal.Signals(code - 128).name})" if code > 128 else ""
-    except ValueError:
-        by = ""
-    return f"exited with code {code}{by}"
-
-
-@dataclass
-class _Child:
-    """One part serve supervises; subclasses say how to start, watch and stop it."""
-
-    name: str
-    restarts: int = 0
-    up_since: float = 0.0
-    """When it was last started (monotonic)."""
-    due: float | None = None
-    """When it is to be started again (monotonic); None while it runs."""
-    backoff_s: float = RESTART_FIRST_S
-    ends: deque[float] = field(default_factory=deque)
-    """When it ended by itself (monotonic), within the last `GIVE_UP_WINDOW_S`."""
-    last_end: str | None = None
-    last_end_at: float | None = None
-
-    def launch(self) -> None:
-        raise NotImplementedError
-
-    def ended(self) -> str | None:
-        """How it ended; None while it runs."""
-        raise NotImplementedError
-
-    @property
-    def pid(self) -> int | None:
-        return None
-
-    def terminate(self) -> None:
-        """Asks it to stop (returns at once)."""
-
-    def wait(self) -> None:
-        """Waits until it has stopped (killing it past `STOP_WAIT_S`)."""
-
-
-@dataclass
-class _Process(_Child):
-    command: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
-    proc: subprocess.Popen[bytes] | None = None
-
-    def launch(self) -> None:
-        # From serve's main thread: the parent-death signal follows the forking thread.
-        self.proc = subprocess.Popen(
-            dying_with_parent(self.command),
-            env=self.env,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-
-    def ended(self) -> str | None:
-        code = None if self.proc is None else self.proc.poll()
-        return None if code is None else _how(code)
-
-    @property
-    def pid(self) -> int | None:
-        return None if self.proc is None else self.proc.pid
-
-    def terminate(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-
-    def wait(self) -> None:
-        if self.proc is None:
-            return
-        try:
-            self.proc.wait(timeout=STOP_WAIT_S)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-
-
-@dataclass
-class _Redis(_Child):
-    embedded: EmbeddedRedis | None = None
-
-    def launch(self) -> None:
-        assert self.embedded is not None
-        self.embedded.start()
-
-    def ended(self) -> str | None:
-        proc = None if self.embedded is None else self.embedded.process
-        code = None if proc is None else proc.poll()
-        return None if code is None else _how(code)
-
-    @property
-    def pid(self) -> int | None:
-        proc = None if self.embedded is None else self.embedded.process
-        return None if proc is None else proc.pid
-
-    def wait(self) -> None:
-        if self.embedded is not None:
-            self.embedded.stop()
-
-
-@dataclass
-class _Thread(_Child):
-    make: Callable[[], tuple[threading.Thread, Callable[[], None]]] | None = None
-    """Starts the thread; returns it and how to stop it."""
-    thread: threading.Thread | None = None
-    stopper: Callable[[], None] | None = None
-
-    def launch(self) -> None:
-        assert self.make is not None
-        if self.stopper is not None:  # the ended one lets go of its port first
-            with contextlib.suppress(Exception):
-                self.stopper()
-        self.thread, self.stopper = self.make()
-
-    def ended(self) -> str | None:
-        return None if self.thread is None or self.thread.is_alive() else "ended (its thread)"
-
-    def wait(self) -> None:
-        if self.stopper is not None:
-            self.stopper()
 
 
 _WORKERS: Final = {"runwarden": "worker", "retrieve": "retrieval worker", "watch": "watch worker"}
@@ -293,7 +141,7 @@ class Service:
         self.embedded = EmbeddedRedis(settings) if settings.redis_url is None else None
         self.env = dict(os.environ)
         self.name = f"serve@{socket.gethostname()}"
-        self._children: list[_Child] = []
+        self._supervisor = Supervisor()
         self._lock: int | None = None
         self._started: float | None = None
         self._store: RunStore | None = None
@@ -345,20 +193,20 @@ class Service:
             self.settings.secrets.ensure(producer_key_file(producer))
         if self.embedded is not None:
             self.embedded.start(orphan_wait_s=ORPHAN_WAIT_S)
-            self._children.append(
-                _Redis("redis", up_since=time.monotonic(), embedded=self.embedded)
+            self._supervisor.children.append(
+                RedisChild("redis", up_since=time.monotonic(), embedded=self.embedded)
             )
             said.append(f"redis: embedded, {self.settings.embedded_socket}")
         port = self.options.metrics_port
         if port is not None:
-            metrics = _Thread(
+            metrics = ThreadChild(
                 "metrics", up_since=time.monotonic(), make=lambda: self._metrics(port)
             )
             try:
                 metrics.launch()
             except OSError as error:
                 raise ServeError(f"cannot serve metrics on 127.0.0.1:{port}: {error}") from error
-            self._children.append(metrics)
+            self._supervisor.children.append(metrics)
             said.append(f"metrics: http://127.0.0.1:{port}/metrics")
         if self.options.flower or self.options.web:
             user, password, where = self.credentials()
@@ -367,8 +215,8 @@ class Service:
                 self.env["RUNWARDEN_FLOWER_AUTH_FILE"] = str(where)
             if self.options.web:
                 api = Runwarden(self.settings)
-                self._children.append(
-                    _Thread("web view", make=lambda: self._web(api, user, password))
+                self._supervisor.children.append(
+                    ThreadChild("web view", make=lambda: self._web(api, user, password))
                 )
         return said
 
@@ -416,9 +264,9 @@ class Service:
             )  # fmt: skip
         return commands
 
-    def _processes(self) -> list[_Child]:
+    def _processes(self) -> list[Child]:
         """The processes of `commands`, each named by what it runs."""
-        return [_Process(_named(c), command=c, env=self.env) for c in self.commands()]
+        return [ProcessChild(_named(c), command=c, env=self.env) for c in self.commands()]
 
     def run(
         self,
@@ -436,12 +284,14 @@ class Service:
         try:
             if stopping.is_set():  # asked while preparing: start nothing more
                 return code
-            web = [c for c in self._children if c.name == "web view"]
+            web = [c for c in self._supervisor.children if c.name == "web view"]
             fresh = self._processes() + web
             for child in fresh:
                 child.launch()
                 child.up_since = time.monotonic()
-            self._children = [c for c in self._children if c not in web] + fresh
+            self._supervisor.children = [
+                c for c in self._supervisor.children if c not in web
+            ] + fresh
             shown = [
                 f"worker (concurrency {self.options.concurrency})",
                 "retrieval worker",
@@ -455,7 +305,7 @@ class Service:
             say("serving: " + ", ".join(shown) + " - Ctrl-C stops everything")
             written = 0.0
             while not stopping.wait(0.2):
-                changed, reason = self._supervise(warn)
+                changed, reason = self._supervisor.look(warn)
                 if reason is not None:
                     warn(f"serve: {reason}; stopping everything")
                     code = 1
@@ -466,58 +316,6 @@ class Service:
         finally:
             self._stop()
         return code
-
-    def _supervise(self, warn: Callable[[str], None]) -> tuple[bool, str | None]:
-        """One look at every child: records the ends, starts again those due.
-        Returns whether anything changed, and why to give up (None: go on)."""
-        changed = False
-        for child in self._children:
-            now = time.monotonic()
-            if child.due is None:
-                how = child.ended()
-                if how is None:
-                    continue
-                pid = child.pid
-                who = child.name if pid is None else f"{child.name} (pid {pid})"
-                wait_s = self._ended(child, how, now)
-                if len(child.ends) >= GIVE_UP_DEATHS:
-                    return True, (
-                        f"{child.name} ended {len(child.ends)} times within "
-                        f"{GIVE_UP_WINDOW_S:g} s (last: {how})"
-                    )
-                warn(f"serve: {who} {how}; restarting it in {wait_s:g} s")
-                changed = True
-            elif now >= child.due:
-                child.due, child.restarts = None, child.restarts + 1
-                try:
-                    child.launch()
-                except (OSError, RunwardenError) as error:
-                    how = f"did not start: {' '.join(str(error).split())[:150]}"
-                    wait_s = self._ended(child, how, time.monotonic())
-                    if len(child.ends) >= GIVE_UP_DEATHS:
-                        return True, f"{child.name} ended {len(child.ends)} times (last: {how})"
-                    warn(f"serve: {child.name} {how}; trying again in {wait_s:g} s")
-                else:
-                    child.up_since = time.monotonic()
-                    shown = "" if child.pid is None else f"pid {child.pid}, "
-                    warn(f"serve: {child.name} restarted ({shown}restart {child.restarts})")
-                changed = True
-        return changed, None
-
-    @staticmethod
-    def _ended(child: _Child, how: str, now: float) -> float:
-        """Records that `child` ended (`how`) at `now` and sets when it starts again;
-        returns the wait until then, in seconds."""
-        if now - child.up_since >= STEADY_S:
-            child.backoff_s = RESTART_FIRST_S
-        child.ends.append(now)
-        while child.ends and child.ends[0] < now - GIVE_UP_WINDOW_S:
-            child.ends.popleft()
-        child.last_end, child.last_end_at = how, now
-        wait_s = child.backoff_s
-        child.due = now + wait_s
-        child.backoff_s = min(RESTART_MAX_S, child.backoff_s * 2)
-        return wait_s
 
     def _state(self) -> ServeState:
         now = time.monotonic()
@@ -535,7 +333,7 @@ class Service:
                     last_end=c.last_end,
                     last_end_ago_s=None if c.last_end_at is None else max(0.0, now - c.last_end_at),
                 )
-                for c in self._children
+                for c in self._supervisor.children
             ),
         )
 
@@ -551,17 +349,9 @@ class Service:
         self._started = written.started
 
     def _stop(self) -> None:
-        """Stops every child: the threads, then the processes (SIGTERM to all, then a
-        wait for each), then Redis; releases the state directory."""
-        children = self._children
-        for child in children:
-            if isinstance(child, _Thread) and child.due is None:
-                child.wait()
-        processes = [c for c in children if isinstance(c, _Process) and c.due is None]
-        for child in processes:
-            child.terminate()
-        for child in processes:
-            child.wait()
+        """Stops every child (`Supervisor.stop`), then Redis; releases the state
+        directory."""
+        self._supervisor.stop()
         if self._store is not None:
             with contextlib.suppress(RunwardenError):
                 self._store.health.end_serve(self.name)

@@ -1,6 +1,6 @@
-"""`producers.service`: the supervisor's rules without processes (the backoff, the
-give-up, how an end is told, one serve per state directory); the real processes are
-in tests/integration/service/test_supervisor.py."""
+"""`producers.service` and `producers.supervision`: the supervisor's rules without
+processes (the backoff, the give-up, how an end is told, one serve per state
+directory); the real processes are in tests/integration/service/test_supervisor.py."""
 
 from __future__ import annotations
 
@@ -14,24 +14,22 @@ from types import SimpleNamespace
 import pytest
 
 from producers.embedded import NotServing
-from producers.service import (
+from producers.service import Service, ServiceOptions, _hold, _named
+from producers.supervision import (
     GIVE_UP_DEATHS,
     RESTART_FIRST_S,
     RESTART_MAX_S,
     STEADY_S,
-    Service,
-    ServiceOptions,
-    _Child,
-    _hold,
-    _how,
-    _named,
+    Child,
+    Supervisor,
+    how_ended,
 )
 from schemas import Settings
 from schemas.errors import MissingExtra
 
 
 @dataclass
-class _Dies(_Child):
+class _Dies(Child):
     """A child that ends as soon as it starts."""
 
     launched: int = 0
@@ -59,14 +57,13 @@ def test_a_child_that_keeps_ending_is_restarted_with_a_doubling_backoff_then_giv
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     clock = _Clock()
-    monkeypatch.setattr("producers.service.time", SimpleNamespace(monotonic=clock))
-    service = Service(Settings(state_dir=tmp_path), ServiceOptions())
+    monkeypatch.setattr("producers.supervision.time", SimpleNamespace(monotonic=clock))
     child = _Dies("beat", up_since=clock.now)
-    service._children = [child]
+    supervisor = Supervisor([child])
     lines: list[str] = []
     waits = []
     for _ in range(50):
-        changed, reason = service._supervise(lines.append)
+        changed, reason = supervisor.look(lines.append)
         assert changed
         if reason is not None:
             break
@@ -84,26 +81,26 @@ def test_the_backoff_stops_at_its_maximum_and_resets_after_a_steady_run(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     clock = _Clock()
-    monkeypatch.setattr("producers.service.time", SimpleNamespace(monotonic=clock))
+    monkeypatch.setattr("producers.supervision.time", SimpleNamespace(monotonic=clock))
     child = _Dies("worker", up_since=clock.now)
     for _ in range(8):  # up 10 s each time: not steady
         clock.now += 10
-        Service._ended(child, "killed by SIGKILL", clock.now)
+        Supervisor.ended(child, "killed by SIGKILL", clock.now)
         child.up_since = clock.now
     assert child.due is not None
     assert child.due - clock.now == RESTART_MAX_S
     assert len(child.ends) == 8
     clock.now += STEADY_S + 300  # up a while: the backoff starts over, old ends forgotten
-    Service._ended(child, "killed by SIGKILL", clock.now)
+    Supervisor.ended(child, "killed by SIGKILL", clock.now)
     assert child.due - clock.now == RESTART_FIRST_S
     assert list(child.ends) == [clock.now]
 
 
 def test_how_an_end_is_told() -> None:
-    assert _how(-signal.SIGKILL) == "killed by SIGKILL"
-    assert _how(1) == "exited with code 1"
-    assert _how(137) == "exited with code 137 (128 + SIGKILL)"
-    assert _how(0) == "exited with code 0"
+    assert how_ended(-signal.SIGKILL) == "killed by SIGKILL"
+    assert how_ended(1) == "exited with code 1"
+    assert how_ended(137) == "exited with code 137 (128 + SIGKILL)"
+    assert how_ended(0) == "exited with code 0"
 
 
 def test_one_serve_per_state_directory_and_a_dead_ones_file_is_stale(tmp_path: Path) -> None:
@@ -135,7 +132,10 @@ def test_each_process_is_named_by_what_it_runs(tmp_path: Path) -> None:
     ],
 )
 def test_serve_names_the_extra_it_misses_before_starting_anything(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, options: ServiceOptions, missing: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    options: ServiceOptions,
+    missing: str,
     extra: str,
 ) -> None:
     found = importlib.util.find_spec
