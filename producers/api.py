@@ -44,7 +44,7 @@ from schemas.events import (
     resume_spec,
     wire_config,
 )
-from schemas.health import LATE_AFTER_S, HealthReport
+from schemas.health_report import LATE_AFTER_S, HealthReport
 from schemas.idempotency import new_launch_key
 from schemas.ledger import LedgerEvent
 from schemas.run import ADOPTED_COMMAND, check_cancel, check_resumable, check_snapshot_request

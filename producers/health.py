@@ -19,12 +19,12 @@ from urllib.parse import urlsplit
 
 from schemas import RunwardenError, Settings
 from schemas.events import DEFAULT_QUEUE
-from schemas.health import (
+from schemas.health import periodic_tasks
+from schemas.health_report import (
     LATE_AFTER_S,
     REQUIRED_QUEUES,
     HealthReport,
     assess,
-    periodic_tasks,
     unreachable,
 )
 from schemas.text import clean_text, format_bytes

@@ -4,17 +4,16 @@
 
 from __future__ import annotations
 
-from typing import Any, Final, NamedTuple
+from typing import Any, NamedTuple
 
 from schemas import StoreError
+from schemas.health_report import MEMORY_WARN_FRACTION
 from schemas.text import format_bytes
 
 from .base import text
 
 __all__ = ["MEMORY_WARN_FRACTION", "MemoryUse", "memory_use"]
 
-MEMORY_WARN_FRACTION: Final = 0.8
-"""Share of `maxmemory` above which the service warns."""
 
 
 class MemoryUse(NamedTuple):

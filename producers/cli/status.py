@@ -14,7 +14,7 @@ from ..defaults import HEALTH_TIMEOUT_S
 from .common import app, fail, one_line, out, print_json
 
 if TYPE_CHECKING:
-    from schemas.health import HealthReport
+    from schemas.health_report import HealthReport
 
 __all__ = ["render", "status"]
 

@@ -1,5 +1,5 @@
-"""`schemas.health`: what a reading says is down, what it warns about, and the shape
-of the report `runwarden status --json` prints."""
+"""`schemas.health` and `schemas.health_report`: what a reading says is down, what it
+warns about, and the shape of the report `runwarden status --json` prints."""
 
 from __future__ import annotations
 
@@ -11,18 +11,15 @@ import pytest
 from schemas import Deadline, Settings
 from schemas.health import (
     HEARTBEAT_KEPT_S,
-    LATE_AFTER_S,
     DeadlinesReading,
     HealthReadings,
-    HealthReport,
     Heartbeat,
     SeenProcess,
     ServeChild,
     ServeState,
-    assess,
     periodic_tasks,
-    unreachable,
 )
+from schemas.health_report import LATE_AFTER_S, HealthReport, assess, unreachable
 
 NOW = 1_800_000_000.0
 PERIODS = {"runwarden.follow_tick": 5.0, "runwarden.reconcile": 10.0}
