@@ -20,7 +20,7 @@ from schemas.events import TASK_CONTINUE, TASK_RETRIEVE
 
 from .context import Context
 from .executors import ExecError
-from .launch import (
+from .find_job import (
     DIED_MESSAGE,
     LAUNCH_LEASE_S,
     claimed,

@@ -66,7 +66,7 @@ from schemas.events import (
     LaunchSpec,
 )
 from workers.executors import quote
-from workers.launch import DIED_MESSAGE
+from workers.find_job import DIED_MESSAGE
 
 from .hostile import CASES, SHADOW, Case, file_digest, provide_secrets
 from .paths import ROOT, TOY_TRAINER

@@ -38,7 +38,7 @@ from schemas import Conflict, JobId, RunRecord, RunState
 from schemas.events import LaunchSpec
 from store import RunStore
 from workers.executors import quote
-from workers.launch import DIED_MESSAGE
+from workers.find_job import DIED_MESSAGE
 
 from ...conftest import wait_for
 from .test_cli import ok, refused, run_cli

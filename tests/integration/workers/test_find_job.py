@@ -1,4 +1,4 @@
-"""A job found after its spawn's answer was lost (`workers.launch.find_job`, used by a
+"""A job found after its spawn's answer was lost (`workers.find_job.find_job`, used by a
 launch delivered again, a spawn that failed without an answer, and `reconcile`'s
 settling) is found by its mark among the target's processes, with its leader's start
 time, on every executor: whatever it wrote in its run directory, it is followed and
@@ -17,7 +17,7 @@ from bench.harness.processes import job_processes
 from schemas import JobCommand, JobStatus
 from schemas.protocol import EXIT_FILE, PID_FILE
 from workers.executors import ProtocolError
-from workers.launch import find_job
+from workers.find_job import find_job
 
 from ...conftest import Target, wait_for
 

@@ -19,7 +19,7 @@ from workers import launch as launching
 from workers import reconcile
 from workers.errors import LaunchError
 from workers.executors import CommandError, SshError
-from workers.launch import DIED_MESSAGE, PROTOCOL_FILES
+from workers.find_job import DIED_MESSAGE, PROTOCOL_FILES
 
 from .launch_fakes import T0, FakeExecutor, Killed, fake_context
 
