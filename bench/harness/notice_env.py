@@ -113,7 +113,7 @@ class Watched:
         # The generator checks the provider: a test may pass any string.
         script = notice_watch_script(str(self.dir), cast(Provider, provider), urls, poll_s)
         self.proc = subprocess.Popen(
-            [str(self.bin / "sh"), "-c", script],
+            [str(self.bin / "sh"), "-c", script.text, "rw-notice", *script.args],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -166,7 +166,7 @@ class Watched:
 
 def processes_naming(port: int) -> list[int]:
     """Live processes whose command line names `127.0.0.1:<port>`: the watcher (its
-    script holds the URL), its loops and its HTTP clients; zombies left out."""
+    arguments hold the URL), its loops and its HTTP clients; zombies left out."""
     needle = f"127.0.0.1:{port}".encode()
     found = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):

@@ -39,27 +39,16 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import secrets as _secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, Literal, get_args
 
 from schemas.preemption import DEFAULT_METADATA_URLS, METADATA_URL, NoticeSource
-from schemas.protocol import (
-    CANCEL_FILE,
-    EXIT_FILE,
-    JOBSIDE_DIR,
-    NOTICE_FILE,
-    NOTICE_PID_FILE,
-    NOTICE_STATE_FILE,
-    PID_FILE,
-    SNAPSHOT_REQUEST,
-)
+from schemas.protocol import NOTICE_FILE, NOTICE_PID_FILE, NOTICE_STATE_FILE
 
 from .errors import InvalidArgument, ProtocolError
-from .notice_sh import NOTICE_SH
-from .scripts import CLOCK, GROUP_SIGNAL, quote
+from .scripts.common import Script, sh
 
 __all__ = [
     "DEFAULT_BASE_URLS",
@@ -101,6 +90,9 @@ NOTICE_TOOLS: Final = ("sh", "head", "sed", "tr", "date", "sleep", "mv", "ln", "
 """What the script needs on the PATH besides the shell's builtins (`kill`, `read`,
 `printf`, `command`), plus an HTTP client: `curl`, or `wget` with `timeout`."""
 
+# The script (`sh/notice_watch.sh`) writes the reason and these limits as literals, with
+# the 64 KiB it keeps of a response, the AWS token's TTL and the Azure API version; a
+# unit test checks that both say the same.
 NOTICE_HTTP_MAX_S: Final = 5
 """Longest AWS or Azure request (and GCP's first plain read), in seconds."""
 NOTICE_PROBE_S: Final = 2
@@ -111,10 +103,7 @@ without a change; the request itself is cut 5 s later."""
 NOTICE_FILE_LIMIT: Final = 4096
 """Largest `notice.json` [`parse_notice`] accepts, in bytes (the script writes at
 most about 400)."""
-_BODY_LIMIT: Final = 65536  # bytes kept of one response's headers, and of its body
 _FIELD_LIMIT: Final = 64  # characters kept of `not_after` and `detail`
-_AWS_TOKEN_TTL_S: Final = 21600  # the longest IMDSv2 session AWS documents
-_AZURE_API: Final = "2020-07-01"
 _MIN_POLL_MS: Final = 100
 _MAX_POLL_S: Final = 3600.0
 _BASE_URL = METADATA_URL
@@ -137,15 +126,18 @@ def notice_watch_script(
     provider: Provider,
     base_urls: Mapping[str, str] = DEFAULT_BASE_URLS,
     poll_s: float = 1.0,
-) -> str:
+) -> Script:
     """The preemption-notice watcher of the job in `dir`: a plain POSIX `sh` script
-    (dash and busybox `sh`), run as `sh -c` beside the job, outside its process group
-    (as the launcher starts the watchdog: `setsid`, stdio on /dev/null).
+    (dash and busybox `sh`; `sh/notice_watch.sh`), run as `sh -c` beside the job,
+    outside its process group (as the launcher starts the watchdog: `setsid`, stdio
+    on /dev/null). Its arguments are the run directory, the provider, the three base
+    URLs, the poll period in milliseconds and a random token for its temporary names.
 
     Start:
-    - takes the job's pid and its leader's start time from its arguments (`sh -c
-      WATCHER rw-notice PID START`, as the launcher starts it: never from a file the
-      job could rewrite); started without them, it reads the pid from `job.pid`.
+    - takes the job's pid and its leader's start time from its arguments after its
+      own (`sh -c WATCHER rw-notice ARG... PID START`, as the launcher starts it:
+      never from a file the job could rewrite); started without them, it reads the
+      pid from `job.pid`.
       Exit 3 when that is not a pid above 1. It records its own pid in
       `.runwarden/notice.pid` and moves to `/`;
     - picks its HTTP client: `curl` where present; else `wget` run under `timeout`
@@ -214,43 +206,17 @@ def notice_watch_script(
     Raises:
         InvalidArgument: for a provider outside `aws`, `gcp`, `azure`, `auto`, a
             base URL that is not `http://host[:port]`, an unknown cloud in
-            `base_urls`, or a `poll_s` that is not finite, above 0 and at most
-            3600 s.
+            `base_urls`, a `poll_s` that is not finite, above 0 and at most
+            3600 s, or a `dir` holding a NUL byte.
     """
     if provider not in get_args(Provider):
         raise InvalidArgument(f"provider {str(provider)[:40]!r} is not aws, gcp, azure or auto")
     if not math.isfinite(poll_s) or not 0 < poll_s <= _MAX_POLL_S:
         raise InvalidArgument("poll_s is a number of seconds above 0 and at most 3600")
     urls = _base_urls(base_urls)
-    values = {
-        "DIR": quote(dir),
-        "PROVIDER": quote(provider),
-        "AWS": quote(urls["aws"]),
-        "GCP": quote(urls["gcp"]),
-        "AZURE": quote(urls["azure"]),
-        "POLL_MS": str(max(_MIN_POLL_MS, round(poll_s * 1000))),
-        "TOKEN": _secrets.token_hex(6),
-        "PID_FILE": PID_FILE,
-        "JOBSIDE": JOBSIDE_DIR,
-        "PID_RECORD": NOTICE_PID_FILE,
-        "STATE_NAME": NOTICE_STATE_FILE.rsplit("/", 1)[1],
-        "EXIT_FILE": EXIT_FILE,
-        "CANCEL_FILE": CANCEL_FILE,
-        "REQUEST": SNAPSHOT_REQUEST,
-        "NOTICE_FILE": NOTICE_FILE,
-        "REASON": quote(NOTICE_REASON),
-        "CAP": str(_BODY_LIMIT),
-        "CAP_BLOCKS": str(_BODY_LIMIT // 512),
-        "FIELD": str(_FIELD_LIMIT),
-        "TTL": str(_AWS_TOKEN_TTL_S),
-        "MAX_S": str(NOTICE_HTTP_MAX_S),
-        "PROBE_S": str(NOTICE_PROBE_S),
-        "WAIT_S": str(NOTICE_GCP_WAIT_S),
-        "WAIT_MAX_S": str(NOTICE_GCP_WAIT_S + 5),
-        "AZURE_API": _AZURE_API,
-    }
-    text = re.sub(r"@([A-Z_]+)@", lambda m: values[m[1]], NOTICE_SH)
-    return GROUP_SIGNAL + CLOCK + text
+    poll_ms = max(_MIN_POLL_MS, round(poll_s * 1000))
+    args = (dir, provider, urls["aws"], urls["gcp"], urls["azure"], str(poll_ms))
+    return Script(sh("group", "clock", "notice_watch"), (*args, _secrets.token_hex(6)))
 
 
 @dataclass(frozen=True)

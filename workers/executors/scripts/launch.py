@@ -401,7 +401,7 @@ def launcher_script(
     secret_names: Sequence[str],
     watchdog: tuple[float, float] | None = None,
     *,
-    notice_watcher: str | None = None,
+    notice_watcher: Script | None = None,
     wait_for_all: bool = False,
 ) -> str:
     """The launcher of a job: enters `dir` (created when missing), clears stale
@@ -437,7 +437,7 @@ def launcher_script(
     arguments; its stdin, stdout and stderr are /dev/null, and it never has the job's
     variables or secrets.
 
-    With `notice_watcher` (the text of `notices.notice_watch_script` for `dir`), it
+    With `notice_watcher` (`notices.notice_watch_script` for `dir`), it
     starts that preemption-notice watcher exactly as the watchdog: its own session,
     SIGHUP ignored, a waiting parent `sh`, the job's pid and start time as
     arguments, stdio on /dev/null, none of the job's variables or secrets. Like the
@@ -477,9 +477,10 @@ def launcher_script(
         )
     if notice_watcher is not None:
         companions += (
-            """"$rw_sh" -c 'trap "" HUP; "$1" "$2" -c "$3" rw-notice "$4" "$5" \\
-  </dev/null >/dev/null 2>&1 & wait $!' rw-notice-parent "$rw_setsid" "$rw_sh" """
-            + quote(notice_watcher)
+            """"$rw_sh" -c 'trap "" HUP; rw_s=$1 rw_h=$2 rw_t=$3; shift 3
+  "$rw_s" "$rw_h" -c "$rw_t" rw-notice "$@" </dev/null >/dev/null 2>&1 & wait $!' \\
+  rw-notice-parent "$rw_setsid" "$rw_sh" """
+            + " ".join(quote(word) for word in (notice_watcher.text, *notice_watcher.args))
             + ' "$rw_pid" "$rw_st" </dev/null >/dev/null 2>&1 &\n'
         )
     token = _secrets.token_hex(6)

@@ -15,9 +15,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workers.executors import InvalidArgument, ProtocolError
-from workers.executors.notice_sh import NOTICE_SH
 from workers.executors.notices import (
     NOTICE_FILE_LIMIT,
+    NOTICE_GCP_WAIT_S,
+    NOTICE_HTTP_MAX_S,
+    NOTICE_PROBE_S,
+    NOTICE_REASON,
     NOTICE_SOURCES,
     Notice,
     NoticeState,
@@ -25,12 +28,13 @@ from workers.executors.notices import (
     parse_notice,
     parse_notice_state,
 )
+from workers.executors.scripts.common import sh
 
 SHELLS = {"dash": ("dash",), "busybox": ("busybox", "sh")}
 
 
 def _function(name: str) -> str:
-    match = re.search(rf"^{name}\(\) \{{\n.*?^\}}\n", NOTICE_SH, re.S | re.M)
+    match = re.search(rf"^{name}\(\) \{{\n.*?^\}}\n", sh("notice_watch"), re.S | re.M)
     assert match is not None, name
     return match[0]
 
@@ -85,35 +89,45 @@ def test_an_unknown_cloud_in_the_base_urls_is_refused() -> None:
         notice_watch_script("/w/r", "auto", {"oracle": "http://h"}, 1.0)
 
 
-def test_values_reach_the_script_quoted_and_rounded() -> None:
+def test_values_reach_the_script_as_arguments_and_rounded() -> None:
     script = notice_watch_script(
         "/w/r 'x' $(y)", "azure", {"azure": "http://[::1]:8080/", "aws": "http://a:1"}, 0.001
     )
-    assert "rw_dir='/w/r '\\''x'\\'' $(y)'\n" in script
-    assert "rw_azure='http://[::1]:8080'\n" in script  # the trailing slash dropped
-    assert "rw_aws='http://a:1'\n" in script
-    assert "rw_gcp='http://metadata.google.internal'\n" in script  # the default kept
-    assert "rw_mode='azure'\n" in script
-    assert "rw_poll=100\n" in script  # at least 0.1 s
-    assert "rw_poll=2500\n" in notice_watch_script("/w/r", "aws", {}, 2.5)
-    assert not re.search(r"@[A-Z_]+@", script)  # no placeholder left
+    assert script.text == sh("group", "clock", "notice_watch")
+    assert script.args[:6] == (
+        "/w/r 'x' $(y)",
+        "azure",
+        "http://a:1",
+        "http://metadata.google.internal",  # the default kept
+        "http://[::1]:8080",  # the trailing slash dropped
+        "100",  # at least 0.1 s
+    )
+    assert re.fullmatch(r"[0-9a-f]{12}", script.args[6])
+    assert notice_watch_script("/w/r", "aws", {}, 2.5).args[5] == "2500"
 
 
 def test_two_scripts_use_different_scratch_tokens() -> None:
-    def token(script: str) -> str:
-        match = re.search(r'rw_t="\$\{TMPDIR:-/tmp\}/rw-notice\.\$\$\.([0-9a-f]+)"', script)
-        assert match is not None
-        return match[1]
+    first, second = (notice_watch_script("/w/r", "aws", {}, 1.0) for _ in range(2))
+    assert first.args[-1] != second.args[-1]
 
-    assert token(notice_watch_script("/w/r", "aws", {}, 1.0)) != token(
-        notice_watch_script("/w/r", "aws", {}, 1.0)
-    )
+
+def test_the_script_says_the_reason_and_limits_of_this_module() -> None:
+    text = sh("notice_watch")
+    assert f"printf '%s' {NOTICE_REASON} >" in text
+    for line in (
+        f"rw_max_s={NOTICE_HTTP_MAX_S} ",
+        f"rw_probe_s={NOTICE_PROBE_S} ",
+        f"rw_wait_s={NOTICE_GCP_WAIT_S} ",
+        f"rw_wait_max_s={NOTICE_GCP_WAIT_S + 5} ",
+        "rw_field_max=64 ",  # what parse_notice accepts
+    ):
+        assert f"\n{line}" in text, line
 
 
 @pytest.mark.parametrize("shell", list(SHELLS))
 def test_the_script_parses_under_each_shell(shell: str) -> None:
     script = notice_watch_script("/w/r", "auto", {}, 1.0)
-    subprocess.run([*SHELLS[shell], "-n", "-c", script], check=True, timeout=10)
+    subprocess.run([*SHELLS[shell], "-n", "-c", script.text], check=True, timeout=10)
 
 
 # --- notice.json and notice.state ---------------------------------------------------

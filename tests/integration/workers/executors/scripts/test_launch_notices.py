@@ -265,7 +265,7 @@ def test_a_reused_pid_is_not_the_job(tmp_path: Path, gcp: FakeCloud) -> None:
     try:
         script = notice_watch_script(str(run), "gcp", {"gcp": gcp.url}, POLL_S)
         done = subprocess.run(
-            ["sh", "-c", script, "rw-notice", str(other.pid), "1"],
+            ["sh", "-c", script.text, "rw-notice", *script.args, str(other.pid), "1"],
             capture_output=True,
             timeout=10,
             check=False,

@@ -25,7 +25,12 @@ from schemas.protocol import (
     SNAPSHOT_REQUEST,
 )
 from workers.executors import InvalidArgument, quote
-from workers.executors.scripts import WATCHDOG_PID_FILE, launcher_script, watchdog_script
+from workers.executors.scripts import (
+    WATCHDOG_PID_FILE,
+    Script,
+    launcher_script,
+    watchdog_script,
+)
 
 from .....conftest import wait_for
 
@@ -237,7 +242,7 @@ def test_the_launcher_starts_a_watchdog_only_when_asked() -> None:
 
 
 def test_the_launcher_starts_a_notice_watcher_only_when_asked() -> None:
-    watcher = "rw_mode='gcp'  # the notice watcher"
+    watcher = Script("rw_mode=$2  # the notice watcher", ("/w/r", "gcp"))
     plain = launcher_script("/w/r", "true", {}, ["TOKEN"], (10.0, 1.0))
     assert "rw-notice" not in plain
     script = launcher_script("/w/r", "true", {}, ["TOKEN"], notice_watcher=watcher)
@@ -246,7 +251,8 @@ def test_the_launcher_starts_a_notice_watcher_only_when_asked() -> None:
     # subshell that reads the secrets: it never has them.
     start = script.index("rw-notice-parent")
     assert script.index(") || exit 4") < start
-    assert '"$rw_setsid" "$rw_sh" ' + quote(watcher) + ' "$rw_pid" "$rw_st"' in script[start:]
+    words = " ".join(quote(word) for word in (watcher.text, *watcher.args))
+    assert '"$rw_setsid" "$rw_sh" ' + words + ' "$rw_pid" "$rw_st"' in script[start:]
     both = launcher_script("/w/r", "true", {}, [], (10.0, 1.0), notice_watcher=watcher)
     assert both.index("rw-watchdog-parent") < both.index("rw-notice-parent")
 
@@ -254,7 +260,7 @@ def test_the_launcher_starts_a_notice_watcher_only_when_asked() -> None:
 def test_the_launcher_clears_a_stale_notice() -> None:
     for script in (
         launcher_script("/w/r", "true", {}, []),
-        launcher_script("/w/r", "true", {}, [], notice_watcher="true"),
+        launcher_script("/w/r", "true", {}, [], notice_watcher=Script("true")),
     ):
         begin = script.index("rm -f --")
         clearing = script[begin : script.index("|| exit 3", begin)]

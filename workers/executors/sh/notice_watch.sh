@@ -1,50 +1,57 @@
-"""The POSIX `sh` text of the preemption-notice watcher, kept apart from its generator
-([`notices`](notices.py)) so each stays short. `@NAME@` marks a value the generator
-puts in (always a quoted word or a number it computed); nothing else is substituted.
-
-Shell names start with `rw_`, as in the other on-target scripts; the generator puts
-the shared functions of `scripts.common` (`GROUP_SIGNAL`, `CLOCK`) before this text. The functions
-before `# --- main` are shared by the supervisor and its children (subshells:
-they inherit functions and variables).
-"""
-
-from __future__ import annotations
-
-from typing import Final
-
-__all__ = ["NOTICE_SH"]
-
-NOTICE_SH: Final = r"""
+# shellcheck shell=sh
+# Arguments: DIR PROVIDER AWS GCP AZURE POLL_MS NONCE [PID START]. The preemption-notice
+# watcher of the job in DIR (notices.notice_watch_script, whose docstring says what it
+# does): PROVIDER is aws, gcp, azure or auto; AWS, GCP and AZURE the base URLs of the
+# metadata services (http://host[:port]); POLL_MS its poll period in milliseconds; NONCE
+# a random word of [0-9a-f] in its temporary names. Started without PID, it reads it
+# from job.pid. Needs group.sh and clock.sh.
+#
+# The functions before `# --- main` are shared by the supervisor and its children
+# (subshells: they inherit functions and variables).
 LC_ALL=C; export LC_ALL
-rw_dir=@DIR@
-rw_mode=@PROVIDER@
-rw_aws=@AWS@
-rw_gcp=@GCP@
-rw_azure=@AZURE@
-rw_poll=@POLL_MS@
-rw_pid=${1-}
-rw_begun=${2-}
-if [ -z "$rw_pid" ]; then IFS= read -r rw_pid < "$rw_dir/@PID_FILE@" || :; fi
+rw_dir=$1
+rw_mode=$2
+rw_aws=$3
+rw_gcp=$4
+rw_azure=$5
+rw_poll=$6
+rw_nonce=$7
+rw_pid=${8-}
+rw_begun=${9-}
+# Limits (those notices.py names, NOTICE_HTTP_MAX_S, NOTICE_PROBE_S, NOTICE_GCP_WAIT_S
+# and the 64 characters parse_notice accepts, are checked against it by a unit test):
+rw_cap=65536          # bytes kept of one response's headers, and of its body
+rw_cap_blocks=128     # the same in 512-byte blocks (ulimit -f)
+rw_field_max=64       # characters kept of not_after and detail
+rw_ttl=21600          # the longest IMDSv2 session AWS documents, in seconds
+rw_max_s=5            # longest AWS or Azure request (and GCP's first plain read)
+rw_probe_s=2          # longest probe request at the start
+rw_wait_s=30          # GCP's long-poll timeout_sec
+rw_wait_max_s=35      # GCP's long poll cut 5 s after that
+rw_azure_api=2020-07-01
+if [ -z "$rw_pid" ]; then IFS= read -r rw_pid < "$rw_dir/job.pid" || :; fi
 case $rw_begun in *[!0-9]*) rw_begun= ;; esac
 case $rw_pid in ''|*[!0-9]*) exit 3 ;; esac
 if [ "${#rw_pid}" -gt 9 ] || [ "$rw_pid" -le 1 ]; then exit 3; fi
 cd / || :
 rw_sup=$$
-rw_j="$rw_dir/@JOBSIDE@"
-mkdir -p -- "$rw_j" 2>/dev/null || :
-rw_w="$rw_dir/@PID_RECORD@"
+rw_sf="$rw_dir/.runwarden/notice.state"
+mkdir -p -- "$rw_dir/.runwarden" 2>/dev/null || :
+rw_w="$rw_dir/.runwarden/notice.pid"
 if printf '%s\n' "$$" > "$rw_w.tmp.$$"; then mv -f -- "$rw_w.tmp.$$" "$rw_w" || :; fi
 rm -f -- "$rw_w.tmp.$$" 2>/dev/null || :
 rw_pace() {
   # Sleeps what is left of one poll period begun at $1 (ms): at most one turn a
   # period, however fast the server answers or fails.
   rw_now 0
+  # rw_ms is set by rw_now (clock.sh).
+  # shellcheck disable=SC2154
   rw_left=$((rw_poll - (rw_ms - $1)))
   [ "$rw_left" -le "$rw_poll" ] || rw_left=$rw_poll
   [ "$rw_left" -le 0 ] || rw_sleep "$rw_left"
 }
 rw_ended() {
-  [ -e "$rw_dir/@EXIT_FILE@" ] || [ -e "$rw_dir/@CANCEL_FILE@" ] || [ ! -d "$rw_dir" ] ||
+  [ -e "$rw_dir/exit_code" ] || [ -e "$rw_dir/cancelled" ] || [ ! -d "$rw_dir" ] ||
     ! rw_ours "$rw_pid" "$rw_begun"
 }
 rw_go() {
@@ -52,8 +59,8 @@ rw_go() {
   kill -0 "$rw_sup" 2>/dev/null && ! rw_ended
 }
 rw_state() {
-  rw_s="$rw_j/@STATE_NAME@.rw-tmp.$$.@TOKEN@"
-  if printf '%s\n' "$1" > "$rw_s"; then mv -f -- "$rw_s" "$rw_j/@STATE_NAME@" || :; fi
+  rw_s="$rw_sf.rw-tmp.$$.$rw_nonce"
+  if printf '%s\n' "$1" > "$rw_s"; then mv -f -- "$rw_s" "$rw_sf" || :; fi
   rm -f -- "$rw_s" 2>/dev/null || :
 }
 rw_files() {
@@ -62,17 +69,18 @@ rw_files() {
 }
 rw_run() {
   # Runs "$@" as a process whose pid is in $rw_pf, so the supervisor can end it.
+  # shellcheck disable=SC2016  # expanded by that process's own sh
   "$rw_sh" -c 'printf "%s\n" "$$" > "$0" && exec "$@"' "$rw_pf" "$@"
 }
 rw_http() {
   # $1 method, $2 URL, $3 seconds at most, $4 one request header. Sets rw_code (three
   # digits, 000 without an answer); the response headers go to $rw_h and the body to
-  # $rw_b, each at most @CAP@ bytes.
+  # $rw_b, each at most $rw_cap bytes.
   rm -f -- "$rw_h" "$rw_b" "$rw_r" "$rw_rc"
   case $rw_client in
   curl)
     { rw_run curl -sg --noproxy '*' -X "$1" -m "$3" -H "$4" -D - -o - "$2" 2>/dev/null
-      echo "$?" > "$rw_rc"; } | head -c @CAP@ > "$rw_r"
+      echo "$?" > "$rw_rc"; } | head -c "$rw_cap" > "$rw_r"
     tr -d '\r' < "$rw_r" > "$rw_b"
     sed -n '1,/^$/p' "$rw_b" > "$rw_h"
     sed '1,/^$/d' "$rw_b" > "$rw_r"
@@ -80,12 +88,12 @@ rw_http() {
   wget)
     # Files, not pipes: busybox's timeout leaves a watcher holding its outputs open
     # for up to a second. ulimit -f bounds them (512-byte blocks).
-    (ulimit -f @CAP_BLOCKS@ 2>/dev/null
+    (ulimit -f "$rw_cap_blocks" 2>/dev/null
       rw_run timeout "$3" wget -q -S -O "$rw_b" --tries=1 --max-redirect=0 --no-proxy \
         --method="$1" --header="$4" "$2" 2> "$rw_h")
     echo "$?" > "$rw_rc" ;;
   *)
-    (ulimit -f @CAP_BLOCKS@ 2>/dev/null
+    (ulimit -f "$rw_cap_blocks" 2>/dev/null
       rw_run timeout "$3" wget -q -S -O "$rw_b" -Y off --header "$4" "$2" 2> "$rw_h")
     echo "$?" > "$rw_rc" ;;
   esac
@@ -121,10 +129,10 @@ rw_seen() {
   esac
 }
 rw_ask() {
-  rw_req="$rw_dir/@REQUEST@"
+  rw_req="$rw_dir/snapshot.request"
   if [ -e "$rw_req" ] || [ -h "$rw_req" ]; then return 0; fi
-  rw_tmp="$rw_req.rw-tmp.$$.@TOKEN@.$1"
-  if printf '%s' @REASON@ > "$rw_tmp"; then
+  rw_tmp="$rw_req.rw-tmp.$$.$rw_nonce.$1"
+  if printf '%s' preempted > "$rw_tmp"; then
     if ! ln -- "$rw_tmp" "$rw_req" 2>/dev/null; then
       if [ ! -e "$rw_req" ] && [ ! -h "$rw_req" ]; then mv -f -- "$rw_tmp" "$rw_req" || :; fi
     fi
@@ -135,31 +143,32 @@ rw_notice() {
   # $1 source, $2 its not-after as the cloud gave it (may be empty), $3 its detail.
   rw_ended && return 0
   rw_seen
-  rw_n="$rw_dir/@NOTICE_FILE@"
-  rw_tmp="$rw_n.rw-tmp.$$.@TOKEN@.$1"
+  rw_n="$rw_dir/notice.json"
+  rw_tmp="$rw_n.rw-tmp.$$.$rw_nonce.$1"
   if printf '{"source": "%s", "seen_at": %s, "not_after": %s, "detail": %s}\n' \
-    "$1" "$rw_at" "$(rw_js "$2" @FIELD@)" "$(rw_js "$3" @FIELD@)" > "$rw_tmp"; then
+    "$1" "$rw_at" "$(rw_js "$2" "$rw_field_max")" "$(rw_js "$3" "$rw_field_max")" \
+    > "$rw_tmp"; then
     mv -f -- "$rw_tmp" "$rw_n" || :
   fi
   rm -f -- "$rw_tmp" 2>/dev/null || :
   rw_ended || rw_ask "$1"
-  printf '%s\n' "$1" > "$rw_t/noticed" 2>/dev/null || :
+  printf '%s\n' "$1" > "$rw_noticed" 2>/dev/null || :
 }
 rw_token() {
   # A fresh IMDSv2 token in rw_tok, or rw_tok empty.
   rw_tok=
-  rw_http PUT "$rw_aws/latest/api/token" "$1" 'X-aws-ec2-metadata-token-ttl-seconds: @TTL@'
+  rw_http PUT "$rw_aws/latest/api/token" "$1" "X-aws-ec2-metadata-token-ttl-seconds: $rw_ttl"
   [ "$rw_code" = 200 ] || return 1
   rw_tok=$(head -c 512 < "$rw_b" | tr -d '\r\n')
   case $rw_tok in ''|*[!A-Za-z0-9_=+/.-]*) rw_tok=; return 1 ;; esac
 }
 rw_aws_get() {
   # GET of an IMDSv2 path; a 401 (token expired) gets one fresh token and a retry.
-  [ -n "$rw_tok" ] || rw_token @MAX_S@ || { rw_code=000; return 0; }
-  rw_http GET "$rw_aws$1" @MAX_S@ "X-aws-ec2-metadata-token: $rw_tok"
+  [ -n "$rw_tok" ] || rw_token "$rw_max_s" || { rw_code=000; return 0; }
+  rw_http GET "$rw_aws$1" "$rw_max_s" "X-aws-ec2-metadata-token: $rw_tok"
   if [ "$rw_code" = 401 ]; then
-    rw_token @MAX_S@ || { rw_code=000; return 0; }
-    rw_http GET "$rw_aws$1" @MAX_S@ "X-aws-ec2-metadata-token: $rw_tok"
+    rw_token "$rw_max_s" || { rw_code=000; return 0; }
+    rw_http GET "$rw_aws$1" "$rw_max_s" "X-aws-ec2-metadata-token: $rw_tok"
   fi
 }
 rw_aws_loop() {
@@ -169,7 +178,7 @@ rw_aws_loop() {
     rw_aws_get /latest/meta-data/spot/instance-action
     if [ "$rw_code" = 200 ]; then
       rw_a=$(rw_field action)
-      [ -n "$rw_a" ] || rw_a=$(head -c @FIELD@ < "$rw_b")
+      [ -n "$rw_a" ] || rw_a=$(head -c "$rw_field_max" < "$rw_b")
       rw_notice aws-spot "$(rw_field time)" "$rw_a"
       return 0
     fi
@@ -191,11 +200,11 @@ rw_gcp_loop() {
     rw_u="$rw_gcp/computeMetadata/v1/instance/$1"
     rw_plain=
     if [ -n "$rw_etag" ]; then
-      rw_http GET "$rw_u?wait_for_change=true&timeout_sec=@WAIT_S@&last_etag=$rw_etag" \
-        @WAIT_MAX_S@ 'Metadata-Flavor: Google'
+      rw_http GET "$rw_u?wait_for_change=true&timeout_sec=$rw_wait_s&last_etag=$rw_etag" \
+        "$rw_wait_max_s" 'Metadata-Flavor: Google'
     else
       rw_plain=1
-      rw_http GET "$rw_u" @MAX_S@ 'Metadata-Flavor: Google'
+      rw_http GET "$rw_u" "$rw_max_s" 'Metadata-Flavor: Google'
     fi
     if [ "$rw_code" = 200 ]; then
       rw_etag=$(sed -n 's/^ *[Ee][Tt][Aa][Gg]:[[:space:]]*//p' "$rw_h" | head -n 1 |
@@ -216,7 +225,7 @@ rw_azure_loop() {
   rw_files azure
   while rw_go; do
     rw_now 0; rw_t0=$rw_ms
-    rw_http GET "$rw_azure/metadata/scheduledevents?api-version=@AZURE_API@" @MAX_S@ \
+    rw_http GET "$rw_azure/metadata/scheduledevents?api-version=$rw_azure_api" "$rw_max_s" \
       'Metadata: true'
     if [ "$rw_code" = 200 ]; then
       # One event a line (events hold no objects), the first Preempt one kept.
@@ -232,18 +241,18 @@ rw_azure_loop() {
   done
 }
 rw_probe() {
-  # Whether the service $1 answers as itself, each request bounded by @PROBE_S@ s.
+  # Whether the service $1 answers as itself, each request bounded by $rw_probe_s s.
   rw_files probe
   case $1 in
-  aws) rw_token @PROBE_S@ ;;
+  aws) rw_token "$rw_probe_s" ;;
   gcp)
-    rw_http GET "$rw_gcp/computeMetadata/v1/instance/preempted" @PROBE_S@ \
+    rw_http GET "$rw_gcp/computeMetadata/v1/instance/preempted" "$rw_probe_s" \
       'Metadata-Flavor: Google'
     [ "$rw_code" = 200 ] &&
       [ -n "$(sed -n '/^ *[Mm][Ee][Tt][Aa][Dd][Aa][Tt][Aa]-[Ff][Ll][Aa][Vv][Oo][Rr]: *Google/p' \
         "$rw_h" | head -c 1)" ] ;;
   azure)
-    rw_http GET "$rw_azure/metadata/versions" @PROBE_S@ 'Metadata: true'
+    rw_http GET "$rw_azure/metadata/versions" "$rw_probe_s" 'Metadata: true'
     [ "$rw_code" = 200 ] && [ -n "$(sed -n '/"apiVersions"/p' "$rw_b" | head -c 1)" ] ;;
   esac
 }
@@ -270,15 +279,17 @@ rw_stop() {
     [ -d "$rw_g" ] || break
     rw_i=$((rw_i + 1)); rw_nap
   done
-  rm -f -- "$rw_dir/@NOTICE_FILE@.rw-tmp.$$.@TOKEN@".* \
-    "$rw_dir/@REQUEST@.rw-tmp.$$.@TOKEN@".* 2>/dev/null || :
+  rm -f -- "$rw_dir/notice.json.rw-tmp.$$.$rw_nonce".* \
+    "$rw_dir/snapshot.request.rw-tmp.$$.$rw_nonce".* 2>/dev/null || :
 }
 rw_quit() { rw_stop; rw_state "$2"; exit "$1"; }
 # --- main
 # Scratch outside the run directory, so its pid files outlive a removed run
 # directory; a fresh name (mkdir fails on anything already there), private.
-rw_t="${TMPDIR:-/tmp}/rw-notice.$$.@TOKEN@"
+rw_t="${TMPDIR:-/tmp}/rw-notice.$$.$rw_nonce"
+rw_noticed=$rw_t/noticed  # the source of the notice a loop recorded
 if ! mkdir -m 700 -- "$rw_t"; then
+  # shellcheck disable=SC2016  # the variable's name, said
   rw_state 'unavailable: cannot create its scratch directory in $TMPDIR or /tmp'
   exit 5
 fi
@@ -333,11 +344,10 @@ for rw_p in $rw_watch; do
 done
 rw_state "watching${rw_watch} with ${rw_name}${rw_note}"
 while :; do
-  if [ -e "$rw_t/noticed" ]; then
-    rw_src=; IFS= read -r rw_src < "$rw_t/noticed" || :
+  if [ -e "$rw_noticed" ]; then
+    rw_src=; IFS= read -r rw_src < "$rw_noticed" || :
     rw_quit 0 "done: recorded the ${rw_src:-cloud} notice"
   fi
   rw_ended && rw_quit 0 'done: the job ended'
   rw_sleep "$rw_poll"
 done
-"""
