@@ -48,8 +48,9 @@ from schemas import check_user_name
 from . import scripts
 from .doctor import DoctorOptions
 from .errors import CommandError, InvalidArgument, IoError
+from .scripts.common import sh
 from .shell import ScriptExecutor, check_remote
-from .transport import LocalTransport, error_line
+from .transport import SCRIPT_NAME, LocalTransport, error_line
 
 __all__ = [
     "RUN_AS_KEPT",
@@ -220,7 +221,7 @@ class RunAsTransport(LocalTransport):
                 return
             try:
                 proc = subprocess.run(
-                    [*self._shell, "-c", "id -u"],
+                    [*self._shell, "-c", sh("runas_id")],
                     stdin=subprocess.DEVNULL,
                     capture_output=True,
                     env=self._env,
@@ -256,10 +257,9 @@ class RunAsTransport(LocalTransport):
         if proc.returncode is None and self.how == "sudo":
             # sudo keeps the script in sudo's own process group (pgid: sudo's pid, held
             # while sudo is not reaped), where only the user may signal the script.
-            group = f"-{proc.pid}"
             with contextlib.suppress(OSError, subprocess.SubprocessError):
                 subprocess.run(
-                    [*self._shell, "-c", f"kill -s KILL -- {group} || kill -s KILL {group}"],
+                    [*self._shell, "-c", sh("runas_kill"), SCRIPT_NAME, str(proc.pid)],
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
