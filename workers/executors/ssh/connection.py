@@ -17,6 +17,7 @@ import paramiko
 
 from ..errors import CommandError, SshError
 from ..scripts import quote
+from ..scripts.common import sh
 from ..transport import Completed
 from .config import SshDestination
 
@@ -102,38 +103,24 @@ class _RejectUnknown(paramiko.RejectPolicy):
 
 class _Shell:
     """A persistent remote `sh` reading commands from its standard input on one
-    channel. Each command runs in a subshell (so `exit`, a syntax error or a `cd`
-    never reach the shell itself), its stdout passed through as bytes, its
-    stderr captured, then two random markers frame stderr and the exit status."""
+    channel (`sh/ssh_shell.sh`, sent first, defines `rw_framed`). Each command runs in
+    a subshell (so `exit`, a syntax error or a `cd` never reach the shell itself),
+    its stdout passed through as bytes, its stderr captured, then two random markers
+    frame stderr and the exit status."""
 
     def __init__(self, transport: paramiko.Transport, timeout_s: float) -> None:
         self.channel = transport.open_session(timeout=timeout_s)
         self.channel.exec_command("exec sh")
-        # fd 3 is the channel's stdout for every command; rw_how=dd tells the read
-        # scripts (`scripts.common.READ_FILE`) that GNU dd reads without blocking,
-        # found once per shell instead of once per script.
-        self.channel.sendall(
-            b"exec 3>&1; if dd if=/dev/null bs=1 count=0 "
-            b"iflag=nonblock,nofollow,skip_bytes,count_bytes "
-            b"status=none 2>/dev/null; then rw_how=dd; fi\n"
-        )
+        self.channel.sendall(sh("ssh_shell").encode())
 
     def run(self, script: str, timeout_s: float | None, args: Sequence[str] = ()) -> Completed:
-        token = _secrets.token_hex(16).encode()
-        # `set --` gives the script its positional parameters (`set --` alone: none).
-        words = " ".join(quote(a) for a in args)
-        head, tail = b"\x01rw-" + token + b"-e\x01", b"\x01rw-" + token + b"-x\x01"
-        # The script is evaluated in the command substitution's subshell after `exec`
-        # redirections: permanent ones, so dash keeps no saved copies of the shell's
-        # descriptors (it holds those at 10+) that a process the script leaves in the
-        # background would inherit, holding the capture pipe open.
-        command = (
-            f"rw_e=$(exec </dev/null 2>&1 1>&3 3>&-; set -- {words}; eval {quote(script)}); "
-            "rw_c=$?; "
-            f"printf '%s%s%s %d\\n' '{head.decode()}' \"$rw_e\" '{tail.decode()}' \"$rw_c\"\n"
-        )
+        token = _secrets.token_hex(16)
+        head, tail = f"\x01rw-{token}-e\x01".encode(), f"\x01rw-{token}-x\x01".encode()
+        # One command of quoted words: `rw_framed` gets the script and its arguments as
+        # its own, as `sh -c SCRIPT rw ARG...` would.
+        words = " ".join(quote(word) for word in (token, script, *args))
         self.channel.settimeout(timeout_s)
-        self.channel.sendall(command.encode())
+        self.channel.sendall(f"rw_framed {words}\n".encode())
         buffer = bytearray()
         searched = 0
         while True:
