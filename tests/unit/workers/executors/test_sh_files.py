@@ -39,11 +39,7 @@ a run directory."""
 
 NOT_YET_FILES: frozenset[str] = frozenset(
     {
-        "workers/executors/notice_sh.py",
-        "workers/executors/notices.py",
-        "workers/executors/runas.py",
         "workers/executors/scripts/launch.py",
-        "workers/executors/ssh/connection.py",
     }
 )
 """Modules whose scripts still are Python strings."""
