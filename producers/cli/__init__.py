@@ -8,7 +8,8 @@ one line on stderr, never a traceback for a user error.
     serve    serve, demo
     targets  targets add|ls|rm
     producers  producers add|ls|rm
-    runs     launch, resume, retrieve, follow, stop, cancel
+    launch   launch, resume
+    runs     retrieve, follow, stop, cancel
     views    runs, show, logs, stops
     doctor   doctor
     status   status (the service's health)
@@ -18,13 +19,13 @@ from __future__ import annotations
 
 import sys
 
-from . import doctor, producers, runs, serve, status, targets, views
+from . import doctor, launch, producers, runs, serve, status, targets, views
 from .common import app, err
 
 __all__ = ["app", "main"]
 
 # The command modules register their commands on `app` when imported.
-_COMMANDS = (doctor, producers, runs, serve, status, targets, views)
+_COMMANDS = (doctor, launch, producers, runs, serve, status, targets, views)
 
 
 def main() -> None:

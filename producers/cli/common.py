@@ -48,6 +48,7 @@ __all__ = [
     "phase_line",
     "print_json",
     "print_outcome",
+    "print_run",
     "print_table",
     "progress_bar",
     "run_op",
@@ -259,3 +260,11 @@ def continuation_line(continuation: Continuation) -> str:
     if continuation.reason:
         text += f": {clean_text(continuation.reason)}"
     return text
+
+
+def print_run(run: RunRecord, as_json: bool, text: str) -> None:
+    """The run's record as JSON with `as_json`, else `text`."""
+    if as_json:
+        print_json(run.model_dump(mode="json"))
+    else:
+        say(text)
