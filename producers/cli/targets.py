@@ -30,8 +30,7 @@ def targets_add(
         str,
         typer.Option(
             metavar="DIR",
-            help="Absolute directory on the target under which "
-            "each run gets its run directory.",
+            help="Absolute directory on the target under which each run gets its run directory.",
         ),
     ],
     ssh: Annotated[

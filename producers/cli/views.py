@@ -214,15 +214,16 @@ def logs(
     head: Annotated[
         int | None,
         typer.Option(
-            "--head", metavar="N", min=1, max=100_000,
+            "--head",
+            metavar="N",
+            min=1,
+            max=100_000,
             help="The oldest N lines held instead of the newest (not with -f).",
         ),
     ] = None,
     tail: Annotated[
         int,
-        typer.Option(
-            "--tail", metavar="N", min=1, max=100_000, help="The newest N lines held."
-        ),
+        typer.Option("--tail", metavar="N", min=1, max=100_000, help="The newest N lines held."),
     ] = LOG_TAIL_LINES,
 ) -> None:
     """Print the run's log lines, as followed by the workers: the newest 1,000 held
@@ -274,8 +275,9 @@ def stops(
     history: Annotated[
         bool,
         typer.Option(
-            "--history", help="The stop ledger instead: who asked what, when, and what came "
-            "of it, newest first."
+            "--history",
+            help="The stop ledger instead: who asked what, when, and what came "
+            "of it, newest first.",
         ),
     ] = False,
     limit: Annotated[
