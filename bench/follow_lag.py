@@ -42,7 +42,7 @@ time.sleep(3600)
 
 
 def measure(tmp: Path, period_s: float, seconds: float, wait_s: float) -> None:
-    env = {"RUNWARDEN_FOLLOW_POLL_S": str(period_s), "RUNWARDEN_REQUEST_POLL_S": "30"}
+    env = {"RUNWARDEN_FOLLOW_POLL_S": str(period_s)}
     with running_pipeline(tmp, extra_env=env) as pipeline:
         store = pipeline.api.store
         script = JOB.format(seconds=seconds)

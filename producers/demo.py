@@ -34,7 +34,7 @@ def _serve(state_dir: Path) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RUNWARDEN_")}
     env["RUNWARDEN_STATE_DIR"] = str(state_dir)
     # Short clocks: the demo's stop completes in seconds even if the job misbehaved.
-    env.update(RUNWARDEN_FOLLOW_POLL_S="0.5", RUNWARDEN_REQUEST_POLL_S="2",
+    env.update(RUNWARDEN_FOLLOW_POLL_S="0.5",
                RUNWARDEN_PROOF_TIMEOUT_S="60", RUNWARDEN_END_TIMEOUT_S="30",
                RUNWARDEN_RECONCILE_S="2")  # fmt: skip
     log = (state_dir / "serve.log").open("ab")

@@ -75,7 +75,6 @@ if _typing.TYPE_CHECKING:
     from .snapshot import (
         END_TIMEOUT_S,
         PROOF_TIMEOUT_S,
-        REQUEST_POLL_S,
         Proof,
         ProofInvalid,
         ProofNone,
@@ -101,7 +100,6 @@ __all__ = [
     "END_TIMEOUT_S",
     "MAX_PID",
     "PROOF_TIMEOUT_S",
-    "REQUEST_POLL_S",
     "RUN_ID_MAX_LEN",
     "STOP_ID_PATTERN",
     "TERMINAL_STATES",
@@ -226,7 +224,6 @@ _WHERE: _typing.Final[dict[str, str]] = {
     "Settings": "settings",
     "END_TIMEOUT_S": "snapshot",
     "PROOF_TIMEOUT_S": "snapshot",
-    "REQUEST_POLL_S": "snapshot",
     "Proof": "snapshot",
     "ProofInvalid": "snapshot",
     "ProofNone": "snapshot",

@@ -40,7 +40,6 @@ __all__ = [
     "TASK_LAUNCH",
     "TASK_POLICY_TARGET",
     "TASK_POLICY_TICK",
-    "TASK_POLL_REQUESTS",
     "TASK_PROOF_TIMEOUT",
     "TASK_RECONCILE",
     "TASK_RETRIEVE",
@@ -67,7 +66,6 @@ TASK_SNAPSHOT_REQUEST: Final = "runwarden.snapshot_request"
 TASK_CANCEL: Final = "runwarden.cancel"
 TASK_PROOF_TIMEOUT: Final = "runwarden.proof_timeout"
 TASK_END_TIMEOUT: Final = "runwarden.end_timeout"
-TASK_POLL_REQUESTS: Final = "runwarden.poll_requests"
 TASK_FOLLOW_TICK: Final = "runwarden.follow_tick"
 TASK_RECONCILE: Final = "runwarden.reconcile"
 TASK_POLICY_TICK: Final = "runwarden.policy_tick"
@@ -76,8 +74,8 @@ TASK_DOCTOR: Final = "runwarden.doctor"
 """Check a target as the worker sees it; answers a `schemas.doctor.DoctorReport`."""
 
 TASK_WATCH_TARGET: Final = "runwarden.watch_target"
-"""Internal: one target's share of a follow tick (fanned out by `follow_tick` and
-`poll_requests`, one task per target so workers share the load)."""
+"""Internal: one target's share of a follow tick (fanned out by `follow_tick`, one
+task per target so workers share the load)."""
 TASK_POLICY_TARGET: Final = "runwarden.policy_target"
 """Internal: one target's share of a policy tick (fanned out by `policy_tick`)."""
 TASK_CONTINUE: Final = "runwarden.continue"
@@ -96,15 +94,14 @@ must never hold a worker process that a stop's deadline or a follow tick needs.
 `runwarden serve` (and compose) run one worker for it; a worker started without
 `-Q` consumes both queues."""
 QUEUE_WATCH: Final = "runwarden.watch"
-"""The queue of the follow ticks (`runwarden.follow_tick`, `runwarden.poll_requests`
-and their per-target `runwarden.watch_target`): a storm of stops (a cancel holds its
+"""The queue of the follow ticks (`runwarden.follow_tick` and its per-target
+`runwarden.watch_target`): a storm of stops (a cancel holds its
 process up to 20 s while its job dies) must never hold back the reading of every
 other run. `runwarden serve` (and compose) run one worker for it; a worker started
 without `-Q` consumes every queue."""
 TASK_ROUTES: Final = {
     TASK_RETRIEVE: {"queue": QUEUE_RETRIEVE},
     TASK_FOLLOW_TICK: {"queue": QUEUE_WATCH},
-    TASK_POLL_REQUESTS: {"queue": QUEUE_WATCH},
     TASK_WATCH_TARGET: {"queue": QUEUE_WATCH},
     TASK_DOCTOR: {"queue": QUEUE},
 }

@@ -25,7 +25,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from .events import (
     TASK_FOLLOW_TICK,
     TASK_POLICY_TICK,
-    TASK_POLL_REQUESTS,
     TASK_RECONCILE,
 )
 from .settings import Settings
@@ -79,7 +78,6 @@ def periodic_tasks(settings: Settings) -> dict[str, float]:
     of `workers.app`'s beat schedule, which a test holds to this)."""
     return {
         TASK_FOLLOW_TICK: settings.follow_poll_s,
-        TASK_POLL_REQUESTS: settings.request_poll_s,
         TASK_POLICY_TICK: settings.policy_s,
         TASK_RECONCILE: settings.reconcile_s,
     }

@@ -2,7 +2,7 @@
 environment variables (pydantic-settings), shared by producers and workers.
 
 Times are in seconds. Shortening the stop clocks (`RUNWARDEN_PROOF_TIMEOUT_S`,
-`RUNWARDEN_END_TIMEOUT_S`, `RUNWARDEN_REQUEST_POLL_S`, `RUNWARDEN_FOLLOW_POLL_S`,
+`RUNWARDEN_END_TIMEOUT_S`, `RUNWARDEN_FOLLOW_POLL_S`,
 `RUNWARDEN_RECONCILE_S`) is how the tests run a whole stop in seconds.
 """
 
@@ -38,7 +38,7 @@ from .budget import (
 from .policy import COST_FRACTION, DEADLINE_LEAD_S, DISK_CHECKPOINT_FACTOR, DISK_USED_LIMIT
 from .preemption import DEFAULT_METADATA_URLS, check_metadata_url
 from .secrets import PRODUCER_NAME, REDIS_PASSWORD, SecretsDir
-from .snapshot import END_TIMEOUT_S, PROOF_TIMEOUT_S, REQUEST_POLL_S
+from .snapshot import END_TIMEOUT_S, PROOF_TIMEOUT_S
 
 __all__ = ["Settings"]
 
@@ -71,8 +71,10 @@ class Settings(BaseSettings):
     since a job running as the worker's user can read the worker's environment."""
     proof_timeout_s: _Positive = PROOF_TIMEOUT_S
     end_timeout_s: _Positive = END_TIMEOUT_S
-    request_poll_s: _Positive = REQUEST_POLL_S
     follow_poll_s: _Positive = 5.0
+    """How often beat fans out the follow tick, in seconds: each target's tick reads
+    its runs' statuses, output, requests someone else wrote (a person, a watchdog,
+    another tool), notices and proofs."""
     reconcile_s: _Positive = 10.0
     """How often beat fires overdue deadlines whose countdown did not run."""
     deadline_lease_s: _Positive = 60.0

@@ -21,7 +21,6 @@ from .protocol import OUTPUT_DIR, SNAPSHOT_FILE
 __all__ = [
     "END_TIMEOUT_S",
     "PROOF_TIMEOUT_S",
-    "REQUEST_POLL_S",
     "Proof",
     "ProofInvalid",
     "ProofNone",
@@ -39,9 +38,6 @@ that neither wrote it nor ended by then will not."""
 END_TIMEOUT_S: Final = 10 * 60.0
 """How long a job that proved may take to end before it is cancelled, in seconds: its
 checkpoint is saved, what is left is the final save of the model."""
-REQUEST_POLL_S: Final = 30.0
-"""How often, in seconds, followed runs are checked for a request someone else wrote:
-a person, a watchdog, another tool."""
 
 _U64_MAX: Final = 2**64 - 1
 # Rust's `u8::is_ascii_whitespace`: no vertical tab, unlike `bytes.isspace`.

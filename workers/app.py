@@ -26,7 +26,6 @@ from schemas.events import (
     QUEUE_WATCH,
     TASK_FOLLOW_TICK,
     TASK_POLICY_TICK,
-    TASK_POLL_REQUESTS,
     TASK_RECONCILE,
     wire_config,
 )
@@ -90,7 +89,6 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "enable_utc": True,
         "beat_schedule": {
             "follow-tick": {"task": TASK_FOLLOW_TICK, "schedule": settings.follow_poll_s},
-            "poll-requests": {"task": TASK_POLL_REQUESTS, "schedule": settings.request_poll_s},
             "reconcile": {"task": TASK_RECONCILE, "schedule": settings.reconcile_s},
             "policies": {"task": TASK_POLICY_TICK, "schedule": settings.policy_s},
         },

@@ -45,7 +45,6 @@ from schemas.events import (
     TASK_LAUNCH,
     TASK_POLICY_TARGET,
     TASK_POLICY_TICK,
-    TASK_POLL_REQUESTS,
     TASK_PROOF_TIMEOUT,
     TASK_RECONCILE,
     TASK_RETRIEVE,
@@ -252,12 +251,6 @@ def _fan_out(task: str) -> int:
 @app.task(name=TASK_FOLLOW_TICK, base=QuietTask)
 def follow_tick() -> int:
     _ran(TASK_FOLLOW_TICK)
-    return _fan_out(TASK_WATCH_TARGET)
-
-
-@app.task(name=TASK_POLL_REQUESTS, base=QuietTask)
-def poll_requests() -> int:
-    _ran(TASK_POLL_REQUESTS)
     return _fan_out(TASK_WATCH_TARGET)
 
 

@@ -25,7 +25,6 @@ from schemas.events import (
     TASK_FOLLOW_TICK,
     TASK_POLICY_TARGET,
     TASK_POLICY_TICK,
-    TASK_POLL_REQUESTS,
     TASK_RECONCILE,
     TASK_WATCH_TARGET,
     LaunchSpec,
@@ -126,7 +125,7 @@ def test_the_pending_proof_countdown_is_visible_with_its_eta(
 
 
 QUIET_TASKS = (
-    TASK_FOLLOW_TICK, TASK_POLL_REQUESTS, TASK_WATCH_TARGET, TASK_POLICY_TICK,
+    TASK_FOLLOW_TICK, TASK_WATCH_TARGET, TASK_POLICY_TICK,
     TASK_POLICY_TARGET, TASK_RECONCILE,
 )  # fmt: skip
 
@@ -152,7 +151,7 @@ def test_the_periodic_tasks_leave_the_task_list_to_the_stops(
         # Each periodic task and its fan-out ran while Flower listened: the run is
         # followed and its target's policies ticked since the stop.
         ran.update(pipeline.api.store.health.read_health((), QUIET_TASKS).ticks)
-        periodic = (TASK_FOLLOW_TICK, TASK_POLL_REQUESTS, TASK_POLICY_TICK, TASK_RECONCILE)
+        periodic = (TASK_FOLLOW_TICK, TASK_POLICY_TICK, TASK_RECONCILE)
         ticked = all(ran.get(t, 0.0) > since for t in periodic)
         return ticked and pipeline.api.store.get_offsets(run_id).log > 0
 

@@ -66,7 +66,7 @@ def status_process(
 
 def wait_every_periodic_run(pipeline: Pipeline) -> dict[str, Any]:
     """The report once every periodic task has run: beat sends each first one period
-    after it starts (2 s for poll_requests here), while status is up sooner."""
+    after it starts (1 s for reconcile here), while status is up sooner."""
     deadline = time.monotonic() + BACK_S
     _, report = status(pipeline)
     while any(task["last_run_age_s"] is None for task in report["periodic"]):

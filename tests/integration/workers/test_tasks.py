@@ -47,7 +47,8 @@ def test_a_worker_killed_in_the_middle_of_a_tick_does_not_stall_the_watch(
     pipeline: Pipeline,  # noqa: F811
 ) -> None:
     """After a worker died holding a target's tick lock, a fresh worker still picks
-    up a request written by someone else within one REQUEST_POLL (and a tick)."""
+    up a request written by someone else once the dead worker's tick lock lapsed (the
+    follow script's deadline and a second), within a tick."""
     settings = pipeline.api.settings
     run_id = launch(pipeline, "--ignore-requests")
     pipeline.wait_step(run_id, 2)
@@ -56,7 +57,7 @@ def test_a_worker_killed_in_the_middle_of_a_tick_does_not_stall_the_watch(
     pipeline.wait_worker("w2")
     run_dir = Path(pipeline.api.get_run(run_id).remote_dir)
     (run_dir / "snapshot.request").write_text("deadline")
-    limit = settings.request_poll_s + settings.follow_poll_s + 3.0
+    limit = settings.follow_timeout_s + 1.0 + settings.follow_poll_s + 3.0
     wait_for(lambda: pipeline.api.get_stop(run_id) is not None, timeout_s=limit)
     run = pipeline.wait_state(run_id, timeout_s=40)
     assert run.state is RunState.CANCELLED, run

@@ -258,10 +258,9 @@ def test_a_bad_threshold_is_refused(late: float) -> None:
 
 
 def test_the_periods_come_from_the_settings() -> None:
-    settings = Settings(follow_poll_s=1.5, request_poll_s=2.5, policy_s=3.5, reconcile_s=4.5)
+    settings = Settings(follow_poll_s=1.5, policy_s=3.5, reconcile_s=4.5)
     assert periodic_tasks(settings) == {
         "runwarden.follow_tick": 1.5,
-        "runwarden.poll_requests": 2.5,
         "runwarden.policy_tick": 3.5,
         "runwarden.reconcile": 4.5,
     }

@@ -8,14 +8,13 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from schemas import END_TIMEOUT_S, PROOF_TIMEOUT_S, REQUEST_POLL_S, Settings
+from schemas import END_TIMEOUT_S, PROOF_TIMEOUT_S, Settings
 from schemas.bounds import parse_size
 
 
 def test_stop_limits_defaults() -> None:
     assert PROOF_TIMEOUT_S == 1800
     assert END_TIMEOUT_S == 600
-    assert REQUEST_POLL_S == 30
     defaults = Settings()
     assert defaults.proof_timeout_s == PROOF_TIMEOUT_S
     assert defaults.end_timeout_s == END_TIMEOUT_S

@@ -199,7 +199,7 @@ def test_beat_is_configured_to_beat() -> None:
     # well within the heartbeat's time to live.
     assert app.conf.beat_max_loop_interval == HEARTBEAT_INTERVAL_S
     assert HEARTBEAT_INTERVAL_S * 2 < HEARTBEAT_TTL_S
-    settings = Settings(follow_poll_s=1.5, request_poll_s=2.5, policy_s=3.5, reconcile_s=4.5)
+    settings = Settings(follow_poll_s=1.5, policy_s=3.5, reconcile_s=4.5)
     schedule = celery_config(settings)["beat_schedule"]
     sent = {entry["task"]: entry["schedule"] for entry in schedule.values()}
     assert sent == periodic_tasks(settings)
