@@ -52,6 +52,10 @@ class Context:
     """The producers' keys: who sent a message, who signed a target."""
     webhooks: WebhookDelivery = field(init=False)
     """This process's webhook delivery: the configured webhooks, the threads."""
+    proofs_read: dict[str, tuple[str, float]] = field(default_factory=dict, init=False)
+    """Run id -> the signature of the proof this process's follow ticks last read of
+    it and when (monotonic seconds), while its stop waits for a proof
+    (`workers.watch`)."""
     _executors: dict[str, tuple[TargetConfig, Executor]] = field(
         default_factory=dict, init=False, repr=False
     )

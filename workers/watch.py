@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final
 
 from schemas import (
     JobStatus,
@@ -60,7 +61,16 @@ from .stops import cancelling_now, notice_request, proof_seen, request_snapshot
 
 log = logging.getLogger("runwarden")
 
+PROOF_REREAD_S: Final = 5.0
+"""How long a follow tick trusts that a proof it read and found not valid (yet) is
+the same while its file's size and modification time are, in seconds: it is read and
+judged again after that, for a checkpoint completed after its proof."""
+_PROOFS_KEPT: Final = 100_000
+"""Most runs whose last proof read a worker process remembers (it forgets them all
+past that: a cost, never a wrong answer)."""
+
 __all__ = [
+    "PROOF_REREAD_S",
     "notice_asker",
     "observe_notices",
     "read_notice",
@@ -101,7 +111,7 @@ def watch_target(ctx: Context, target: str, now: datetime) -> dict[str, int]:
     offsets = ctx.store.get_offsets_many([run.id for run in runs])
     stops = ctx.store.get_stops([run.id for run in runs])
     entries = [
-        FollowEntry(run.job, o.log, o.metrics, _waits_for_proof(stop))
+        FollowEntry(run.job, o.log, o.metrics, _waits_for_proof(stop), _proof_seen(ctx, run, stop))
         for run, o, stop in zip(runs, offsets, stops, strict=True)
         if run.job is not None
     ]
@@ -113,7 +123,7 @@ def watch_target(ctx: Context, target: str, now: datetime) -> dict[str, int]:
         log_chunk=int(ctx.settings.log_bytes_per_run),
     )
     seen = utcnow()  # the proofs read were there by now
-    proofs = _new_proofs(executor, runs, stops, updates)
+    proofs = _new_proofs(ctx, executor, runs, stops, updates)
     ended = 0
     for run, offset, update, stop in zip(runs, offsets, updates, stops, strict=True):
         try:
@@ -122,7 +132,9 @@ def watch_target(ctx: Context, target: str, now: datetime) -> dict[str, int]:
             if proof is not None and stop is not None:
                 proof_seen(ctx, stop, proof, seen, "follow")
         except (StoreError, ExecError) as error:
-            # Redis or the target failed for this run: the next tick tries again.
+            # Redis or the target failed for this run: the next tick tries again (its
+            # proof read again too).
+            ctx.proofs_read.pop(run.id, None)
             log.warning("run %s: this tick failed: %s", run.id, error)
         except Exception as error:
             # Anything else comes from what the job wrote: that run's own, never the
@@ -136,7 +148,19 @@ def _waits_for_proof(stop: StopState | None) -> bool:
     return stop is not None and stop.phase is StopPhase.WAITING_PROOF
 
 
+def _proof_seen(ctx: Context, run: RunRecord, stop: StopState | None) -> str:
+    """The signature of `run`'s proof this process read last, while its stop waits
+    for one and for at most [`PROOF_REREAD_S`]; else "" (read it). A run whose stop
+    does not wait is forgotten."""
+    if not _waits_for_proof(stop):
+        ctx.proofs_read.pop(run.id, None)
+        return ""
+    signature, read_at = ctx.proofs_read.get(run.id, ("", 0.0))
+    return signature if time.monotonic() - read_at < PROOF_REREAD_S else ""
+
+
 def _new_proofs(
+    ctx: Context,
     executor: Executor,
     runs: list[RunRecord],
     stops: list[StopState | None],
@@ -145,9 +169,13 @@ def _new_proofs(
     """The valid proofs this tick read of running jobs whose stop waits for its proof,
     by run id, each checkpoint judged by the one rule (`workers.finish.judge_proofs`:
     one script for them all). A proof not yet valid is left for a later tick or the
-    proof deadline; a failure to judge is logged, and leaves them all for next time.
-    Never raises for what a job wrote."""
-    read: list[tuple[RunRecord, ProofSaved]] = []
+    proof deadline, and its signature remembered (`ctx.proofs_read`): it is not read
+    again while it stays the same, for [`PROOF_REREAD_S`]. A failure to judge is
+    logged, and leaves them all for next time. Never raises for what a job wrote."""
+    if len(ctx.proofs_read) > _PROOFS_KEPT:
+        ctx.proofs_read.clear()
+    now = time.monotonic()
+    read: list[tuple[RunRecord, ProofSaved, str]] = []
     for run, stop, update in zip(runs, stops, updates, strict=True):
         if not _waits_for_proof(stop) or update.proof is None:
             continue
@@ -155,15 +183,20 @@ def _new_proofs(
             continue  # ended (its end reads and judges the proof itself), or unknown
         parsed = parse_proof(update.proof)
         if isinstance(parsed, ProofSaved):
-            read.append((run, parsed))
+            read.append((run, parsed, update.proof_sig))
+        elif update.proof_sig:
+            ctx.proofs_read[run.id] = (update.proof_sig, now)
     if not read:
         return {}
     found = {}
-    for (run, _), judged in zip(read, judge_proofs(executor, read), strict=True):
+    judgements = judge_proofs(executor, [(run, proof) for run, proof, _ in read])
+    for (run, _, signature), judged in zip(read, judgements, strict=True):
         if isinstance(judged, ProofSaved):
             found[run.id] = judged
         elif isinstance(judged, ProofInvalid):
             log.info("run %s: its proof is not valid (yet): %s", run.id, judged.why)
+            if signature:
+                ctx.proofs_read[run.id] = (signature, now)
     return found
 
 

@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,6 +30,7 @@ from schemas.events import TASK_END_TIMEOUT
 from schemas.ledger import ProofSeen
 from workers import cancels, stops
 from workers import finish as finishing
+from workers import watch as watching
 from workers.finish import finish
 from workers.stops import CANCEL_RETRY_S, cancel_key
 from workers.watch import watch_target
@@ -169,3 +171,47 @@ def test_a_proof_with_a_linked_checkpoint_is_never_seen_and_its_deadline_says_wh
     assert record.snapshot is None
     assert record.message is not None
     assert why in record.message
+
+
+def test_a_proof_not_valid_yet_is_judged_again_only_when_it_changed_or_has_aged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, job: int
+) -> None:
+    """A proof whose checkpoint is missing is judged once, then not again while its
+    file stays the same; it is once it changed, and after PROOF_REREAD_S (so a
+    checkpoint completed after its proof is still seen)."""
+    ctx, store, _ = policy_worker(tmp_path)
+    running_run(store, tmp_path, "r1", job=JobId(dir=str(tmp_path / "r1"), pid=job))
+    stops.request_snapshot(ctx, "r1", SnapshotReason.REQUESTED, "cli", datetime.now(UTC))
+    written = time.time()
+    proof = {"checkpoint": "output/checkpoint-21", "step": 21, "time": written}
+    (tmp_path / "r1" / "snapshot.json").write_text(json.dumps(proof))
+    judged: list[int] = []
+    real = watching.judge_proofs
+
+    def judge(executor: Any, proofs: Any) -> Any:
+        judged.append(len(proofs))
+        return real(executor, proofs)
+
+    monkeypatch.setattr(watching, "judge_proofs", judge)
+    for _ in range(3):
+        watch_target(ctx, "local", datetime.now(UTC))
+    assert judged == [1]  # not valid (no checkpoint); not read again since
+    (tmp_path / "r1" / "snapshot.json").write_text(
+        json.dumps({**proof, "checkpoint": "output/checkpoint-22", "step": 22})
+    )
+    watch_target(ctx, "local", datetime.now(UTC))
+    assert judged == [1, 1]  # changed: read and judged again (still not valid)
+    (tmp_path / "r1" / "snapshot.json").write_text(json.dumps(proof))
+    watch_target(ctx, "local", datetime.now(UTC))
+    assert judged == [1, 1, 1]
+    checkpoint = tmp_path / "r1" / "output" / "checkpoint-21"
+    checkpoint.mkdir(parents=True)  # the checkpoint comes after its proof, which stays
+    (checkpoint / "weights.bin").write_bytes(b"w" * 64)
+    watch_target(ctx, "local", datetime.now(UTC))
+    assert judged == [1, 1, 1]  # not read: its file did not change
+    monkeypatch.setattr(watching, "PROOF_REREAD_S", 0.0)  # ... until it has aged
+    watch_target(ctx, "local", datetime.now(UTC))
+    assert judged == [1, 1, 1, 1]
+    moved = store.get_stop("r1")
+    assert moved is not None
+    assert moved.phase is StopPhase.WAITING_END

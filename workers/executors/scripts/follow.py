@@ -3,6 +3,7 @@ new log and metrics bytes in one round trip, and the parser of its answer."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, NamedTuple
@@ -43,12 +44,20 @@ NOTICE_STATE_READ_BYTES: Final = 200
 
 class FollowEntry(NamedTuple):
     """One run of a follow tick: its job, how far its files were read (bytes), and
-    whether its proof is read too (a run whose stop waits for its proof)."""
+    whether its proof is read too (a run whose stop waits for its proof): with
+    `proof_seen`, the signature of the proof last read ([`FollowUpdate.proof_sig`]),
+    only when it changed."""
 
     job: JobId
     log_offset: int
     metrics_offset: int
     proof: bool = False
+    proof_seen: str = ""
+
+
+_PROOF_SIG: Final = re.compile(r"[0-9]{1,20}:[0-9]{1,20}(?:\.[0-9]{1,12})?")
+"""A proof's signature as `find -printf '%s:%T@'` prints it: its size and its
+modification time."""
 
 
 def follow_script(
@@ -71,9 +80,11 @@ def follow_script(
       preemption-notice watcher's files), each only when it is a regular file; the
       notice is read after the request, and the watcher writes it before the
       request, so a request it wrote always comes with its notice;
-    - `P <i>` then the first `PROOF_LIMIT` bytes of `snapshot.json`, only for an
-      entry whose `proof` is set and only when it is a regular file (a run without
-      an open stop costs nothing);
+    - `P <i> <sig>` then the first `PROOF_LIMIT` bytes of `snapshot.json`, only for
+      an entry whose `proof` is set and only when it is a regular file (a run
+      without an open stop costs nothing); `sig` is its size and modification time
+      (`SIZE:MTIME`, empty without GNU find), and when it is the entry's
+      `proof_seen`, only `p <i> <sig>` comes: the proof was not read again;
     - `L <i> <n> <k>` then at most `log_chunk` bytes of `job.log` from its offset
       plus `k`, and `M <i> <n>` then at most `chunk` bytes of `metrics.jsonl` from
       its offset, only for files that grew past their offset (`n` is the file's
@@ -102,7 +113,9 @@ def follow_script(
     ]
     for entry in entries:
         job, log_offset, metrics_offset = entry[0], entry[1], entry[2]
-        proof = "1" if len(entry) > 3 and entry[3] else "0"
+        proof = "0"
+        if isinstance(entry, FollowEntry) and entry.proof:
+            proof = entry.proof_seen if _PROOF_SIG.fullmatch(entry.proof_seen) else "-"
         if log_offset < 0 or metrics_offset < 0:
             raise InvalidArgument("offsets are non-negative")
         args += [
@@ -136,7 +149,13 @@ class FollowUpdate:
     `notices.parse_notice_state`)."""
     proof: bytes | None = None
     """The first `PROOF_LIMIT` bytes of `snapshot.json` when the entry asked for its
-    proof and it is a regular file, else None (parse with `schemas.parse_proof`)."""
+    proof, it is a regular file and it changed since `proof_seen`, else None (parse
+    with `schemas.parse_proof`)."""
+    proof_sig: str = ""
+    """The signature of `snapshot.json` read or found unchanged (`SIZE:MTIME`; empty
+    when unknown): the next tick's `FollowEntry.proof_seen`."""
+    proof_unchanged: bool = False
+    """The proof is the one of `proof_seen` still: not read again."""
     log_skipped: int = 0
     """Bytes of `job.log` past the offset that this tick skipped, [`log`] starting
     after them (the log was more than a tick reads behind)."""
@@ -199,6 +218,7 @@ def parse_follow(
     request: dict[int, str | None] = {}
     files: dict[tuple[str, int], tuple[bytes, int]] = {}
     skipped: dict[tuple[str, int], int] = {}
+    signature: dict[int, str] = {}
     ended = False
     for part in parts[1:]:
         head, _, payload = part.partition(b"\n")
@@ -219,7 +239,9 @@ def parse_follow(
             elif kind == "Q":
                 reason = " ".join(words[3:]).strip()
                 request[index] = reason or None
-            elif kind in ("L", "M", "N", "W", "P"):
+            elif kind in ("L", "M", "N", "W", "P", "p"):
+                if kind in ("P", "p"):
+                    signature[index] = words[3] if len(words) > 3 else ""
                 size = int(words[3]) if kind in ("L", "M") else len(payload)
                 files[(kind, index)] = (payload, size)
                 skipped[(kind, index)] = int(words[4]) if kind == "L" and len(words) > 4 else 0
@@ -229,26 +251,48 @@ def parse_follow(
             raise ProtocolError(f"follow record {head[:80]!r}") from error
     if not ended or len(status) != count:
         raise ProtocolError("the follow output was cut short")
-    updates = []
-    for index in range(count):
-        log, log_size = files.get(("L", index), (b"", 0))
-        metrics, metrics_size = files.get(("M", index), (b"", 0))
-        notice = files.get(("N", index))
-        state = files.get(("W", index))
-        proof = files.get(("P", index))
-        updates.append(
-            FollowUpdate(
-                status[index],
-                request.get(index),
-                log,
-                log_size,
-                metrics,
-                metrics_size,
-                notice=None if notice is None else notice[0],
-                notice_state=None if state is None else state[0],
-                proof=None if proof is None else proof[0],
-                log_skipped=skipped.get(("L", index), 0),
-                log_chunk=log_chunk,
-            )
+    return [
+        _update(
+            index,
+            status[index],
+            request=request,
+            files=files,
+            skipped=skipped,
+            signature=signature,
+            log_chunk=log_chunk,
         )
-    return updates
+        for index in range(count)
+    ]
+
+
+def _update(
+    index: int,
+    status: JobStatus | ProtocolError,
+    *,
+    request: dict[int, str | None],
+    files: dict[tuple[str, int], tuple[bytes, int]],
+    skipped: dict[tuple[str, int], int],
+    signature: dict[int, str],
+    log_chunk: int,
+) -> FollowUpdate:
+    """The update of run `index` from the records `parse_follow` gathered."""
+    log, log_size = files.get(("L", index), (b"", 0))
+    metrics, metrics_size = files.get(("M", index), (b"", 0))
+    notice = files.get(("N", index))
+    state = files.get(("W", index))
+    proof = files.get(("P", index))
+    return FollowUpdate(
+        status,
+        request.get(index),
+        log,
+        log_size,
+        metrics,
+        metrics_size,
+        notice=None if notice is None else notice[0],
+        notice_state=None if state is None else state[0],
+        proof=None if proof is None else proof[0],
+        proof_sig=signature.get(index, ""),
+        proof_unchanged=("p", index) in files,
+        log_skipped=skipped.get(("L", index), 0),
+        log_chunk=log_chunk,
+    )

@@ -1,8 +1,10 @@
 # shellcheck shell=sh
 # Arguments: TOKEN CHUNK LOG_CHUNK NOTICE_BYTES NOTICE_STATE_BYTES PROOF_LIMIT, then
 # for each run DIR PID START LOG_OFFSET METRICS_OFFSET PROOF (6 arguments; START
-# empty when unknown, PROOF 1 to read the proof). The follow tick of a whole target
-# (scripts.follow.follow_script). Needs group.sh, read.sh and status_fn.sh.
+# empty when unknown; PROOF 0 not to read the proof, - to read it, else the
+# signature SIZE:MTIME of the proof last read, to read it only when it changed). The
+# follow tick of a whole target (scripts.follow.follow_script). Needs group.sh,
+# read.sh and status_fn.sh.
 rw_t=$1
 rw_chunk=$2
 rw_lchunk=$3
@@ -17,9 +19,12 @@ rw_flags=
 rw_count=0
 rw_j=1
 rw_d=
+rw_pf=
 while [ "$rw_j" -le "$#" ]; do
-  eval "rw_d=\${$rw_j}"
-  for rw_name in job.log metrics.jsonl; do
+  eval "rw_d=\${$rw_j} rw_pf=\${$((rw_j + 5))}"
+  rw_names='job.log metrics.jsonl'
+  [ "$rw_pf" = 0 ] || rw_names="snapshot.json $rw_names"
+  for rw_name in $rw_names; do
     if [ -f "$rw_d/$rw_name" ] && [ ! -h "$rw_d/$rw_name" ]; then
       rw_list="$rw_list \"\${$rw_j}/$rw_name\""
       rw_count=$((rw_count + 1))
@@ -31,7 +36,8 @@ done
 rw_words() { rw_w=$#; }
 rw_sizes=
 if [ "$rw_count" -gt 0 ]; then
-  eval "rw_sizes=\$(find $rw_list -maxdepth 0 -printf '%s ' 2>/dev/null)" || rw_sizes=
+  # SIZE:MTIME of each: a proof's signature; a size is what comes before the colon.
+  eval "rw_sizes=\$(find $rw_list -maxdepth 0 -printf '%s:%T@ ' 2>/dev/null)" || rw_sizes=
   # Sizes are digits and spaces, split on purpose.
   # shellcheck disable=SC2086
   rw_words $rw_sizes
@@ -44,7 +50,7 @@ rw_part() {
   rw_listed=${rw_flags%"${rw_flags#?}"}; rw_flags=${rw_flags#?}
   [ "$rw_listed" = 1 ] || return 0
   if [ -n "$rw_sizes" ]; then
-    rw_n=${rw_sizes%% *}; rw_sizes=${rw_sizes#* }
+    rw_n=${rw_sizes%% *}; rw_sizes=${rw_sizes#* }; rw_n=${rw_n%%:*}
   else
     rw_n=$(ls -lnd -- "$3" 2>/dev/null) || return 0
     set -f
@@ -71,6 +77,22 @@ rw_file() {
   printf '%s %s %s\n' "$rw_t" "$1" "$2"
   rw_read "$3" "$4" || :
 }
+rw_proof_of() {
+  # $1 index, $2 file, $3 signature last read: `p` with the signature and no bytes
+  # when it is that one still, else `P` with the signature (empty without GNU find)
+  # and at most PROOF_LIMIT bytes; nothing when no regular file was listed.
+  rw_listed=${rw_flags%"${rw_flags#?}"}; rw_flags=${rw_flags#?}
+  [ "$rw_listed" = 1 ] || return 0
+  rw_sig=
+  if [ -n "$rw_sizes" ]; then rw_sig=${rw_sizes%% *}; rw_sizes=${rw_sizes#* }; fi
+  if [ -n "$rw_sig" ] && [ "$rw_sig" = "$3" ]; then
+    printf '%s p %s %s\n' "$rw_t" "$1" "$rw_sig"
+    return 0
+  fi
+  if [ ! -f "$2" ] || [ -h "$2" ]; then return 0; fi
+  printf '%s P %s %s\n' "$rw_t" "$1" "$rw_sig"
+  rw_read "$2" "$rw_proof" || :
+}
 rw_nl='
 '
 rw_one() {
@@ -86,7 +108,7 @@ rw_one() {
   printf '%s Q %s %.32s\n' "$rw_t" "$1" "$rw_q"
   rw_file N "$1" "$2/notice.json" "$rw_notice"
   rw_file W "$1" "$2/.runwarden/notice.state" "$rw_state"
-  [ "$7" != 1 ] || rw_file P "$1" "$2/snapshot.json" "$rw_proof"
+  [ "$7" = 0 ] || rw_proof_of "$1" "$2/snapshot.json" "$7"
   rw_part L "$1" "$2/job.log" "$5"
   rw_part M "$1" "$2/metrics.jsonl" "$6"
 }

@@ -5,6 +5,7 @@ watcher's files, the proof of a run whose stop waits for it)."""
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import time
 from pathlib import Path
@@ -189,6 +190,29 @@ def test_the_proof_is_read_bounded_only_for_the_runs_that_wait_for_it(target: Ta
     # Through the executor, the same.
     [again] = target.executor.follow([entries[0]])
     assert again.proof == proof
+
+
+def test_a_proof_is_read_again_only_when_its_file_changed(target: Target) -> None:
+    """A tick given the signature of the proof it read last reads it again only when
+    its size or modification time changed; a forged signature reads it as new."""
+    run = target.workdir / "proving"
+    run.mkdir()
+    (run / SNAPSHOT_FILE).write_bytes(b'{"step": 1}')
+    job = JobId(dir=str(run), pid=999_999)
+    [first] = target.executor.follow([FollowEntry(job, 0, 0, proof=True)])
+    assert first.proof == b'{"step": 1}'
+    assert not first.proof_unchanged
+    assert re.fullmatch(r"11:[0-9]+\.[0-9]+", first.proof_sig), first.proof_sig
+    [same] = target.executor.follow([FollowEntry(job, 0, 0, True, first.proof_sig)])
+    assert (same.proof, same.proof_unchanged, same.proof_sig) == (None, True, first.proof_sig)
+    (run / SNAPSHOT_FILE).write_bytes(b'{"step": 22}')
+    [changed] = target.executor.follow([FollowEntry(job, 0, 0, True, first.proof_sig)])
+    assert changed.proof == b'{"step": 22}'
+    assert not changed.proof_unchanged
+    assert changed.proof_sig != first.proof_sig
+    for odd in ("x; rm -rf /", "$(id)", "0", "-"):
+        [read] = target.executor.follow([FollowEntry(job, 0, 0, True, odd)])
+        assert read.proof == b'{"step": 22}', odd
 
 
 def test_every_executor_judges_a_checkpoint_by_the_same_rule(target: Target) -> None:
