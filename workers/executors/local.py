@@ -38,7 +38,6 @@ from .transport import LocalTransport
 __all__ = ["FILTERED_ENV_PREFIXES", "LocalExecutor", "job_environment"]
 
 
-
 def job_environment(base: Mapping[str, str]) -> dict[str, str]:
     """`base` without the variables a job must not inherit (see
     [`FILTERED_ENV_PREFIXES`])."""
@@ -91,7 +90,11 @@ class LocalExecutor(ScriptExecutor):
         script = launcher_for(job, [name for name, _ in secrets])
         stdin = "".join(f"{value}\n" for _, value in secrets).encode()
         result = self._local.run(
-            script, action="spawn", stdin=stdin, env=job_environment(os.environ)
+            script.text,
+            action="spawn",
+            stdin=stdin,
+            env=job_environment(os.environ),
+            args=script.args,
         )
         return self._launch(job, result)
 

@@ -116,8 +116,9 @@ def checked_secrets(job: JobCommand) -> list[tuple[str, str]]:
     return pairs
 
 
-def launcher_for(job: JobCommand, secret_names: Sequence[str]) -> str:
-    """The [`scripts.launcher_script`] of `job`, reading `secret_names` from its
+def launcher_for(job: JobCommand, secret_names: Sequence[str]) -> scripts.Script:
+    """The [`scripts.launcher_script`] of `job` (its text and arguments: the job's
+    variables among them, never its secrets), reading `secret_names` from its
     stdin, with the on-target watchdog when `job.deadline_request_after_s` is set,
     and the preemption-notice watcher when `job.preemption` is.
 
@@ -200,9 +201,7 @@ class ScriptExecutor:
                     tar.add(local / name, arcname=name, recursive=True)
 
         script = scripts.unpack_script(check_remote(remote))
-        result = self._transport.send(
-            script.text, action="upload", source=source, args=script.args
-        )
+        result = self._transport.send(script.text, action="upload", source=source, args=script.args)
         _checked(result, "upload")
 
     def _launch(self, job: JobCommand, result: Completed) -> JobId:
@@ -227,7 +226,8 @@ class ScriptExecutor:
         secrets = checked_secrets(job)
         script = launcher_for(job, [name for name, _ in secrets])
         stdin = "".join(f"{value}\n" for _, value in secrets).encode()
-        return self._launch(job, self._transport.run(script, action="spawn", stdin=stdin))
+        result = self._transport.run(script.text, action="spawn", stdin=stdin, args=script.args)
+        return self._launch(job, result)
 
     def read_from(self, path: str, offset: int, limit: int) -> bytes:
         if limit == 0:
@@ -369,9 +369,7 @@ class ScriptExecutor:
     def find_marked(self, mark: str) -> tuple[int, int] | None:
         return parse_marked_job(self._read_only(marked_job_script(mark), "marked"))
 
-    def sizes(
-        self, remote: str, entries: Sequence[str], exclude: Sequence[str] = ()
-    ) -> int | None:
+    def sizes(self, remote: str, entries: Sequence[str], exclude: Sequence[str] = ()) -> int | None:
         check_entries(entries, exclude)
         script = scripts.size_script(check_remote(remote), entries, exclude)
         return scripts.parse_size_answer(self._read_only(script, "sizes"))

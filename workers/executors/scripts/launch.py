@@ -10,24 +10,10 @@ import secrets as _secrets
 from collections.abc import Mapping, Sequence
 from typing import Final
 
-from schemas.protocol import (
-    CANCEL_FILE,
-    CANCELLING_FILE,
-    END_FILE,
-    EXIT_FILE,
-    JOB_LOG,
-    JOBSIDE_DIR,
-    NOTICE_FILE,
-    NOTICE_PID_FILE,
-    NOTICE_STATE_FILE,
-    PID_FILE,
-    RUN_ID_ENV,
-    SNAPSHOT_FILE,
-    SNAPSHOT_REQUEST,
-)
+from schemas.protocol import CANCELLING_FILE, JOBSIDE_DIR, RUN_ID_ENV
 
 from ..errors import InvalidArgument
-from .common import GROUP_SIGNAL, Script, quote, sh
+from .common import Script, sh
 
 __all__ = [
     "LEFTOVER_GIVE_UP_S",
@@ -93,99 +79,45 @@ def single_command(script: str) -> bool:
     return first not in _BUILTINS
 
 
-def job_shell_script(dir: str, script: str) -> str:
-    """What the job's own shell (`sh -c`, a child of the wrapper) runs for `script`:
-    `exec` of it when it is one simple command ([`single_command`]): the command is
-    then the job's main process and gets every signal itself; otherwise `script`
-    after a trap of each of [`PREEMPTION_SIGNALS`] whose handler does nothing (so the
-    shell outlives a signal sent to the whole group and waits for the job's commands:
-    a trapped signal runs its handler only once the command in the foreground ended)
-    unless the run's `cancelling` marker exists: then the shell ends by the signal,
-    as runwarden's cancel wants."""
+_COMMAND: Final = "command"
+_SCRIPT: Final = "script"
+"""The two modes of `sh/job_shell.sh`: `exec` of its one command (its argument), or
+the script after its text, with its traps (its argument the `cancelling` marker)."""
+
+
+def job_shell_script(dir: str, script: str) -> Script:
+    """What the job's own shell (`sh -c`, a child of the wrapper; `sh/job_shell.sh`)
+    runs for `script`, the job in `dir`: run as `SH -c TEXT SH MODE ARG` (its text
+    and arguments here; `SH` the path of `sh`: `$0` is that path, as with `sh -c
+    TEXT` alone), it first waits for
+    the launcher's `go` on its standard input (end of input without `go`, the
+    launcher gone: exit 125, nothing of the job's run). Then `exec` of `script` when
+    it is one simple command ([`single_command`]): the command is then the job's
+    main process and gets every signal itself; otherwise `script` (its text after
+    the file's, with no positional parameter) after a trap of each of
+    [`PREEMPTION_SIGNALS`] whose handler does nothing (so the shell outlives a
+    signal sent to the whole group and waits for the job's commands: a trapped
+    signal runs its handler only once the command in the foreground ended) unless
+    the run's `cancelling` marker exists: then the shell ends by the signal, as
+    runwarden's cancel wants."""
     if single_command(script):
-        return "exec " + script.strip(" \t")
-    marker = quote(f"{dir.rstrip('/') or ''}/{CANCELLING_FILE}")
-    traps = "".join(
-        "trap "
-        + quote(f"if [ -e {marker} ] || [ -h {marker} ]; then trap - {name}; kill -s {name} $$; fi")
-        + f" {name}\n"
-        for name in PREEMPTION_SIGNALS
-    )
-    return traps + script
-
-
-_AWAIT_GO: Final = """rw_go=
-IFS= read -r rw_go || rw_go=
-exec </dev/null
-[ "$rw_go" = go ] || exit 125
-"""
-# The first lines of the job's shell: it waits for the launcher's `go` on its standard
-# input (the launcher's FIFO) before it runs anything of the job's.
-
-_PROCESS_SCAN: Final = r"""
-rw_scan() {
-  rw_left=
-  if [ -r "/proc/$$/stat" ]; then
-    for rw_f in /proc/[0-9]*/stat; do
-      rw_l=; { IFS= read -r rw_l < "$rw_f"; } 2>/dev/null || continue
-      rw_p=${rw_f#/proc/}; rw_p=${rw_p%/stat}
-      rw_l=${rw_l##*) }
-      set -f; set -- $rw_l; set +f
-      [ "$#" -ge 3 ] && [ "$3" = "$$" ] && [ "$1" != Z ] && [ "$2" != "$$" ] || continue
-      [ "$rw_p" = "$$" ] || rw_left="$rw_left $rw_p"
-    done
-    if [ -n "$rw_entry" ]; then
-      for rw_f in $(grep -lsxzF -- "$rw_entry" /proc/[0-9]*/environ 2>/dev/null); do
-        rw_p=${rw_f#/proc/}; rw_p=${rw_p%/environ}
-        case $rw_p in ''|*[!0-9]*) continue ;; esac
-        [ "$rw_p" != "$$" ] && [ "$rw_p" != "$PPID" ] && [ "$rw_p" -gt 1 ] || continue
-        case " $rw_left " in *" $rw_p "*) continue ;; esac
-        rw_l=; { IFS= read -r rw_l < "/proc/$rw_p/stat"; } 2>/dev/null || continue
-        rw_l=${rw_l##*) }
-        set -f; set -- $rw_l; set +f
-        # A subshell of this wrapper (the grep's) still has the mark in its environ.
-        [ "$#" -ge 2 ] && [ "$1" != Z ] && [ "$2" != "$$" ] || continue
-        rw_left="$rw_left $rw_p"
-      done
-    fi
-  else
-    rw_l=$(ps -A -o pid= -o ppid= -o pgid= -o stat= 2>/dev/null) || return 1
-    rw_old=$IFS; IFS='
-'
-    for rw_f in $rw_l; do
-      IFS=$rw_old
-      set -f; set -- $rw_f; set +f
-      [ "$#" -ge 4 ] && [ "$3" = "$$" ] && [ "$1" != "$$" ] && [ "$2" != "$$" ] || continue
-      case $4 in Z*) continue ;; esac
-      rw_left="$rw_left $1"
-    done
-    IFS=$rw_old
-  fi
-  return 0
-}
-rw_count() { set -f; set -- $1; set +f; rw_n=$#; }
-"""
-"""`rw_scan` sets `rw_left` to the pids of the run's processes other than the wrapper
-and its own helpers: the members of the wrapper's process group (not the wrapper,
-not its children, not zombies), and with `/proc` every process whose environment
-holds `$rw_entry` (the run's mark; not the wrapper, not its parent, not its children,
-whose environment a fork copied, not zombies, pid 1 never).
-Without `/proc`, the group's members come from `ps` (POSIX `-o`), and marks cannot be
-read; exit 1 when `ps` fails too. `rw_count LIST` sets `rw_n` to its words."""
+        return Script(sh("job_shell"), (_COMMAND, script.strip(" \t")))
+    marker = f"{dir.rstrip('/') or ''}/{CANCELLING_FILE}"
+    return Script(sh("job_shell") + script, (_SCRIPT, marker))
 
 
 def wrapper_script(
     dir: str, script: str, *, mark: str | None = None, wait_for_all: bool = False
-) -> str:
-    """The job wrapper, run as `sh -c WRAPPER rw-job SH MV` by the session leader of
-    the job (`SH` and `MV` the absolute paths of `sh` and `mv`, so the job's own
-    `PATH` never changes what the wrapper runs), its standard input the launcher's
-    FIFO. It starts the job's shell (a child `sh`: [`job_shell_script`] after lines
-    that wait for the launcher's `go` on that FIFO; end of input without `go`, the
-    launcher gone: exit 125, nothing of the job's run), then writes its own pid to
-    `job.pid`: the launcher reads the wrapper's start time before it says `go`, so
-    the leader's start time is read while it surely lives. Once the job's shell (the
-    job's main process) ended:
+) -> Script:
+    """The job wrapper (`sh/scan.sh`, `sh/wrapper.sh`), run as `sh -c WRAPPER rw-job
+    SH MV ARG...` (`ARG...` its arguments here) by the session leader of the job
+    (`SH` and `MV` the absolute paths of `sh` and `mv`, so the job's own `PATH` never
+    changes what the wrapper runs), its standard input the launcher's FIFO. It
+    starts the job's shell (a child `sh`: [`job_shell_script`], which first waits for
+    the launcher's `go` on that FIFO), then writes its own pid to `job.pid`: the
+    launcher reads the wrapper's start time before it says `go`, so the leader's
+    start time is read while it surely lives. Once the job's shell (the job's main
+    process) ended:
 
     - by default, it ends the run's leftover processes (`rw_scan`: its process group
       and every process carrying `RUNWARDEN_RUN_ID=<mark>`): SIGTERM to each (also
@@ -199,7 +131,9 @@ def wrapper_script(
     exit code to `exit_code`, last (each through a temporary name and a rename): so
     `exited` means none of the run's processes it can see is left. It drops the mark
     from its own environment once the job's shell started, so its helpers never
-    count as the run's.
+    count as the run's. Before the job's shell started, it sets no variable but
+    `rw_sh`, `rw_mv`, `rw_entry`, `rw_sig` and `rw_execd` (the job's environment may
+    hold any name, which the job's shell would inherit changed).
 
     It outlives [`PREEMPTION_SIGNALS`] (a signal caught while it waits ends the
     `wait`, not the job, so it waits again while the job runs; the exit code is the
@@ -213,132 +147,20 @@ def wrapper_script(
     cancelled, not `exited 143`. Its own error output goes nowhere (a shell reports
     a child killed by a signal, which is not the job's output); the job's goes to
     `job.log`."""
-    traps = "".join(f"trap 'rw_caught {name}' {name}\n" for name in PREEMPTION_SIGNALS)
-    entry = quote(f"{RUN_ID_ENV}={mark}") if mark is not None else "''"
-    # Two looks a second: each reads every process's stat and environment, and many
-    # runs may end at once on one machine.
-    kill_ticks = LEFTOVER_KILL_S * 2
-    give_up_ticks = LEFTOVER_GIVE_UP_S * 2
-    if wait_for_all:
-        after = f"""rw_seen=
-while rw_scan && [ -n "$rw_left" ]; do
-  for rw_p in $rw_left; do
-    case " $rw_seen " in *" $rw_p "*) ;; *) rw_seen="$rw_seen $rw_p" ;; esac
-  done
-  sleep {WAIT_ALL_POLL_S}
-done
-rw_count "$rw_seen"
-[ "$rw_n" = 0 ] || rw_end="${{rw_end}}waited $rw_n
-"
-"""
-    else:
-        after = f"""rw_seen=
-rw_i=0
-while rw_scan && [ -n "$rw_left" ]; do
-  for rw_p in $rw_left; do
-    case " $rw_seen " in
-    *" $rw_p "*) ;;
-    *) rw_seen="$rw_seen $rw_p"; kill -s TERM "$rw_p" 2>/dev/null || : ;;
-    esac
-  done
-  [ "$rw_i" -lt {kill_ticks} ] || kill -s KILL $rw_left 2>/dev/null || :
-  rw_i=$((rw_i + 1))
-  [ "$rw_i" -le {give_up_ticks} ] || break
-  sleep 0.5 2>/dev/null || sleep 1
-done
-rw_count "$rw_seen"
-[ "$rw_n" = 0 ] || rw_end="${{rw_end}}leftovers $rw_n
-"
-if [ "$rw_i" -gt {give_up_ticks} ]; then
-  rw_count "$rw_left"
-  rw_end="${{rw_end}}survived $rw_n
-"
-fi
-"""
-    execd = "1" if single_command(script) else ""
-    return f"""cd -- {quote(dir)} || exit 126
-rw_sh=$1 rw_mv=$2 rw_entry={entry} rw_sig= rw_execd={execd}
-{_PROCESS_SCAN}rw_shell() {{
-  # Whether process $1 still runs the job's shell: not ended (a zombie has ended),
-  # not a command it execed. Without /proc it cannot be told: yes.
-  kill -0 "$1" 2>/dev/null || return 1
-  [ -r "/proc/$1/stat" ] || return 0
-  rw_z=; {{ IFS= read -r rw_z < "/proc/$1/stat"; }} 2>/dev/null || return 1
-  case ${{rw_z##*) }} in Z*) return 1 ;; esac
-  rw_x=$(readlink "/proc/$1/exe" 2>/dev/null) || return 1
-  [ -n "$rw_real" ] || return 0
-  [ "$rw_x" = "$rw_real" ]
-}}
-rw_others() {{
-  # Whether the group holds a live process other than this wrapper, its children
-  # and theirs (the job's shell, the helpers of this look). One awk over every
-  # stat, not rw_scan's loop: many runs may be cancelled at once.
-  if [ -r "/proc/$$/stat" ]; then
-    rw_left=$(cat /proc/[0-9]*/stat 2>/dev/null | awk -v w="$$" '
-      {{ p = $1; l = $0; if (!sub(/.*\\) /, "", l)) next; split(l, f, " ")
-        st[p] = f[1]; pp[p] = f[2]; pg[p] = f[3] }}
-      END {{ for (p in pg) if (pg[p] == w && p != w && st[p] != "Z" &&
-        pp[p] != w && pp[pp[p]] != w) {{ print p; exit }} }}')
-  else
-    rw_e=$rw_entry; rw_entry=; rw_scan; rw_entry=$rw_e
-  fi
-  [ -n "$rw_left" ]
-}}
-rw_caught() {{
-  rw_sg=$1
-  if [ -e {CANCELLING_FILE} ] || [ -h {CANCELLING_FILE} ]; then
-    # Once more to the whole group when, a second later, the job's own shell or
-    # another member still runs: a process a shell with a trap forks loses a signal
-    # that comes between its fork and exec (a background one outlives a shell that
-    # ended at once). A job that is one command (execed) gets one; a group that
-    # emptied is kept no longer. At most two looks at every process: many runs may
-    # be cancelled at once.
-    trap '' "$rw_sg"; rw_w=0
-    if [ -z "$rw_execd" ]; then
-      rw_real=$(readlink -f "$rw_sh" 2>/dev/null) || rw_real=
-      while [ "$rw_w" -lt 10 ] && rw_shell "$rw_job"; do
-        sleep 0.1 2>/dev/null || sleep 1; rw_w=$((rw_w + 1))
-      done
-      if rw_shell "$rw_job"; then
-        kill -s "$rw_sg" 0
-      elif rw_others; then
-        rw_w=$((10 - rw_w))
-        sleep "$((rw_w / 10)).$((rw_w % 10))" 2>/dev/null || sleep 1
-        if rw_others; then kill -s "$rw_sg" 0; fi
-      fi
-    fi
-    trap - "$rw_sg"; kill -s "$rw_sg" $$
-  fi
-  rw_sig=1
-}}
-{traps}exec 5<&0 </dev/null 3>&2 2>/dev/null
-"$rw_sh" -c {quote(_AWAIT_GO + job_shell_script(dir, script))} <&5 5<&- 2>&3 3>&- &
-rw_job=$!
-exec 5<&-
-unset {RUN_ID_ENV}
-printf '%s\\n' "$$" > "{PID_FILE}.tmp.$$" && "$rw_mv" -f -- "{PID_FILE}.tmp.$$" {PID_FILE}
-rw_code=
-while :; do
-  rw_sig=
-  wait "$rw_job"; rw_c=$?
-  # A second wait of a child already reported answers 127 (dash): the first answer was the job's.
-  if [ "$rw_c" = 127 ] && [ -n "$rw_code" ]; then break; fi
-  rw_code=$rw_c
-  # A code above 128 with a signal caught may be the interrupted wait's: wait again.
-  [ -n "$rw_sig" ] && [ "$rw_c" -gt 128 ] || break
-done
-rw_end=
-if [ "$rw_code" -gt 128 ]; then
-  rw_name=$(kill -l "$rw_code" 2>/dev/null) || rw_name=
-  case $rw_name in ''|*[!A-Z0-9]*) ;; *) rw_end="signal ${{rw_name#SIG}}
-" ;; esac
-fi
-{after}if [ -n "$rw_end" ]; then
-  printf '%s' "$rw_end" > "{END_FILE}.tmp.$$" && "$rw_mv" -f -- "{END_FILE}.tmp.$$" {END_FILE}
-fi
-printf '%s\\n' "$rw_code" > "{EXIT_FILE}.tmp.$$" && "$rw_mv" -f -- "{EXIT_FILE}.tmp.$$" {EXIT_FILE}
-exit "$rw_code"
-"""
+    entry = f"{RUN_ID_ENV}={mark}" if mark is not None else ""
+    job = job_shell_script(dir, script)
+    # Two looks a second: each reads every process's stat and environment.
+    args = (
+        dir,
+        entry,
+        "1" if wait_for_all else "",
+        str(LEFTOVER_KILL_S * 2),
+        str(LEFTOVER_GIVE_UP_S * 2),
+        str(WAIT_ALL_POLL_S),
+        job.text,
+        *job.args,
+    )
+    return Script(sh("scan", "wrapper"), args)
 
 
 WATCHDOG_PID_FILE: Final = f"{JOBSIDE_DIR}/watchdog.pid"
@@ -394,6 +216,21 @@ def watchdog_script(dir: str, after_s: float, poll_s: float) -> Script:
     return Script(sh("group", "clock", "watchdog"), args)
 
 
+_END: Final = "--"
+"""The word that ends each section of the launcher's arguments (`sh/launcher.sh`)."""
+
+
+def _section(words: Sequence[str]) -> tuple[str, ...]:
+    """`words` then [`_END`], as one section of the launcher's arguments.
+
+    Raises:
+        InvalidArgument: when a word is [`_END`] itself, which would end it early.
+    """
+    if _END in words:
+        raise InvalidArgument(f"a launcher argument cannot be {_END!r}")
+    return (*words, _END)
+
+
 def launcher_script(
     dir: str,
     script: str,
@@ -403,21 +240,23 @@ def launcher_script(
     *,
     notice_watcher: Script | None = None,
     wait_for_all: bool = False,
-) -> str:
-    """The launcher of a job: enters `dir` (created when missing), clears stale
-    `exit_code`, `cancelling`, `cancelled`, `job.pid`, `.runwarden/watchdog.pid`,
-    `snapshot.request`, `snapshot.json`, and the notice watcher's `notice.json`,
+) -> Script:
+    """The launcher of a job (`sh/launcher.sh`): enters `dir` (created when
+    missing), clears stale `exit_code`, `cancelling`, `cancelled`, `job.pid`,
+    `.runwarden/watchdog.pid`, `.runwarden/ended`, `snapshot.request`,
+    `snapshot.json`, and the notice watcher's `notice.json`,
     `.runwarden/notice.state` and `.runwarden/notice.pid` (a new job never inherits
     a notice), and starts the [`wrapper_script`] with
     `setsid` in its own session, stdin from /dev/null, stdout and stderr appended to
     `job.log`, SIGHUP ignored (like `nohup`).
 
-    The job's variables (`env`, non-secret, so on the launcher's command line) and
-    its secrets (one line each on the launcher's standard input, per name of
-    `secret_names`; values never on a command line or in a file) are set in a
-    subshell that starts the job and nothing else: they reach the job's processes
-    only, never the launcher's own state, so no name (`IFS`, `PATH`, `HOME`, `rw_*`)
-    can change what the launcher does. Secrets are read straight into their names.
+    The job's variables (`env`, non-secret, so on the launcher's command line, as
+    its arguments) and its secrets (one line each on the launcher's standard input,
+    per name of `secret_names`; values never on a command line or in a file) are set
+    in a subshell that starts the job and nothing else: they reach the job's
+    processes only, never the launcher's own state, so no name (`IFS`, `PATH`,
+    `HOME`, `rw_*`) can change what the launcher does. Secrets are read straight
+    into their names.
 
     The wrapper's parent is a small background `sh` that only waits for it, so the
     job's session leader is reaped even on a host whose init does not reap orphans.
@@ -446,18 +285,12 @@ def launcher_script(
 
     The caller validates names and values (`schemas.check_env_name`,
     `check_secret_value`).
+
+    Raises:
+        InvalidArgument: for watchdog times out of range ([`watchdog_script`]), a
+            word that is `--` (a secret's name, a run directory) or one holding a
+            NUL byte.
     """
-    exports = "".join(f"  {name}={quote(value)}; export {name}\n" for name, value in env.items())
-    reads = "".join(
-        f"  IFS= read -r {name} || {{ echo 'the secrets ended early' >&2; exit 4; }}\n"
-        f"  export {name}\n"
-        for name in secret_names
-    )
-    reaper = (
-        'trap "" HUP; "$1" "$2" -c "$3" rw-job "$2" "$4" <&5 5<&- >>'
-        + JOB_LOG
-        + ' 2>&1 & printf "%s\\n" "$!"; exec >/dev/null 2>&1 5<&-; wait $!'
-    )
     mark = env.get(RUN_ID_ENV)
     wrapper = wrapper_script(
         dir,
@@ -465,58 +298,18 @@ def launcher_script(
         mark=mark if mark is not None and _MARK.fullmatch(mark) else None,
         wait_for_all=wait_for_all,
     )
-    companions = ""
-    if watchdog is not None:
-        dog = watchdog_script(dir, *watchdog)
-        companions = (
-            """"$rw_sh" -c 'trap "" HUP; rw_s=$1 rw_h=$2 rw_t=$3; shift 3
-  "$rw_s" "$rw_h" -c "$rw_t" rw-watchdog "$@" </dev/null >/dev/null 2>&1 & wait $!' \\
-  rw-watchdog-parent "$rw_setsid" "$rw_sh" """
-            + " ".join(quote(word) for word in (dog.text, *dog.args))
-            + ' "$rw_pid" "$rw_st" </dev/null >/dev/null 2>&1 &\n'
-        )
-    if notice_watcher is not None:
-        companions += (
-            """"$rw_sh" -c 'trap "" HUP; rw_s=$1 rw_h=$2 rw_t=$3; shift 3
-  "$rw_s" "$rw_h" -c "$rw_t" rw-notice "$@" </dev/null >/dev/null 2>&1 & wait $!' \\
-  rw-notice-parent "$rw_setsid" "$rw_sh" """
-            + " ".join(quote(word) for word in (notice_watcher.text, *notice_watcher.args))
-            + ' "$rw_pid" "$rw_st" </dev/null >/dev/null 2>&1 &\n'
-        )
-    token = _secrets.token_hex(6)
-    return (
-        GROUP_SIGNAL
-        + f"""rw_sh=$(command -v sh) || exit 5
-rw_setsid=$(command -v setsid) || {{ echo 'setsid is not installed on the target' >&2; exit 5; }}
-rw_mv=$(command -v mv) || exit 5
-mkdir -p -- {quote(dir)} && cd -- {quote(dir)} || exit 3
-rm -f -- {EXIT_FILE} {CANCELLING_FILE} {CANCEL_FILE} {PID_FILE} {WATCHDOG_PID_FILE} \\
-  {SNAPSHOT_REQUEST} {SNAPSHOT_FILE} {NOTICE_FILE} {NOTICE_STATE_FILE} {NOTICE_PID_FILE} \\
-  {END_FILE} || exit 3
-rw_go={JOBSIDE_DIR}/go.$$
-if ! {{ mkdir -p {JOBSIDE_DIR} && rm -f -- "$rw_go" && mkfifo -m 600 "$rw_go"; }} 2>/dev/null; then
-  rw_go="${{TMPDIR:-/tmp}}/rw-go.$$.{token}"
-  rm -f -- "$rw_go"
-  mkfifo -m 600 "$rw_go" || {{ echo 'cannot make the FIFO that starts the job' >&2; exit 5; }}
-fi
-exec 4<>"$rw_go" || exit 5
-rw_pid=$(
-  set -- "$rw_sh" "$rw_setsid" "$rw_mv" "$rw_go"
-{exports}{reads}  "$1" -c {quote(reaper)} rw-job-parent "$2" "$1" \\
-    {quote(wrapper)} "$3" </dev/null 5<"$4" 4>&- 2>/dev/null &
-) || exit 4
-rm -f -- "$rw_go"
-case $rw_pid in ''|*[!0-9]*) echo 'the job did not start' >&2; exit 6 ;; esac
-rw_i=0
-while [ ! -s {PID_FILE} ] && [ -d {quote(dir)} ]; do
-  if ! kill -0 "$rw_pid" 2>/dev/null; then echo 'the job ended before it started' >&2; exit 6; fi
-  rw_i=$((rw_i + 1))
-  if [ "$rw_i" -gt 200 ]; then echo 'the job did not start within 10 s' >&2; exit 6; fi
-  sleep 0.05 2>/dev/null || sleep 1
-done
-rw_start "$rw_pid"
-printf 'go\\n' >&4
-exec 4>&-
-{companions}printf '%s %s\\n' "$rw_pid" "$rw_st"
-"""
+    dog = watchdog_script(dir, *watchdog) if watchdog is not None else Script("")
+    watcher = notice_watcher if notice_watcher is not None else Script("")
+    if _END in wrapper.args:
+        raise InvalidArgument(f"a launcher argument cannot be {_END!r}")
+    args = (
+        dir,
+        _secrets.token_hex(6),
+        wrapper.text,
+        *_section((dog.text, *dog.args)),
+        *_section((watcher.text, *watcher.args)),
+        *_section([f"{name}={value}" for name, value in env.items()]),
+        *_section(secret_names),
+        *wrapper.args,
     )
+    return Script(sh("group", "launcher"), args)

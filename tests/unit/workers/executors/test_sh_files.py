@@ -37,11 +37,7 @@ SCRATCH_ONLY: frozenset[str] = frozenset({"doctor"})
 """Scripts whose `"$dir/name"` paths are in a scratch directory of their own, never in
 a run directory."""
 
-NOT_YET_FILES: frozenset[str] = frozenset(
-    {
-        "workers/executors/scripts/launch.py",
-    }
-)
+NOT_YET_FILES: frozenset[str] = frozenset()
 """Modules whose scripts still are Python strings."""
 
 _PROTOCOL_VALUES = {

@@ -2,7 +2,9 @@
 run directly under both shells a target may have, dash (`sh`) and `busybox sh`,
 beside a real process group standing for the job; also with busybox's own `date` and
 `sleep` (no `%N`: whole seconds), and with a `date` that fails (the watchdog counts
-its sleeps). And the launcher, which starts the watchdog only when asked."""
+its sleeps). And the launcher, which starts the watchdog only when asked, and gives
+the job, under dash and under busybox alone, its variables and secrets and the notice
+watcher its own arguments only."""
 
 from __future__ import annotations
 
@@ -17,20 +19,25 @@ import pytest
 
 from schemas.protocol import (
     CANCEL_FILE,
+    CANCELLING_FILE,
+    END_FILE,
     EXIT_FILE,
+    JOB_LOG,
     NOTICE_FILE,
     NOTICE_PID_FILE,
     NOTICE_STATE_FILE,
     PID_FILE,
+    SNAPSHOT_FILE,
     SNAPSHOT_REQUEST,
 )
-from workers.executors import InvalidArgument, quote
+from workers.executors import InvalidArgument
 from workers.executors.scripts import (
     WATCHDOG_PID_FILE,
     Script,
     launcher_script,
     watchdog_script,
 )
+from workers.executors.scripts.launch import single_command
 
 from .....conftest import wait_for
 
@@ -231,38 +238,117 @@ def test_times_are_rounded_to_milliseconds() -> None:
 
 
 def test_the_launcher_starts_a_watchdog_only_when_asked() -> None:
-    assert "rw-watchdog" not in launcher_script("/w/r", "true", {}, ["TOKEN"])
+    plain = launcher_script("/w/r", "true", {}, ["TOKEN"])
     with_dog = launcher_script("/w/r", "true", {}, ["TOKEN"], (10.0, 1.0))
-    assert "rw-watchdog" in with_dog
+    assert plain.text == with_dog.text
+    dog_text = watchdog_script("/w/r", 10.0, 1.0).text
+    assert dog_text not in plain.args
+    assert dog_text in with_dog.args
     # Secrets are read in the subshell that starts the job, never in the launcher's
     # own name space: they never reach the watchdog, started after it.
-    subshell_end = with_dog.index(") || exit 4")
-    assert with_dog.index("IFS= read -r TOKEN") < subshell_end
-    assert with_dog.index("rw-watchdog") > subshell_end
+    subshell_end = plain.text.index(") || exit 4")
+    assert plain.text.index('IFS= read -r "$1"') < subshell_end
+    assert plain.text.index("rw_companion rw-watchdog") > subshell_end
+    assert "TOKEN" in plain.args
 
 
 def test_the_launcher_starts_a_notice_watcher_only_when_asked() -> None:
     watcher = Script("rw_mode=$2  # the notice watcher", ("/w/r", "gcp"))
     plain = launcher_script("/w/r", "true", {}, ["TOKEN"], (10.0, 1.0))
-    assert "rw-notice" not in plain
+    assert watcher.text not in plain.args
     script = launcher_script("/w/r", "true", {}, ["TOKEN"], notice_watcher=watcher)
-    assert "rw-watchdog" not in script
-    # Its own session (setsid), the job's pid and start time as arguments, after the
-    # subshell that reads the secrets: it never has them.
-    start = script.index("rw-notice-parent")
-    assert script.index(") || exit 4") < start
-    words = " ".join(quote(word) for word in (watcher.text, *watcher.args))
-    assert '"$rw_setsid" "$rw_sh" ' + words + ' "$rw_pid" "$rw_st"' in script[start:]
-    both = launcher_script("/w/r", "true", {}, [], (10.0, 1.0), notice_watcher=watcher)
-    assert both.index("rw-watchdog-parent") < both.index("rw-notice-parent")
+    # Its section: its text and arguments, after the watchdog's (empty here).
+    at = script.args.index(watcher.text)
+    assert script.args[at - 2 : at + 4] == ("", "--", watcher.text, "/w/r", "gcp", "--")
+    # Its own session, after the subshell that reads the secrets: it never has them.
+    text = script.text
+    assert text.index(") || exit 4") < text.index("rw_companion rw-notice")
+    assert text.index("rw_companion rw-watchdog") < text.index("rw_companion rw-notice")
 
 
-def test_the_launcher_clears_a_stale_notice() -> None:
-    for script in (
-        launcher_script("/w/r", "true", {}, []),
-        launcher_script("/w/r", "true", {}, [], notice_watcher=Script("true")),
-    ):
-        begin = script.index("rm -f --")
-        clearing = script[begin : script.index("|| exit 3", begin)]
-        for name in (NOTICE_FILE, NOTICE_STATE_FILE, NOTICE_PID_FILE, SNAPSHOT_REQUEST):
-            assert f" {name} " in clearing.replace("\\\n", " ")
+def test_a_launcher_argument_that_would_end_its_section_is_refused() -> None:
+    with pytest.raises(InvalidArgument):
+        launcher_script("/w/r", "true", {}, ["--"])
+    with pytest.raises(InvalidArgument):
+        launcher_script("/w/r", "true", {}, [], notice_watcher=Script("true", ("--",)))
+    with pytest.raises(InvalidArgument):
+        launcher_script("--", "true", {}, [])
+
+
+def test_the_launcher_clears_a_stale_run() -> None:
+    text = launcher_script("/w/r", "true", {}, []).text
+    begin = text.index("rm -f --")
+    clearing = text[begin : text.index("|| exit 3", begin)].replace("\\\n", " ") + " "
+    for name in (
+        EXIT_FILE, CANCELLING_FILE, CANCEL_FILE, PID_FILE, WATCHDOG_PID_FILE, END_FILE,
+        SNAPSHOT_REQUEST, SNAPSHOT_FILE, NOTICE_FILE, NOTICE_STATE_FILE, NOTICE_PID_FILE,
+    ):  # fmt: skip
+        assert f" {name} " in clearing, name
+
+
+# Records its `$0`, arguments and environment in the run directory (its first
+# argument), as a companion of the job.
+RECORD = 'printf "%s\\000" "$0" "$@" > "$1/companion.args"; env > "$1/companion.env"'
+
+
+def busybox_path(root: Path) -> str:
+    """A directory of every busybox applet, to be a whole `PATH`: the launcher, the
+    wrapper and the job's shell then all are busybox `sh`."""
+    root.mkdir()
+    busybox = shutil.which("busybox")
+    assert busybox is not None
+    applets = subprocess.run([busybox, "--list"], capture_output=True, text=True, check=True)
+    for name in applets.stdout.split():
+        (root / name).symlink_to(busybox)
+    return str(root)
+
+
+@pytest.mark.parametrize("shell", ["dash", "busybox"])
+@pytest.mark.parametrize("how", ["command", "script"])
+def test_the_launcher_gives_each_one_its_own_words(tmp_path: Path, shell: str, how: str) -> None:
+    """The job gets its variables and secrets (and no positional parameter), the
+    notice watcher only its own arguments then the job's pid and start time, none of
+    the job's variables or secrets; under dash and under busybox alone."""
+    env = dict(os.environ)
+    if shell == "busybox":
+        env["PATH"] = busybox_path(tmp_path / "bin")
+    run = tmp_path / HOSTILE_DIR
+    value = "a 'b' \"c\" $(touch PWNED) `touch PWNED` ;&|<>* \\ "
+    secret = " s3cr3t $(touch PWNED) 'q' "
+    script = (
+        # One command, exec'd: its arguments are what it prints.
+        "env printf %s:%s:%s 'one two' three 'four\"'"
+        if how == "command"
+        else 'printf "%s:%s:%s:%s" "$#" "$VISIBLE" "$HIDDEN" "$RUNWARDEN_RUN_ID"; exit 3'
+    )
+    assert single_command(script) is (how == "command")
+    launcher = launcher_script(
+        str(run),
+        script,
+        {"VISIBLE": value, "RUNWARDEN_RUN_ID": "t-words"},
+        ["HIDDEN"],
+        notice_watcher=Script(RECORD, (str(run), "x y", "")),
+    )
+    started = subprocess.run(
+        ["sh", "-c", launcher.text, "rw", *launcher.args],
+        input=f"{secret}\n".encode(),
+        capture_output=True,
+        env=env,
+        start_new_session=True,
+        timeout=30,
+        check=True,
+    )
+    pid, start = started.stdout.decode().split()
+    code = wait_for(lambda: (run / EXIT_FILE).exists() and (run / EXIT_FILE).read_text())
+    log = (run / JOB_LOG).read_text()
+    if how == "command":
+        assert (code, log) == ("0\n", 'one two:three:four"')
+    else:
+        assert (code, log) == ("3\n", f"0:{value}:{secret}:t-words")
+    args = wait_for(lambda: (run / "companion.args").exists() and (run / "companion.args"))
+    assert args.read_text().split("\0") == ["rw-notice", str(run), "x y", "", pid, start, ""]
+    companion_env = (run / "companion.env").read_text()
+    assert "VISIBLE" not in companion_env
+    assert "s3cr3t" not in companion_env
+    assert "RUNWARDEN_RUN_ID" not in companion_env
+    assert not list(tmp_path.rglob("PWNED"))

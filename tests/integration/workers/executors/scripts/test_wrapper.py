@@ -7,6 +7,7 @@ it (or, with `wait_for_all`, keep it running)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -17,9 +18,10 @@ import pytest
 from bench.harness.processes import job_processes
 from schemas import JobCommand, JobId, JobStatus
 from schemas.job import parse_job_end
-from schemas.protocol import END_FILE, JOB_LOG, RUN_ID_ENV
+from schemas.protocol import CANCELLING_FILE, END_FILE, EXIT_FILE, JOB_LOG, PID_FILE, RUN_ID_ENV
 from workers.executors import LocalExecutor
-from workers.executors.scripts.launch import single_command
+from workers.executors.scripts.common import sh
+from workers.executors.scripts.launch import PREEMPTION_SIGNALS, single_command
 
 from .....conftest import wait_for
 
@@ -81,6 +83,23 @@ def ended(executor: LocalExecutor, job: JobId, within_s: float = 15) -> JobStatu
 )
 def test_only_a_plain_command_is_execed(script: str, single: bool) -> None:
     assert single_command(script) is single
+
+
+def test_the_shell_files_trap_every_preemption_signal() -> None:
+    wrapper, job = sh("wrapper"), sh("job_shell")
+    assert re.findall(r"^trap 'rw_caught (\w+)' (\w+)$", wrapper, re.M) == [
+        (name, name) for name in PREEMPTION_SIGNALS
+    ]
+    assert re.findall(r"kill -s (\w+) \$\$; fi' (\w+)$", job, re.M) == [
+        (name, name) for name in PREEMPTION_SIGNALS
+    ]
+
+
+def test_the_wrapper_writes_the_protocol_s_names() -> None:
+    text = sh("wrapper")
+    for name in (PID_FILE, END_FILE, EXIT_FILE, CANCELLING_FILE, RUN_ID_ENV):
+        assert re.search(rf"(?<![\w.]){re.escape(name)}(?!\w)", text), name
+    assert f">>{JOB_LOG} " in sh("launcher")
 
 
 @pytest.mark.parametrize("how", ["exec", "shell"])

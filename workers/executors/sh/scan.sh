@@ -1,0 +1,72 @@
+# shellcheck shell=sh
+# The run's processes, as the job wrapper (wrapper.sh) sees them:
+# - `rw_scan` sets `rw_left` to the pids of the run's processes other than the
+#   wrapper and its own helpers: the members of the wrapper's process group (not the
+#   wrapper, not its children, not zombies), and with /proc every process whose
+#   environment holds `$rw_entry` (the run's mark, `RUNWARDEN_RUN_ID=<mark>`, empty:
+#   none; not the wrapper, not its parent, not its children, whose environment a fork
+#   copied, not zombies, pid 1 never). Without /proc, the group's members come from
+#   `ps` (POSIX `-o`), and marks cannot be read; it returns 1 when `ps` fails too.
+# - `rw_count LIST` sets `rw_n` to the number of words of LIST.
+rw_scan() {
+  rw_left=
+  if [ -r "/proc/$$/stat" ]; then
+    for rw_f in /proc/[0-9]*/stat; do
+      rw_l=; { IFS= read -r rw_l < "$rw_f"; } 2>/dev/null || continue
+      rw_p=${rw_f#/proc/}; rw_p=${rw_p%/stat}
+      rw_l=${rw_l##*) }
+      set -f
+      # Split on purpose: the fields of /proc/PID/stat after the command name.
+      # shellcheck disable=SC2086
+      set -- $rw_l
+      set +f
+      { [ "$#" -ge 3 ] && [ "$3" = "$$" ] && [ "$1" != Z ] && [ "$2" != "$$" ]; } || continue
+      [ "$rw_p" = "$$" ] || rw_left="$rw_left $rw_p"
+    done
+    if [ -n "$rw_entry" ]; then
+      # Words on purpose: the paths grep names are /proc/PID/environ, without blanks.
+      # shellcheck disable=SC2013
+      for rw_f in $(grep -lsxzF -- "$rw_entry" /proc/[0-9]*/environ 2>/dev/null); do
+        rw_p=${rw_f#/proc/}; rw_p=${rw_p%/environ}
+        case $rw_p in ''|*[!0-9]*) continue ;; esac
+        { [ "$rw_p" != "$$" ] && [ "$rw_p" != "$PPID" ] && [ "$rw_p" -gt 1 ]; } || continue
+        case " $rw_left " in *" $rw_p "*) continue ;; esac
+        rw_l=; { IFS= read -r rw_l < "/proc/$rw_p/stat"; } 2>/dev/null || continue
+        rw_l=${rw_l##*) }
+        set -f
+        # shellcheck disable=SC2086
+        set -- $rw_l
+        set +f
+        # A subshell of this wrapper (the grep's) still has the mark in its environ.
+        { [ "$#" -ge 2 ] && [ "$1" != Z ] && [ "$2" != "$$" ]; } || continue
+        rw_left="$rw_left $rw_p"
+      done
+    fi
+  else
+    rw_l=$(ps -A -o pid= -o ppid= -o pgid= -o stat= 2>/dev/null) || return 1
+    rw_old=$IFS; IFS='
+'
+    for rw_f in $rw_l; do
+      IFS=$rw_old
+      set -f
+      # Split on purpose: the columns of one line of `ps`.
+      # shellcheck disable=SC2086
+      set -- $rw_f
+      set +f
+      { [ "$#" -ge 4 ] && [ "$3" = "$$" ] && [ "$1" != "$$" ] && [ "$2" != "$$" ]; } || continue
+      case $4 in Z*) continue ;; esac
+      rw_left="$rw_left $1"
+    done
+    IFS=$rw_old
+  fi
+  return 0
+}
+rw_count() {
+  set -f
+  # Split on purpose: LIST is words.
+  # shellcheck disable=SC2086
+  set -- $1
+  set +f
+  # shellcheck disable=SC2034  # read by wrapper.sh
+  rw_n=$#
+}
