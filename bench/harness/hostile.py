@@ -111,9 +111,11 @@ _METRICS_LINES = {
 
 def script_names() -> list[str]:
     """Every `rw_*` shell name the executors' scripts use (their variables and
-    functions), read from the scripts themselves: each a secret name of a case."""
+    functions), read from the scripts themselves (`workers/executors/sh/*.sh`, and the
+    modules that build them): each a secret name of a case."""
+    executors = ROOT / "workers" / "executors"
     names: set[str] = set()
-    for path in sorted((ROOT / "workers" / "executors" / "scripts").glob("*.py")):
+    for path in sorted([*(executors / "sh").glob("*.sh"), *(executors / "scripts").glob("*.py")]):
         names.update(re.findall(r"\brw_[A-Za-z0-9_]*", path.read_text()))
     return sorted(names)
 
