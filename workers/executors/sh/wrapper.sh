@@ -55,8 +55,8 @@ rw_caught() {
     # a second later, the job's own shell or another member still runs: a process a
     # shell with a trap forks loses a signal that comes between its fork and exec (a
     # background one outlives a shell that ended at once). A job that is one command
-    # (execed) gets one; a group that emptied is kept no longer. At most two looks at
-    # every process: many runs may be cancelled at once.
+    # (execed) gets one; a group that emptied is kept no longer (a look every 0.2 s,
+    # at most six looks at every process: many runs may be cancelled at once).
     trap '' "$rw_sg"; rw_w=0
     if [ -z "$rw_execd" ]; then
       rw_real=$(readlink -f "$rw_sh" 2>/dev/null) || rw_real=
@@ -66,9 +66,13 @@ rw_caught() {
       if rw_shell "$rw_job"; then
         kill -s "$rw_sg" 0
       elif rw_others; then
-        rw_w=$((10 - rw_w))
-        sleep "$((rw_w / 10)).$((rw_w % 10))" 2>/dev/null || sleep 1
-        if rw_others; then kill -s "$rw_sg" 0; fi
+        rw_more=1
+        while [ "$rw_w" -lt 10 ]; do
+          sleep 0.2 2>/dev/null || sleep 1
+          rw_w=$((rw_w + 2))
+          rw_others || { rw_more=; break; }
+        done
+        if [ -n "$rw_more" ]; then kill -s "$rw_sg" 0; fi
       fi
     fi
     trap - "$rw_sg"; kill -s "$rw_sg" $$
