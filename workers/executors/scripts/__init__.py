@@ -1,15 +1,18 @@
 """The POSIX `sh` scripts of the on-target protocol, written once and run by every
 executor (local and SSH), and the parsers of their answers.
 
-Every value that reaches a script goes through [`quote`]: paths, owners, patterns,
-names, file content. Scripts run under dash and busybox `sh`; they use only POSIX
+The scripts are files (`workers/executors/sh/*.sh`, constant text, checked by
+shellcheck); every value reaches one only as a positional argument ([`Script`]: paths,
+owners, patterns, names, a job's command) or on its standard input (secrets, file
+content), and a command line for a remote shell quotes each word ([`quote`]).
+Scripts run under dash and busybox `sh`; they use only POSIX
 utilities plus `setsid`, `head -c`, `find -print0`, `xargs -0` (and GNU `tar` and
 `sha256sum -z` where a faster path exists, with a portable fallback for hashing).
 
     common   quoting, process-group signalling, pid checks
     status   status and cancel (the order of the protocol's status rules)
     files    claim, byte ranges, small files, archives, manifests, sizes
-    launch   launcher, job wrapper, on-target watchdog
+    launch   launcher, job wrapper, the job's shell, on-target watchdog
     follow   the batched follow tick
     proof    the rule for a proof's checkpoint (a real directory in the run directory)
     doctor   the doctor's probe of what a target has, and its clock reading
