@@ -41,6 +41,29 @@ hypothesis_settings.register_profile("runwarden", deadline=None)
 hypothesis_settings.load_profile("runwarden")
 
 
+_FIRST: tuple[str, ...] = (
+    "tests/integration/service/",
+    "tests/integration/workers/jobside/",
+    "tests/integration/workers/",
+    "tests/integration/bench/",
+    "tests/integration/",
+)
+"""Where the longest test files are, longest first: the suite on xdist (`--dist
+loadfile`: one file per process at a time) hands them out first, so no long file
+starts last and holds the run's end alone."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Orders the files by [`_FIRST`] (each file's tests keep their order and stay
+    together, so a module's fixtures start once); the same order in every process."""
+
+    def rank(item: pytest.Item) -> int:
+        path = item.nodeid
+        return next((i for i, prefix in enumerate(_FIRST) if path.startswith(prefix)), len(_FIRST))
+
+    items.sort(key=rank)
+
+
 def wait_for(
     condition: Callable[[], object], timeout_s: float = 10.0, interval_s: float = 0.05
 ) -> object:
