@@ -1,7 +1,9 @@
-"""The `runwarden` command line end to end: every command run as a subprocess
-(`python -m producers.cli ...`) against one real redis-server, Celery worker and beat
-(bench/harness/pipeline.py, shortened clocks) shared by the module; `serve` and `demo` run the
-embedded default in their own state directories.
+"""The `runwarden` command line end to end against one real redis-server, Celery worker
+and beat (bench/harness/pipeline.py, shortened clocks) shared by the module; `serve` and
+`demo` run the embedded default in their own state directories. Most commands run in
+this process through typer's test runner (`run_cli`); the entry point itself
+(`python -m producers.cli`) as a subprocess for the launch of the module's run, a
+`stop --wait`, `logs -f`, `serve` and `demo`.
 
 Checked for every command: the exit code (0 success, 1 the operation failed, 2 bad
 usage or input), the output, the JSON shapes of `schemas`, one `error: ...` line on
@@ -20,15 +22,22 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
+from types import FrameType
 
 import pytest
+import typer.main
+from rich.console import Console
+from typer.testing import CliRunner
 
 from bench.harness.pipeline import CLOCKS, Pipeline, running_pipeline
+from producers import cli
+from producers.cli import common as cli_common
 from schemas import (
     Artifacts,
     RunRecord,
@@ -66,22 +75,144 @@ def _base_env(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k not in drop}
 
 
+OWN_PROCESS = frozenset({"serve", "demo"})
+"""Commands always run as a process of their own: they start services and child
+processes and install signal handlers, which a test process must not get."""
+
+
 def run_cli(
-    env: dict[str, str], *args: str, timeout: float = 120.0, extra: dict[str, str] | None = None
+    env: dict[str, str],
+    *args: str,
+    timeout: float = 120.0,
+    extra: dict[str, str] | None = None,
+    own_process: bool = False,
 ) -> subprocess.CompletedProcess[str]:
-    """Runs `runwarden ARGS` as a subprocess with `env`; fails the test when its output
-    holds a traceback, whatever the exit code."""
-    result = subprocess.run(
-        [sys.executable, "-m", "producers.cli", *args],
-        env={**_base_env(env), "COLUMNS": "200", **(extra or {})},
-        cwd=ROOT,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    """Runs `runwarden ARGS` with the environment `env` (COLUMNS=200, then `extra` on
+    top), an empty stdin and the repository as working directory; returns its exit
+    code, stdout and stderr. Fails the test when its output holds a traceback, when
+    it raised an unexpected exception (its traceback shown), whatever the exit code,
+    and when it has not ended within `timeout` seconds.
+
+    In this process by default (typer's test runner: no interpreter start-up and
+    imports, about 1 s of CPU a call), which gives what a subprocess would (the
+    exit code, the two streams apart, no terminal). With `own_process`, and for the
+    commands of `OWN_PROCESS`, a real `python -m producers.cli` subprocess: the entry
+    point itself, real pipes, signals."""
+    full_env = {**_base_env(env), "COLUMNS": "200", **(extra or {})}
+    if own_process or (args and args[0] in OWN_PROCESS):
+        result = subprocess.run(
+            [sys.executable, "-m", "producers.cli", *args],
+            env=full_env,
+            cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    else:
+        result = _in_process(full_env, list(args), timeout)
     assert "Traceback" not in result.stdout + result.stderr, show(result)
+    return result
+
+
+class _Hung(BaseException):
+    """Raised in the main thread when a command run in this process outlives its
+    timeout. Not an `Exception`: no `except Exception` of the CLI or of a library
+    (redis, Celery) turns it into an ordinary error line and exit code."""
+
+
+@contextlib.contextmanager
+def _alarm(seconds: float) -> Iterator[None]:
+    """Raises `_Hung` in the main thread after `seconds` (outside the main thread:
+    nothing, pytest-timeout still guards the test). pytest-timeout's own SIGALRM
+    timer is kept: when its deadline comes first its handler runs, and it is armed
+    again afterwards with the time it had left."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    started = time.monotonic()
+    outer = signal.getsignal(signal.SIGALRM)
+    outer_left, outer_interval = signal.getitimer(signal.ITIMER_REAL)
+    outer_first = 0 < outer_left < seconds
+    fired = []
+
+    def on_alarm(signum: int, frame: FrameType | None) -> None:
+        fired.append(signum)
+        if outer_first and callable(outer):
+            outer(signum, frame)  # pytest-timeout's: fails the test
+        raise _Hung
+
+    signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, outer_left if outer_first else seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, outer if outer is not None else signal.SIG_DFL)
+        if outer_left > 0 and not fired:
+            left = outer_left - (time.monotonic() - started)
+            signal.setitimer(signal.ITIMER_REAL, max(left, 0.001), outer_interval)
+
+
+@contextlib.contextmanager
+def _environment(env: dict[str, str]) -> Iterator[None]:
+    """`os.environ` is exactly `env` inside, as a subprocess's would be."""
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+_RUNWARDEN = typer.main.get_command(cli.app)
+"""The command `runwarden` runs: `producers.cli.main` calls `app()`, which builds it."""
+
+
+def _fresh_consoles() -> None:
+    """Builds the CLI's two consoles again, as `producers/cli/common.py` does at import
+    in a new process: rich reads the environment (COLUMNS, FORCE_COLOR, TTY_*) and
+    whether stdout is a terminal once, in `Console()`; the stream itself (`file=None`)
+    is looked up at each print, so they write to the runner's streams."""
+    for console in (cli_common.out, cli_common.err):
+        Console.__init__(console, stderr=console.stderr)
+
+
+def _in_process(
+    env: dict[str, str], args: list[str], timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """`runwarden ARGS` run by typer's test runner in this process: see `run_cli`. Help
+    pages come out 80 columns wide (the runner's width for them), not the terminal's."""
+    code, failure = 0, ""
+    with (
+        _environment(env),
+        contextlib.chdir(ROOT),
+        CliRunner().isolation() as (stdout, stderr, _),
+    ):
+        _fresh_consoles()
+        try:
+            with _alarm(timeout):
+                _RUNWARDEN.main(args=args, prog_name="runwarden")
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
+        except _Hung:
+            code, failure = 1, f"has not ended within {timeout:g} s:\n{traceback.format_exc()}"
+        except Exception:  # noqa: BLE001 - a subprocess would print its traceback
+            code, failure = 1, f"raised:\n{traceback.format_exc()}"
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # Read here: the runner's streams are closed once its wrappers are collected.
+        result = subprocess.CompletedProcess(
+            [sys.executable, "-m", "producers.cli", *args],
+            code,
+            stdout.getvalue().decode(),
+            stderr.getvalue().decode(),
+        )
+    if failure:
+        pytest.fail(f"{show(result)}--- {failure}", pytrace=False)
     return result
 
 
@@ -164,7 +295,8 @@ class Launched:
 def running(pipeline: Pipeline) -> Iterator[Launched]:
     """One toy trainer launched through the CLI, left running for the module's read-only
     tests (runs, show, logs, follow...), past step 12 (a `step 10/...` line is out)."""
-    result = rw(pipeline, "launch", "--target", "local", "--", *TOY)
+    # The entry point as a person runs it: a process of its own, its output through pipes.
+    result = rw(pipeline, "launch", "--target", "local", "--", *TOY, own_process=True)
     run_id = ok(result).strip()
     pipeline.wait_step(run_id, 12)
     yield Launched(run_id, result)
@@ -371,7 +503,10 @@ def test_runs_json_lists_run_records(pipeline: Pipeline, running: Launched) -> N
     assert item["remote_dir"] == str(pipeline.workdir / running.run_id)
     assert item["command"] == shlex.join(TOY)
     assert item["limits"] == {
-        "max_hours": None, "max_cost_usd": None, "usd_per_hour": None, "disk": True
+        "max_hours": None,
+        "max_cost_usd": None,
+        "usd_per_hour": None,
+        "disk": True,
     }
     created = [datetime.fromisoformat(i["created"]) for i in listed]
     assert created == sorted(created, reverse=True)  # newest first
@@ -443,7 +578,7 @@ def test_logs_follow_returns_when_the_run_ends(pipeline: Pipeline) -> None:
         sys.executable, "-u", str(TOY_TRAINER), "--steps", "30", "--step-time", "0.05",
     )  # fmt: skip
     started = time.monotonic()
-    out = ok(rw(pipeline, "logs", "-f", run_id, timeout=60))
+    out = ok(rw(pipeline, "logs", "-f", run_id, timeout=60, own_process=True))
     assert time.monotonic() - started < 30
     assert "training done at step 30" in out.splitlines(), out[-2000:]
     assert "step 30/30 loss 0.6750" in out.splitlines()
@@ -574,7 +709,8 @@ def stopped(pipeline: Pipeline, tmp_path_factory: pytest.TempPathFactory) -> Sto
     run_id = launch(pipeline, "--target", "deep", "--", *TOY)
     pipeline.wait_step(run_id, 3)
     return StoppedRun(
-        run_id, rw(pipeline, "stop", run_id, "--wait", "--timeout", "60", extra=NARROW)
+        run_id,
+        rw(pipeline, "stop", run_id, "--wait", "--timeout", "60", extra=NARROW, own_process=True),
     )
 
 
@@ -914,7 +1050,7 @@ def test_serve_runs_the_service_and_stops_on_ctrl_c(tmp_path: Path) -> None:
                 sys.executable, "-u", str(TOY_TRAINER), "--steps", "10", "--step-time", "0.02",
             )
         ).strip()  # fmt: skip
-        out = ok(run_cli(env, "logs", "-f", run_id, timeout=60))
+        out = ok(run_cli(env, "logs", "-f", run_id, timeout=60, own_process=True))
         assert "training done at step 10" in out.splitlines(), out
         assert as_json(run_cli(env, "show", run_id, "--json"))["state"] == "succeeded"  # type: ignore[index]
         # serve --metrics-port: the store's numbers on loopback.
