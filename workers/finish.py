@@ -42,19 +42,21 @@ def queue_retrieval(ctx: Context, run: RunRecord) -> None:
         ctx.send(TASK_RETRIEVE, run.id)
 
 
-def read_proof(executor: Executor, run: RunRecord) -> Proof | None:
-    """What the run's `snapshot.json` says (at most its first 64 KiB), its checkpoint
-    judged on the target by the one rule ([`judge_proofs`]): a file the job put there
-    that is not a regular file (a directory, a FIFO, a link), or a checkpoint that is
-    not a real directory in the run directory, is an invalid proof, saying why; None
-    when the target could not be read (logged)."""
-    try:
-        content = executor.read_from(f"{run.remote_dir}/{SNAPSHOT_FILE}", 0, PROOF_LIMIT)
-    except ProtocolError as error:
-        return ProofInvalid(why=f"{SNAPSHOT_FILE} cannot be read ({error})")
-    except ExecError as error:
-        log.warning("run %s: cannot read its proof: %s", run.id, error)
-        return None
+def read_proof(executor: Executor, run: RunRecord, content: bytes | None = None) -> Proof | None:
+    """What the run's `snapshot.json` says (at most its first 64 KiB; `content` when
+    the follow tick read it already, else read now), its checkpoint judged on the
+    target by the one rule ([`judge_proofs`]): a file the job put there that is not a
+    regular file (a directory, a FIFO, a link), or a checkpoint that is not a real
+    directory in the run directory, is an invalid proof, saying why; None when the
+    target could not be read (logged)."""
+    if content is None:
+        try:
+            content = executor.read_from(f"{run.remote_dir}/{SNAPSHOT_FILE}", 0, PROOF_LIMIT)
+        except ProtocolError as error:
+            return ProofInvalid(why=f"{SNAPSHOT_FILE} cannot be read ({error})")
+        except ExecError as error:
+            log.warning("run %s: cannot read its proof: %s", run.id, error)
+            return None
     return judge_proofs(executor, [(run, parse_proof(content))])[0]
 
 
@@ -91,18 +93,28 @@ def judge_proofs(
     return judged
 
 
-def finish(ctx: Context, run: RunRecord, status: JobStatus, executor: Executor) -> RunRecord:
+def finish(
+    ctx: Context,
+    run: RunRecord,
+    status: JobStatus,
+    executor: Executor,
+    *,
+    proof: bytes | None = None,
+    job_end: bytes | None = None,
+) -> RunRecord:
     """Records how `run` ended (its outcome from `status` and its proof, read once
-    from the target: a proof is never thrown away) and, in the same transaction, closes
+    from the target: a proof is never thrown away; `proof` and `job_end` are their
+    bytes when the follow tick that saw the end read them, see
+    `FollowUpdate.final_proof` and `job_end`) and, in the same transaction, closes
     its stop (its deadlines cleared) and stops following it; the first to record the
     end sends the retrieval, and records how long a stop that proved took
     (`workers.budgets.record_stop_save`) and, for a stop whose proof no one saw
     before, tells the proof (`proof_seen` by the end, written at its own time bounded
     by the request and now). A run already ended keeps its state. Returns the stored
     record."""
-    proof = read_proof(executor, run)
+    proved = read_proof(executor, run, proof)
     seen = utcnow()  # the proof read was there by now
-    outcome = decide_outcome(status, proof, read_job_end(executor, run, status))
+    outcome = decide_outcome(status, proved, read_job_end(executor, run, status, job_end))
     note = f"the run ended {outcome.state}"
     stop = ctx.store.get_stop(run.id)  # read before the end closes it: its save time
     try:
@@ -119,12 +131,12 @@ def finish(ctx: Context, run: RunRecord, status: JobStatus, executor: Executor) 
         log.info("run %s: %s (%s)", run.id, record.state, record.message or "")
         record_stop_save(ctx, stop, outcome.snapshot is not None, seen)
         if (
-            isinstance(proof, ProofSaved)
+            isinstance(proved, ProofSaved)
             and outcome.snapshot is not None
             and stop is not None
             and stop.phase is StopPhase.WAITING_PROOF
         ):
-            proved_at = proof_moment(proof.time, stop.asked_at, seen)
+            proved_at = proof_moment(proved.time, stop.asked_at, seen)
             emit(ctx, ProofSeen.seen, stop, outcome.snapshot, proved_at, seen_at=seen, by="end")
         emit(ctx, RunEnded.of, record, utcnow())
         queue_retrieval(ctx, record)

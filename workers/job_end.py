@@ -17,13 +17,18 @@ log = logging.getLogger("runwarden")
 __all__ = ["read_job_end"]
 
 
-def read_job_end(executor: Executor, run: RunRecord, status: JobStatus) -> JobEnd | None:
-    """The run's [`JobEnd`], read (at most its first 256 bytes) only for a job that
-    exited: the wrapper writes it just before `exit_code`. None when the job did not
-    exit, when the file is absent or not a regular file, or when the target could not
-    be read (logged): the outcome then only lacks those words."""
+def read_job_end(
+    executor: Executor, run: RunRecord, status: JobStatus, content: bytes | None = None
+) -> JobEnd | None:
+    """The run's [`JobEnd`], read (at most its first 256 bytes; `content` when the
+    follow tick read it already) only for a job that exited: the wrapper writes it
+    just before `exit_code`. None when the job did not exit, when the file is absent
+    or not a regular file, or when the target could not be read (logged): the outcome
+    then only lacks those words."""
     if status.kind != "exited":
         return None
+    if content is not None:
+        return parse_job_end(content)
     try:
         content = executor.read_from(f"{run.remote_dir}/{END_FILE}", 0, END_LIMIT)
     except ProtocolError:

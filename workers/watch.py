@@ -232,7 +232,7 @@ def _one(
             # one it forged before the kill: the cancel records the end from its own
             # reading, after the marker (a cancel that dies lapses in CANCEL_RETRY_S).
             return 0
-        finish(ctx, run, update.status, executor)
+        finish(ctx, run, update.status, executor, proof=update.final_proof, job_end=update.job_end)
         return 1
     if not isinstance(update.status, JobStatus):
         log.warning("run %s: %s", run.id, update.status)

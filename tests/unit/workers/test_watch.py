@@ -215,3 +215,33 @@ def test_a_proof_not_valid_yet_is_judged_again_only_when_it_changed_or_has_aged(
     moved = store.get_stop("r1")
     assert moved is not None
     assert moved.phase is StopPhase.WAITING_END
+
+
+def test_the_tick_that_sees_an_end_records_it_from_what_it_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The end of a job that proved and ended on the asking signal is recorded from the
+    tick's own reads (its proof, the wrapper's `.runwarden/ended`): no read of the
+    target's files after the tick, the checkpoint judged once."""
+    ctx, store, _ = policy_worker(tmp_path)
+    run = running_run(store, tmp_path, "r1", job=JobId(dir=str(tmp_path / "r1"), pid=dead_pid()))
+    asked = datetime.now(UTC) - timedelta(seconds=5)
+    stops.request_snapshot(ctx, "r1", SnapshotReason.DEADLINE, "cli", asked)
+    prove(tmp_path / "r1", time.time())
+    proof = json.loads((tmp_path / "r1" / "snapshot.json").read_text())
+    (tmp_path / "r1" / "snapshot.json").write_text(json.dumps({**proof, "reason": "deadline"}))
+    (tmp_path / "r1" / ".runwarden").mkdir(exist_ok=True)
+    (tmp_path / "r1" / ".runwarden" / "ended").write_text("signal TERM\n")
+    (tmp_path / "r1" / "exit_code").write_text("143\n")
+    executor = ctx.executor("local")
+    monkeypatch.setattr(
+        type(executor), "read_from", lambda *a: pytest.fail(f"read after the tick: {a[1:]}")
+    )
+    found = watch_target(ctx, "local", datetime.now(UTC))
+    assert found["ended"] == 1
+    ended = store.get_run(run.id)
+    assert ended.state is RunState.STOPPED, ended
+    assert ended.snapshot is not None
+    assert ended.snapshot.step == 21
+    assert ended.message is not None
+    assert "SIGTERM" in ended.message, ended.message

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Final, NamedTuple
 
 from schemas import JobId, JobStatus
-from schemas.protocol import JOB_LOG, PROOF_LIMIT
+from schemas.protocol import END_LIMIT, JOB_LOG, PROOF_LIMIT
 
 from ..errors import InvalidArgument, ProtocolError
 from ..lines import complete_lines
@@ -55,6 +55,8 @@ class FollowEntry(NamedTuple):
     proof_seen: str = ""
 
 
+_FILE_RECORDS: Final = frozenset("LMNWPpFfXx")
+"""The records of a file's bytes (or of its absence: `p`, `f`, `x`)."""
 _PROOF_SIG: Final = re.compile(r"[0-9]{1,20}:[0-9]{1,20}(?:\.[0-9]{1,12})?")
 """A proof's signature as `find -printf '%s:%T@'` prints it: its size and its
 modification time."""
@@ -85,6 +87,11 @@ def follow_script(
       without an open stop costs nothing); `sig` is its size and modification time
       (`SIZE:MTIME`, empty without GNU find), and when it is the entry's
       `proof_seen`, only `p <i> <sig>` comes: the proof was not read again;
+    - for a job whose end is written (`exit_code` or `cancelled` there): `F <i>` then
+      the first `PROOF_LIMIT` bytes of `snapshot.json` (`f <i>` when there is none;
+      neither when it is not a regular file), and with `exit_code`, `X <i>` then the
+      first `END_LIMIT` bytes of `.runwarden/ended` (`x <i>` when it is not a regular
+      file): what the run's end reads, so it reads nothing more;
     - `L <i> <n> <k>` then at most `log_chunk` bytes of `job.log` from its offset
       plus `k`, and `M <i> <n>` then at most `chunk` bytes of `metrics.jsonl` from
       its offset, only for files that grew past their offset (`n` is the file's
@@ -110,6 +117,7 @@ def follow_script(
         str(NOTICE_READ_BYTES),
         str(NOTICE_STATE_READ_BYTES),
         str(PROOF_LIMIT),
+        str(END_LIMIT),
     ]
     for entry in entries:
         job, log_offset, metrics_offset = entry[0], entry[1], entry[2]
@@ -156,6 +164,13 @@ class FollowUpdate:
     when unknown): the next tick's `FollowEntry.proof_seen`."""
     proof_unchanged: bool = False
     """The proof is the one of `proof_seen` still: not read again."""
+    final_proof: bytes | None = None
+    """For a job whose end is written: the first `PROOF_LIMIT` bytes of
+    `snapshot.json` (empty when there is none); None when not read (no end written,
+    or not a regular file: the end reads it itself and says why)."""
+    job_end: bytes | None = None
+    """For a job whose `exit_code` is written: the first `END_LIMIT` bytes of
+    `.runwarden/ended` (empty when it is not a regular file); None when not read."""
     log_skipped: int = 0
     """Bytes of `job.log` past the offset that this tick skipped, [`log`] starting
     after them (the log was more than a tick reads behind)."""
@@ -239,11 +254,13 @@ def parse_follow(
             elif kind == "Q":
                 reason = " ".join(words[3:]).strip()
                 request[index] = reason or None
-            elif kind in ("L", "M", "N", "W", "P", "p"):
+            elif kind in _FILE_RECORDS:
                 if kind in ("P", "p"):
                     signature[index] = words[3] if len(words) > 3 else ""
                 size = int(words[3]) if kind in ("L", "M") else len(payload)
-                files[(kind, index)] = (payload, size)
+                # `f` and `x` say the file is not there: empty, as it reads.
+                key = kind.upper() if kind in ("f", "x") else kind
+                files[(key, index)] = (b"" if key != kind else payload, size)
                 skipped[(kind, index)] = int(words[4]) if kind == "L" and len(words) > 4 else 0
             else:
                 raise ProtocolError(f"follow record {kind!r}")
@@ -281,6 +298,8 @@ def _update(
     notice = files.get(("N", index))
     state = files.get(("W", index))
     proof = files.get(("P", index))
+    final_proof = files.get(("F", index))
+    job_end = files.get(("X", index))
     return FollowUpdate(
         status,
         request.get(index),
@@ -293,6 +312,8 @@ def _update(
         proof=None if proof is None else proof[0],
         proof_sig=signature.get(index, ""),
         proof_unchanged=("p", index) in files,
+        final_proof=None if final_proof is None else final_proof[0],
+        job_end=None if job_end is None else job_end[0],
         log_skipped=skipped.get(("L", index), 0),
         log_chunk=log_chunk,
     )

@@ -1,5 +1,6 @@
 # shellcheck shell=sh
-# Arguments: TOKEN CHUNK LOG_CHUNK NOTICE_BYTES NOTICE_STATE_BYTES PROOF_LIMIT, then
+# Arguments: TOKEN CHUNK LOG_CHUNK NOTICE_BYTES NOTICE_STATE_BYTES PROOF_LIMIT
+# END_LIMIT, then
 # for each run DIR PID START LOG_OFFSET METRICS_OFFSET PROOF (6 arguments; START
 # empty when unknown; PROOF 0 not to read the proof, - to read it, else the
 # signature SIZE:MTIME of the proof last read, to read it only when it changed). The
@@ -11,7 +12,8 @@ rw_lchunk=$3
 rw_notice=$4
 rw_state=$5
 rw_proof=$6
-shift 6
+rw_endlim=$7
+shift 7
 # The files to size, as references to the arguments ("${7}/job.log"), never their
 # values: `eval` below expands them as words, and no name is parsed as code.
 rw_list=
@@ -93,6 +95,27 @@ rw_proof_of() {
   printf '%s P %s %s\n' "$rw_t" "$1" "$rw_sig"
   rw_read "$2" "$rw_proof" || :
 }
+rw_ended() {
+  # $1 index, $2 run directory: for a job whose end is written (`exit_code` or
+  # `cancelled` there), its proof (`F` then its bytes; `f` when there is none) and,
+  # with `exit_code`, the wrapper's `.runwarden/ended` (`X` then its bytes; `x` when
+  # it is not a regular file), so its end needs no read of its own. Neither record
+  # for a proof that is not a regular file: the end reads it and says why.
+  [ -e "$2/exit_code" ] || [ -e "$2/cancelled" ] || return 0
+  if [ -f "$2/snapshot.json" ] && [ ! -h "$2/snapshot.json" ]; then
+    printf '%s F %s\n' "$rw_t" "$1"
+    rw_read "$2/snapshot.json" "$rw_proof" || :
+  elif [ ! -e "$2/snapshot.json" ] && [ ! -h "$2/snapshot.json" ]; then
+    printf '%s f %s\n' "$rw_t" "$1"
+  fi
+  [ -e "$2/exit_code" ] || return 0
+  if [ -f "$2/.runwarden/ended" ] && [ ! -h "$2/.runwarden/ended" ]; then
+    printf '%s X %s\n' "$rw_t" "$1"
+    rw_read "$2/.runwarden/ended" "$rw_endlim" || :
+  else
+    printf '%s x %s\n' "$rw_t" "$1"
+  fi
+}
 rw_nl='
 '
 rw_one() {
@@ -109,6 +132,7 @@ rw_one() {
   rw_file N "$1" "$2/notice.json" "$rw_notice"
   rw_file W "$1" "$2/.runwarden/notice.state" "$rw_state"
   [ "$7" = 0 ] || rw_proof_of "$1" "$2/snapshot.json" "$7"
+  rw_ended "$1" "$2"
   rw_part L "$1" "$2/job.log" "$5"
   rw_part M "$1" "$2/metrics.jsonl" "$6"
 }

@@ -11,7 +11,17 @@ import time
 from pathlib import Path
 
 from schemas import JobCommand, JobId, JobStatus
-from schemas.protocol import NOTICE_FILE, NOTICE_STATE_FILE, PROOF_LIMIT, SNAPSHOT_FILE
+from schemas.protocol import (
+    CANCEL_FILE,
+    END_FILE,
+    END_LIMIT,
+    EXIT_FILE,
+    JOBSIDE_DIR,
+    NOTICE_FILE,
+    NOTICE_STATE_FILE,
+    PROOF_LIMIT,
+    SNAPSHOT_FILE,
+)
 from workers.executors import FollowEntry, quote
 from workers.executors.scripts import follow_script, parse_follow
 from workers.executors.scripts.follow import NOTICE_READ_BYTES, NOTICE_STATE_READ_BYTES
@@ -231,3 +241,32 @@ def test_every_executor_judges_a_checkpoint_by_the_same_rule(target: Target) -> 
         "checkpoint output/checkpoint-21 is a symbolic link",
         "checkpoint output/checkpoint-21: output is a symbolic link",
     ]
+
+
+def test_the_tick_that_sees_an_end_reads_what_the_end_needs(target: Target) -> None:
+    """For a job whose end is written, the tick reads its proof and the wrapper's
+    `.runwarden/ended` (bounded; empty when there is none), so recording the end reads
+    nothing more; a proof that is not a regular file is left to the end's own read,
+    which says why; a run still going reads neither."""
+    proof = b'{"checkpoint": "output/checkpoint-2", "step": 2}'
+    runs = {}
+    for name in ("proved", "bare", "fifo", "cancelled", "going"):
+        run = target.workdir / name
+        (run / JOBSIDE_DIR).mkdir(parents=True)
+        runs[name] = run
+    for name in ("proved", "bare", "fifo"):
+        (runs[name] / EXIT_FILE).write_text("143\n")
+    (runs["cancelled"] / CANCEL_FILE).write_text("")
+    (runs["proved"] / SNAPSHOT_FILE).write_bytes(proof)
+    (runs["proved"] / END_FILE).write_bytes(b"signal TERM\n" + b"x" * (END_LIMIT + 100))
+    os.mkfifo(runs["fifo"] / SNAPSHOT_FILE)
+    (runs["cancelled"] / SNAPSHOT_FILE).write_bytes(proof)
+    (runs["going"] / SNAPSHOT_FILE).write_bytes(proof)
+    jobs = [(JobId(dir=str(run), pid=999_999), 0, 0) for run in runs.values()]
+    proved, bare, fifo, cancelled, going = tick(target, jobs)
+    assert proved.final_proof == proof
+    assert proved.job_end == (b"signal TERM\n" + b"x" * END_LIMIT)[:END_LIMIT]
+    assert (bare.final_proof, bare.job_end) == (b"", b"")
+    assert (fifo.final_proof, fifo.job_end) == (None, b"")
+    assert (cancelled.final_proof, cancelled.job_end) == (proof, None)
+    assert (going.final_proof, going.job_end) == (None, None)
