@@ -459,11 +459,11 @@ def test_a_hostile_job_s_stop_ends_cancelled_on_time_and_leaves_nothing(
 
 SLOWER_TICKS = pytest.mark.xfail(
     reason=(
-        "known regression: since a run's end judges its checkpoint and reads "
-        ".runwarden/ended (two more scripts a run), the ticks under this storm record an "
-        "honest end 1.3-3.7 s after its exit on a quiet machine (2 ticks = 1 s before), "
-        "and progress stands still up to 6.5 s on a loaded one; a proof found not valid "
-        "is no longer read again at each tick"
+        "known regression: the honest run that ends by itself in the middle of the "
+        "hostile runs' cancels has its end recorded 3.5-5.1 s after its exit (2 ticks = "
+        "1 s before issue 17) and its progress still up to 4.5 s, on a quiet machine; "
+        "the one stopped with them is within 2 ticks again (0.6-0.9 s) since the tick "
+        "reads what an end needs and no longer reads a proof found not valid again"
     ),
     strict=False,
 )
