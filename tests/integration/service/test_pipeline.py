@@ -80,7 +80,7 @@ def test_a_request_written_by_someone_else_is_picked_up(pipeline: Pipeline) -> N
     run_id = launch(pipeline, "--ignore-requests")
     run = pipeline.api.get_run(run_id)
     (Path(run.remote_dir) / "snapshot.request").write_text("deadline")
-    # Picked up within one REQUEST_POLL (2 s here), then the same timers apply.
+    # Picked up by the next follow tick (0.5 s here), then the same timers apply.
     import time
 
     deadline = time.monotonic() + 6
