@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 from bench.harness.pipeline import Pipeline, running_pipeline, toy  # noqa: E402
 from schemas import RunLimits, RunRecord  # noqa: E402
 from schemas.budget import StopTimeouts  # noqa: E402
-from schemas.events import DEFAULT_QUEUE, QUEUE, QUEUE_RETRIEVE, LaunchSpec  # noqa: E402
+from schemas.events import DEFAULT_QUEUE, QUEUE, LaunchSpec  # noqa: E402
 from schemas.ledger import CancelDecided, JobCancelled, LedgerEvent, StopOpened  # noqa: E402
 from workers.reaper import become_subreaper  # noqa: E402
 
@@ -160,9 +160,8 @@ def main() -> None:
     disturbed: list[str] = []
     started = time.monotonic()
     with running_pipeline(tmp, workers=0, extra_env=extra, watch_worker=True) as pipeline:
-        # As `runwarden serve` lays them out: the retrievals on a worker of their own.
+        # As `runwarden serve` lays them out (the retrievals' worker is the pipeline's).
         pipeline.start_worker("main", 2, queues=f"{QUEUE},{DEFAULT_QUEUE}")
-        pipeline.start_worker("retrieve", 1, queues=QUEUE_RETRIEVE)
         for name in ("main", "retrieve"):
             pipeline.wait_worker(name, 60)
         try:

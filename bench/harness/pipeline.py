@@ -328,9 +328,12 @@ def running_pipeline(
 ) -> Iterator[Pipeline]:
     """The whole service in `tmp`: `workers` workers of `concurrency` processes each,
     beat unless told not to, the clocks of [`CLOCKS`] with `extra_env` on top. The
-    workers consume every queue, unless `watch_worker`: then, as `runwarden serve`
-    lays them out, the follow ticks have a worker of their own (`watch`, 2
-    processes) and the others consume every other queue."""
+    workers consume every queue, unless `watch_worker`: then the queues are laid out
+    as `runwarden serve` lays them out: the follow ticks have a worker of their own
+    (`watch`, 2 processes), the retrievals too (`retrieve`, 1 process), and the
+    `workers` consume the others. A test that times stops needs this layout: a storm
+    of ended runs' retrievals on the stops' workers delays every proof deadline
+    behind them (the hostile matrix on a loaded machine: 13 s)."""
     redis = RedisServer(tmp / "redis")
     redis.start()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RUNWARDEN_")}
@@ -364,11 +367,12 @@ def running_pipeline(
     reaper = threading.Thread(target=reap, name="job-reaper", daemon=True)
     reaper.start()
     try:
-        others = f"{QUEUE},{DEFAULT_QUEUE},{QUEUE_RETRIEVE}" if watch_worker else None
+        others = f"{QUEUE},{DEFAULT_QUEUE}" if watch_worker else None
         for i in range(workers):
             pipeline.start_worker(f"w{i + 1}", concurrency, queues=others)
         if watch_worker:
             pipeline.start_worker("watch", 2, queues=QUEUE_WATCH)
+            pipeline.start_worker("retrieve", 1, queues=QUEUE_RETRIEVE)
         if beat:
             pipeline.start_beat()
         pipeline.wait_ready()

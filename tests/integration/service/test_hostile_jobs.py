@@ -170,7 +170,7 @@ def _exit_time(run: RunRecord) -> float:
 def _task_times(pipeline: Pipeline) -> tuple[dict[str, float], list[str]]:
     """The longest run time of each task name in the workers' logs, and the tasks
     that raised."""
-    text = "".join(pipeline.worker_log(name) for name in ("w1", "w2", "watch"))
+    text = "".join(pipeline.worker_log(name) for name in ("w1", "w2", "watch", "retrieve"))
     longest: dict[str, float] = {}
     for name, seconds in re.findall(r"Task (\S+)\[[^\]]+\] succeeded in ([0-9.e-]+)s", text):
         longest[name] = max(longest.get(name, 0.0), float(seconds))
