@@ -394,10 +394,10 @@ def _report(found: Campaign) -> None:
             f"{outcome.case.name:34} {outcome.mode:9} {outcome.state or '-'!s:10} {took:>9}  "
             + ("; ".join(outcome.problems) or "ok")
         )
-    took = [o.stop_s for o in found.outcomes.values() if o.stop_s is not None]
-    if took:
+    times = [o.stop_s for o in found.outcomes.values() if o.stop_s is not None]
+    if times:
         print(
-            f"stop -> end: median {statistics.median(took):.1f} s, max {max(took):.1f} s "
+            f"stop -> end: median {statistics.median(times):.1f} s, max {max(times):.1f} s "
             f"(budget {STOP_BUDGET_S:g} s)"
         )
     for run_id, run in found.honest.items():
