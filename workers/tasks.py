@@ -70,6 +70,7 @@ from . import reconcile as sweep
 from .app import NO_EVENTS, QuietTask, app, settings
 from .artifacts import retrieve_artifacts
 from .context import Context, utcnow
+from .executors import ExecError
 from .memory import watch_memory
 from .notify import observe_tick
 
@@ -254,7 +255,10 @@ def follow_tick() -> int:
     return _fan_out(TASK_WATCH_TARGET)
 
 
-@app.task(name=TASK_WATCH_TARGET, base=QuietTask)
+# A target that cannot be read this tick (out of reach, or too loaded to answer within
+# the follow's deadline) is an expected failure: logged without a traceback, and the
+# next tick tries again.
+@app.task(name=TASK_WATCH_TARGET, base=QuietTask, throws=(ExecError,))
 def watch_target(target: str) -> dict[str, int]:
     ctx = context()
     lock, token = f"watch:{target}", os.urandom(8).hex()
