@@ -241,19 +241,19 @@ class Service:
         python, options = sys.executable, self.options
         commands = [
             [python, "-m", "workers.reaper", "--",
-             python, "-m", "celery", "-A", "workers.app", "worker",
-             "-Q", f"{QUEUE},{DEFAULT_QUEUE}", "-c", str(options.concurrency), "-E",
+             python, "-m", "workers.start", "worker",
+             "-Q", f"{QUEUE},{DEFAULT_QUEUE}", "-c", str(options.concurrency),
              "-n", "runwarden@%h", "--loglevel", "INFO"],
             # Retrievals download for as long as they take, on a worker of their own.
             [python, "-m", "workers.reaper", "--",
-             python, "-m", "celery", "-A", "workers.app", "worker", "-Q", QUEUE_RETRIEVE,
-             "-c", "1", "-E", "-n", "retrieve@%h", "--loglevel", "INFO"],
+             python, "-m", "workers.start", "worker", "-Q", QUEUE_RETRIEVE,
+             "-c", "1", "-n", "retrieve@%h", "--loglevel", "INFO"],
             # The follow ticks, on a worker of their own: a storm of cancels (each holds
             # a process while its job dies) never holds back the reading of other runs.
             [python, "-m", "workers.reaper", "--",
-             python, "-m", "celery", "-A", "workers.app", "worker", "-Q", QUEUE_WATCH,
-             "-c", "2", "-E", "-n", "watch@%h", "--loglevel", "INFO"],
-            [python, "-m", "celery", "-A", "workers.app", "beat", "--loglevel", "INFO",
+             python, "-m", "workers.start", "worker", "-Q", QUEUE_WATCH,
+             "-c", "2", "-n", "watch@%h", "--loglevel", "INFO"],
+            [python, "-m", "workers.start", "beat", "--loglevel", "INFO",
              "-s", str(self.settings.state_dir / "beat-schedule")],
         ]  # fmt: skip
         if options.flower:

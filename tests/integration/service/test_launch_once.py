@@ -84,7 +84,7 @@ def pool_process(pipeline: Pipeline, name: str = "w1") -> int:
     (main,) = children(pipeline.workers[name].pid)
     pool = wait_for(lambda: children(main), timeout_s=30)
     assert isinstance(pool, list)
-    (found,) = [p for p in pool if b"celery" in read_proc(f"/proc/{p}/cmdline")]
+    (found,) = [p for p in pool if b"workers.start" in read_proc(f"/proc/{p}/cmdline")]
     return found
 
 

@@ -117,7 +117,7 @@ def worker_pids(pipeline: Pipeline) -> list[int]:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if b"celery" in cmdline:
+        if b"workers.start" in cmdline:
             found.append(pid)
             todo.extend(children.get(pid, []))
     return found
