@@ -245,7 +245,9 @@ def _fan_out(task: str) -> int:
     returns how many."""
     targets = watch.watched_targets(context())
     for target in targets:
-        app.send_task(task, kwargs={"target": target}, event_dispatcher=NO_EVENTS)
+        app.send_task(
+            task, kwargs={"target": target}, event_dispatcher=NO_EVENTS, ignore_result=True
+        )
     return len(targets)
 
 
