@@ -2,7 +2,8 @@
 of the target (`Executor.follow`): records new log lines and metrics, opens a stop for
 a request someone else wrote, sees the proof of a stop that waits for it (its
 checkpoint judged in one more script for the whole target), and finishes runs whose
-job ended.
+job ended. The runs that ended come first, then every other run's lines, then what
+the others asked: a tick that opens many stops delays no end and no progress.
 
 Preemption notices in the follow: what a tick does with the notice watcher's files
 (`notice.json`, `.runwarden/notice.state`, read by `Executor.follow`, bounded):
@@ -24,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -124,24 +126,54 @@ def watch_target(ctx: Context, target: str, now: datetime) -> dict[str, int]:
     )
     seen = utcnow()  # the proofs read were there by now
     proofs = _new_proofs(ctx, executor, runs, stops, updates)
-    ended = 0
-    for run, offset, update, stop in zip(runs, offsets, updates, stops, strict=True):
-        try:
-            ended += _one(ctx, run, offset, update, executor, now=now)
-            proof = proofs.get(run.id)
-            if proof is not None and stop is not None:
+    items = list(zip(runs, offsets, updates, stops, strict=True))
+    # Ended runs first, then every other run's lines, then what the others asked: a
+    # tick that opens many stops (one deadline shared by many runs) delays no end and
+    # no progress behind them.
+    ends = [item for item in items if _finished(item[2])]
+    others = [item for item in items if not _finished(item[2])]
+    ended = sum(max(0, _step(ctx, item, _record_and_act, executor, now)) for item in ends)
+    recorded = [item for item in others if _step(ctx, item, _record_lines, executor, now) >= 0]
+    for item in recorded:
+        run, _, _, stop = item
+        if _step(ctx, item, _act, executor, now) < 0:
+            continue
+        proof = proofs.get(run.id)
+        if proof is not None and stop is not None:
+            try:
                 proof_seen(ctx, stop, proof, seen, "follow")
-        except (StoreError, ExecError) as error:
-            # Redis or the target failed for this run: the next tick tries again (its
-            # proof read again too).
-            ctx.proofs_read.pop(run.id, None)
-            log.warning("run %s: this tick failed: %s", run.id, error)
-        except Exception as error:
-            # Anything else comes from what the job wrote: that run's own, never the
-            # others'. Its bytes are skipped, so the next tick does not fail again.
-            log.exception("run %s: its files could not be recorded", run.id)
-            _skip(ctx, run, offset, update, error)
+            except (StoreError, ExecError) as error:
+                ctx.proofs_read.pop(run.id, None)  # read again next tick
+                log.warning("run %s: this tick failed: %s", run.id, error)
     return {"runs": len(runs), "ended": ended}
+
+
+_Item = tuple[RunRecord, Offsets, FollowUpdate, "StopState | None"]
+"""One run of a tick: its record, offsets, what the tick read, its stop as read."""
+_Step = Callable[[Context, _Item, Executor, datetime], int]
+
+
+def _finished(update: FollowUpdate) -> bool:
+    return isinstance(update.status, JobStatus) and update.status.is_finished
+
+
+def _step(ctx: Context, item: _Item, step: _Step, executor: Executor, now: datetime) -> int:
+    """Runs one `step` of the tick for one run: what it returns (1 when the run
+    ended), or -1 when it failed. Redis or the target failing leaves the run to the
+    next tick (its proof read again too); anything else comes from what the job
+    wrote, that run's own, never the others': the bytes a step recording them could
+    not record are skipped, so the next tick does not fail again."""
+    run, offset, update, _ = item
+    try:
+        return step(ctx, item, executor, now)
+    except (StoreError, ExecError) as error:
+        ctx.proofs_read.pop(run.id, None)
+        log.warning("run %s: this tick failed: %s", run.id, error)
+    except Exception as error:
+        log.exception("run %s: what its job wrote could not be taken", run.id)
+        if step is not _act:
+            _skip(ctx, run, offset, update, error)
+    return -1
 
 
 def _waits_for_proof(stop: StopState | None) -> bool:
@@ -200,16 +232,9 @@ def _new_proofs(
     return found
 
 
-def _one(
-    ctx: Context,
-    run: RunRecord,
-    offset: Offsets,
-    update: FollowUpdate,
-    executor: Executor,
-    *,
-    now: datetime,
-) -> int:
-    """Records what one tick found for `run`; 1 when it ended, else 0."""
+def _record_lines(ctx: Context, item: _Item, executor: Executor, now: datetime) -> int:
+    """Records the new log lines and metrics one tick read of its run."""
+    run, offset, update, _ = item
     lines, used_log = update.log_lines()
     metric_lines, used_metrics = update.metrics_lines()
     metrics, dropped = _records(metric_lines)
@@ -223,10 +248,19 @@ def _one(
             from_offsets=offset,
             to_offsets=Offsets(offset.log + used_log, offset.metrics + used_metrics),
         )
+    return 0
+
+
+def _act(ctx: Context, item: _Item, executor: Executor, now: datetime) -> int:
+    """Acts on what one tick found for its run past its lines: a notice, a request
+    someone else wrote (a stop opened for each, the notice's first), its end; 1 when
+    it ended, else 0."""
+    run, _, update, _ = item
     observe_notices(ctx, run, update, now)  # a cloud's notice opens its stop first
     if update.request is not None and ctx.store.get_stop(run.id) is None:
         notice_request(ctx, run, update.request, now)
-    if isinstance(update.status, JobStatus) and update.status.is_finished:
+    if _finished(update):
+        assert isinstance(update.status, JobStatus)
         if update.status.kind == "exited" and cancelling_now(ctx, run.id):
             # Between the kill and the `cancelled` marker a dead job's `exit_code` may be
             # one it forged before the kill: the cancel records the end from its own
@@ -237,6 +271,12 @@ def _one(
     if not isinstance(update.status, JobStatus):
         log.warning("run %s: %s", run.id, update.status)
     return 0
+
+
+def _record_and_act(ctx: Context, item: _Item, executor: Executor, now: datetime) -> int:
+    """Both steps for a run that ended: its last lines, then its end."""
+    _record_lines(ctx, item, executor, now)
+    return _act(ctx, item, executor, now)
 
 
 def _skip(

@@ -245,3 +245,38 @@ def test_the_tick_that_sees_an_end_records_it_from_what_it_read(
     assert ended.snapshot.step == 21
     assert ended.message is not None
     assert "SIGTERM" in ended.message, ended.message
+
+
+# --- the order of a tick's work -------------------------------------------------------
+
+
+def test_a_tick_takes_ends_and_lines_before_it_opens_the_stops_of_requests(
+    tmp_path: Path, job: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Many runs' requests found at once (one deadline shared by many runs) open many
+    stops: the end of another run and every run's new lines are taken first."""
+    ctx, store, _ = policy_worker(tmp_path)
+    asking = [
+        running_run(store, tmp_path, f"r{i}", job=JobId(dir=str(tmp_path / f"r{i}"), pid=job))
+        for i in (0, 2)
+    ]
+    ended = running_run(store, tmp_path, "r1", job=JobId(dir=str(tmp_path / "r1"), pid=dead_pid()))
+    (tmp_path / "r1" / "exit_code").write_text("0\n")
+    for run in asking:
+        (tmp_path / run.id / "snapshot.request").write_text("deadline")
+        (tmp_path / run.id / "job.log").write_text("step 1\n")
+    seen: list[tuple[str, bool, list[int]]] = []
+    opened = watching.notice_request
+
+    def noticing(ctx_: Any, run: Any, reason: str, now: datetime, **kw: Any) -> None:
+        logs = [store.get_offsets(r.id).log for r in asking]
+        seen.append((run.id, store.get_run(ended.id).state.is_terminal, logs))
+        opened(ctx_, run, reason, now, **kw)
+
+    monkeypatch.setattr(watching, "notice_request", noticing)
+    found = watch_target(ctx, "local", datetime.now(UTC))
+    assert found == {"runs": 3, "ended": 1}
+    assert [run_id for run_id, _, _ in seen] == ["r0", "r2"]
+    assert all(ended_first and all(logs) for _, ended_first, logs in seen), seen
+    assert store.get_run("r1").state is RunState.SUCCEEDED
+    assert all(store.get_stop(run.id) is not None for run in asking)
