@@ -238,6 +238,18 @@ class Settings(BaseSettings):
             return SecretsDir(Path(credentials))
         return SecretsDir(self.state_dir.expanduser().absolute() / "secrets")
 
+    def guarded_by(self, path: Path | str) -> Path | None:
+        """The state or secrets directory that `path` holds or is inside (both
+        with their links resolved), else None: such a path is never an upload nor an
+        upload root, for an upload of it would copy the keys of every producer into a
+        run directory."""
+        resolved = Path(os.path.realpath(path))
+        for guard in (self.state_dir, self.secrets.path):
+            kept = Path(os.path.realpath(guard.expanduser()))
+            if resolved == kept or kept in resolved.parents or resolved in kept.parents:
+                return kept
+        return None
+
     @property
     def artifacts_root(self) -> Path:
         """The artifact store's root: each run's artifacts in `<root>/<run_id>/`."""

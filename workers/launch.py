@@ -17,12 +17,11 @@ never a job nobody follows.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from datetime import datetime
 from pathlib import Path
 from typing import Final
-
-from pydantic import SecretStr
 
 from schemas import (
     JobCommand,
@@ -70,7 +69,7 @@ from .find_job import (
 )
 from .jobside import jobside_dir
 from .lease import Lease, leased
-from .permits import check_launch
+from .permits import Permit, check_launch
 from .preemption import notice_command, watched
 from .retrieval import check_stored
 
@@ -212,7 +211,7 @@ def _launch(ctx: Context, spec: LaunchSpec, now: datetime, key: str, lease: Leas
     run_id = ctx.store.launch_run(key)
     if run_id is None:
         resume = None if spec.resume_from is None else resumable(ctx, spec.resume_from)
-        secrets = check_launch(ctx, spec)
+        permit = check_launch(ctx, spec)
         executor = ctx.executor(spec.target)
         source = None if resume is None else resume[0]
         run = _claim(ctx, executor, spec, now=now, source=source, key=key)
@@ -234,11 +233,11 @@ def _launch(ctx: Context, spec: LaunchSpec, now: datetime, key: str, lease: Leas
         log.warning("run %s: its launch came again before its job started: going on", run.id)
         try:
             resume = None if spec.resume_from is None else resumable(ctx, spec.resume_from)
-            secrets = check_launch(ctx, spec)
+            permit = check_launch(ctx, spec)
         except RunwardenError as error:
             _record_failed(ctx, run.id, f"launch failed: {error}")
             raise
-    command = _prepare(ctx, executor, spec, run, resume=resume, secrets=secrets)
+    command = _prepare(ctx, executor, spec, run, resume=resume, permit=permit)
     if not lease.held:
         raise LaunchError(f"run {run.id}: the launch lost its lock before the spawn; not spawned")
     job = _spawn(ctx, executor, run, command)
@@ -259,15 +258,15 @@ def _prepare(
     run: RunRecord,
     *,
     resume: _Resume | None,
-    secrets: dict[str, SecretStr],
+    permit: Permit,
 ) -> JobCommand:
     """Uploads the project and the job side (and a resume's checkpoint) into the run
     directory; returns the job to spawn. Any error records the run failed (nothing
     was started) and is raised."""
     run_dir = run.remote_dir
     try:
-        if spec.upload is not None:
-            executor.upload(spec.upload, run_dir, [*spec.skip, *PROTOCOL_FILES])
+        if permit.upload is not None:
+            executor.upload(permit.upload, run_dir, [*spec.skip, *PROTOCOL_FILES])
         executor.upload(jobside_dir(), f"{run_dir}/{JOBSIDE_DIR}", ["__init__.py", "__pycache__"])
         env = {
             "PYTHONPATH": f"{run_dir}/{JOBSIDE_DIR}",
@@ -282,7 +281,7 @@ def _prepare(
             dir=run_dir,
             script=spec.command,
             env=env,
-            secrets=secrets,
+            secrets=permit.secrets,
             deadline_request_after_s=(
                 None if after_s is None or not spec.snapshots else max(after_s, 0.001)
             ),
@@ -402,7 +401,8 @@ def _upload_checkpoint(
         ExecError: the upload failed.
     """
     source, checkpoint, files = resume
-    local: Path = ctx.settings.artifacts_root / source.id / checkpoint
+    # Opened as checked (`executors.uploadtree`): the store's own path, links resolved.
+    local = Path(os.path.realpath(ctx.settings.artifacts_root / source.id / checkpoint))
     remote = f"{run_dir}/{checkpoint}"
     executor.upload(local, remote)
     uploaded = {d.path: d.sha256 for d in executor.manifest(run_dir, [checkpoint])}

@@ -6,34 +6,55 @@ target."""
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import SecretStr
 
-from schemas import TargetConfig
+from schemas import Settings, TargetConfig
 from schemas.events import LaunchSpec
 from schemas.protocol import SECRET_ENV_PREFIX
 
 from .context import Context
 from .errors import NotAllowed, SecretMissing
 
-__all__ = ["check_launch", "check_upload"]
+__all__ = ["Permit", "check_launch", "check_upload"]
 
 
-def check_upload(target: TargetConfig, upload: Path) -> Path:
+@dataclass(frozen=True)
+class Permit:
+    """What a launch was allowed."""
+
+    secrets: dict[str, SecretStr]
+    """The values of the secrets it names."""
+    upload: Path | None
+    """Its upload as checked (absolute, every link resolved): the upload opens
+    exactly this path without following a link, so what is copied is what was
+    checked (`executors.uploadtree`)."""
+
+
+def check_upload(target: TargetConfig, upload: Path, settings: Settings) -> Path:
     """`upload` resolved (every link followed), when it is one of the target's upload
-    roots (resolved too) or below one.
+    roots (resolved too) or below one, and neither holds nor is inside the state or
+    secrets directory (`Settings.guarded_by`).
 
     Raises:
-        NotAllowed: the target allows no upload, or the resolved path leaves every
-            root (a link inside a root that points outside it included).
+        NotAllowed: the target allows no upload, the resolved path leaves every
+            root (a link inside a root that points outside it included), it holds
+            or is inside a guarded directory, or it cannot be resolved.
     """
     if not target.upload_roots:
         raise NotAllowed(
             f"target {target.name!r} allows no upload: add a root with "
             "`runwarden targets add ... --upload-root DIR`"
         )
-    resolved = Path(os.path.realpath(upload))
+    try:
+        resolved = Path(os.path.realpath(upload))
+        kept = settings.guarded_by(resolved)
+    except OSError as error:  # a link on its way changing while it is resolved
+        raise NotAllowed(f"{upload} cannot be checked: {error.strerror}") from error
+    if kept is not None:
+        raise NotAllowed(f"{upload} holds or is inside {kept}, which is never uploaded")
     for root in target.upload_roots:
         base = Path(os.path.realpath(root))
         if resolved == base or base in resolved.parents:
@@ -42,9 +63,10 @@ def check_upload(target: TargetConfig, upload: Path) -> Path:
     raise NotAllowed(f"{upload} is outside the upload roots of target {target.name!r} ({roots})")
 
 
-def check_launch(ctx: Context, spec: LaunchSpec) -> dict[str, SecretStr]:
-    """The values of the secrets `spec` names, after checking that its target allows
-    each of them and its upload (`check_upload`). A secret `NAME` is the file `NAME`
+def check_launch(ctx: Context, spec: LaunchSpec) -> Permit:
+    """The values of the secrets `spec` names and its upload as checked, after
+    checking that its target allows each of them and its upload (`check_upload`, the
+    state and secrets directories guarded). A secret `NAME` is the file `NAME`
     of the secrets directory; with `secrets_from_env`, else the worker's environment
     variable `RUNWARDEN_SECRET_<NAME>`.
 
@@ -60,8 +82,9 @@ def check_launch(ctx: Context, spec: LaunchSpec) -> dict[str, SecretStr]:
             f"target {target.name!r} does not allow the secret(s) {', '.join(refused)}: "
             "allow them with `runwarden targets add ... --allow-secret NAME`"
         )
+    upload = None
     if spec.upload is not None:
-        check_upload(target, spec.upload)
+        upload = check_upload(target, spec.upload, ctx.settings)
     found: dict[str, SecretStr] = {}
     for name in spec.secrets:
         value = ctx.settings.secrets.read(name)
@@ -71,4 +94,4 @@ def check_launch(ctx: Context, spec: LaunchSpec) -> dict[str, SecretStr]:
         if value is None:
             raise SecretMissing(name, ctx.settings.secrets.path)
         found[name] = value
-    return found
+    return Permit(found, upload)

@@ -22,7 +22,7 @@ from schemas.protocol import FILTERED_ENV_PREFIXES
 
 from .digest import Charge, FileDigest
 from .doctor import DoctorOptions
-from .errors import CommandError, InvalidArgument, IoError, ProtocolError
+from .errors import InvalidArgument, IoError, ProtocolError
 from .localtree import Node, local_manifest, open_regular, open_root, walk_entries
 from .safetree import Downloaded, SafeTree
 from .shell import (
@@ -31,9 +31,9 @@ from .shell import (
     check_remote,
     checked_secrets,
     launcher_for,
-    upload_names,
 )
 from .transport import LocalTransport
+from .uploadtree import open_checked, put_local, upload_nodes
 
 __all__ = ["FILTERED_ENV_PREFIXES", "LocalExecutor", "job_environment"]
 
@@ -141,18 +141,15 @@ class LocalExecutor(ScriptExecutor):
 
     def upload(self, local: Path, remote: str, skip: Sequence[str] = ()) -> None:
         dest = Path(check_remote(remote))
+        root = open_checked(local, "upload")
         try:
             dest.mkdir(parents=True, exist_ok=True)
-            for name in upload_names(local, skip):
-                source = local / name
-                if source.is_dir() and not source.is_symlink():
-                    shutil.copytree(source, dest / name, symlinks=True, dirs_exist_ok=True)
-                else:
-                    shutil.copy2(source, dest / name, follow_symlinks=False)
-        except shutil.Error as error:
-            raise CommandError("upload", str(error)[:500]) from error
+            for node in upload_nodes(root, skip):
+                put_local(node, dest / node.path)
         except OSError as error:
             raise IoError(error.filename or dest, error) from error
+        finally:
+            os.close(root)
 
     def download(
         self,

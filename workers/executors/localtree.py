@@ -109,12 +109,15 @@ def _entry_parent(root_fd: int, entry: str) -> int | None:
     return fd
 
 
-def walk_entries(root_fd: int, entries: Sequence[str], exclude: Sequence[str]) -> Iterator[Node]:
+def walk_entries(
+    root_fd: int, entries: Sequence[str], exclude: Sequence[str], *, skip_vanished: bool = False
+) -> Iterator[Node]:
     """Every directory, regular file and symbolic link under `entries` of the
     directory `root_fd`, a directory before its content, names matching an `exclude`
     pattern pruned at any depth (an entry's own name too), missing entries skipped,
     links never followed (an entry with a link on its way counts as missing);
-    device files, FIFOs and sockets left out.
+    device files, FIFOs and sockets left out. With `skip_vanished`, a directory gone
+    (or swapped) between its listing and its reading is left out too.
 
     Raises:
         OSError: when a directory cannot be read.
@@ -131,13 +134,13 @@ def walk_entries(root_fd: int, entries: Sequence[str], exclude: Sequence[str]) -
         if parent is None:
             continue
         try:
-            yield from _walk_entry(parent, entry, name, excluded)
+            yield from _walk_entry(parent, entry, name, excluded, skip_vanished)
         finally:
             os.close(parent)
 
 
 def _walk_entry(
-    parent: int, entry: str, name: str, excluded: Callable[[str], bool]
+    parent: int, entry: str, name: str, excluded: Callable[[str], bool], skip_vanished: bool
 ) -> Iterator[Node]:
     try:
         top = os.stat(name, dir_fd=parent, follow_symlinks=False)
@@ -151,6 +154,8 @@ def _walk_entry(
     base = entry.rpartition("/")[0]
 
     def fail(error: OSError) -> None:
+        if skip_vanished and error.errno in (errno.ENOENT, errno.ENOTDIR):
+            return
         raise error
 
     # fwalk holds a descriptor of each directory it lists and never enters a link.

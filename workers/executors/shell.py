@@ -50,6 +50,7 @@ from .safetree import Downloaded, SafeTree
 from .scripts import FollowEntry, FollowUpdate
 from .transport import Completed, Transport, error_line
 from .untar import extract_stream
+from .uploadtree import add_to_tar, open_checked, upload_nodes
 
 __all__ = [
     "CANCEL_DEADLINE_S",
@@ -60,7 +61,6 @@ __all__ = [
     "check_remote",
     "checked_secrets",
     "launcher_for",
-    "upload_names",
 ]
 
 
@@ -152,19 +152,6 @@ def _checked(result: Completed, action: str) -> Completed:
     return result
 
 
-def upload_names(local: Path, skip: Sequence[str]) -> list[str]:
-    """The top-level entries of `local` an upload copies: all but those in `skip`.
-
-    Raises:
-        IoError: when `local` cannot be listed.
-    """
-    try:
-        names = sorted(os.listdir(local))
-    except OSError as error:
-        raise IoError(local, error) from error
-    return [name for name in names if name not in set(skip)]
-
-
 class ScriptExecutor:
     """An `Executor` whose every operation is a shared script run by `transport` on
     the target whose run directories live under `workdir`."""
@@ -190,18 +177,23 @@ class ScriptExecutor:
         return scripts.parse_claim(result.stdout)
 
     def upload(self, local: Path, remote: str, skip: Sequence[str] = ()) -> None:
-        names = upload_names(local, skip)
+        root = open_checked(local, "upload")
 
         def source(stream: IO[bytes]) -> None:
             # Writes of 64 KiB, not tarfile's 10 KiB: fewer, fuller packets over SSH.
             with tarfile.open(
                 fileobj=stream, mode="w|", format=tarfile.PAX_FORMAT, bufsize=64 * 1024
             ) as tar:
-                for name in names:
-                    tar.add(local / name, arcname=name, recursive=True)
+                for node in upload_nodes(root, skip):
+                    add_to_tar(tar, node)
 
-        script = scripts.unpack_script(check_remote(remote))
-        result = self._transport.send(script.text, action="upload", source=source, args=script.args)
+        try:
+            script = scripts.unpack_script(check_remote(remote))
+            result = self._transport.send(
+                script.text, action="upload", source=source, args=script.args
+            )
+        finally:
+            os.close(root)
         _checked(result, "upload")
 
     def _launch(self, job: JobCommand, result: Completed) -> JobId:
