@@ -25,7 +25,7 @@ from typing import Any
 from schemas import NotFound, RunRecord, Settings, StoreError, TargetConfig
 from store import RunStore
 
-from .executors import Executor, LocalExecutor, RunAsExecutor, SshExecutor
+from .executors import Executor, LocalExecutor, RunAsExecutor
 from .identity import Identities
 from .webhooks import WebhookDelivery
 
@@ -133,6 +133,8 @@ def build_executor(config: TargetConfig) -> Executor:
             return RunAsExecutor(config.workdir, config.run_as)
         return LocalExecutor(config.workdir)
     ssh = config.ssh
+    from .executors import SshExecutor  # noqa: PLC0415 - paramiko only when needed
+
     return SshExecutor.connect(
         ssh.destination,
         config.workdir,

@@ -21,14 +21,16 @@ PACKAGES = [schemas, store, executors]
 
 def public_members(package: ModuleType) -> list[str]:
     """The names a package binds that a caller may use: neither private, nor one of its
-    submodules (bound by importing them), nor the `annotations` future feature."""
-    return sorted(
+    submodules (bound by importing them), nor the `annotations` future feature; and
+    those it binds on first use (`_LAZY`, through its `__getattr__`)."""
+    bound = {
         name
         for name, value in vars(package).items()
         if not name.startswith("_")
         and not isinstance(value, ModuleType)
         and value is not __future__.annotations
-    )
+    }
+    return sorted(bound | set(getattr(package, "_LAZY", ())))
 
 
 def isort_key(name: str) -> tuple[int, list[int | str]]:

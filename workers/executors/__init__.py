@@ -7,6 +7,8 @@ This package's exports are the executors' public face: code outside
 
 from __future__ import annotations
 
+import typing
+
 from schemas.protocol import FILTERED_ENV_PREFIXES
 
 from .base import Executor
@@ -31,8 +33,24 @@ from .runas import RunAsExecutor, run_as_environment
 from .safetree import Downloaded, Link
 from .scripts import FOLLOW_TIMEOUT_S, FollowEntry, FollowUpdate, parse_status, quote
 from .shell import CANCEL_DEADLINE_S, CONTAINER_STOP_S, ScriptExecutor, cancel_deadline_s
-from .ssh import SshExecutor
 from .transport import Completed, LocalTransport, Transport
+
+if typing.TYPE_CHECKING:
+    from .ssh import SshExecutor
+
+_LAZY = ("SshExecutor",)
+"""Public names bound on first use (`__getattr__`)."""
+
+
+def __getattr__(name: str) -> typing.Any:
+    # The SSH executor imports paramiko (0.13 s of CPU): only a process that reaches an
+    # SSH target pays for it.
+    if name == "SshExecutor":
+        from .ssh import SshExecutor  # noqa: PLC0415
+
+        return SshExecutor
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "CANCEL_DEADLINE_S",
