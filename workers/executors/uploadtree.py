@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
 import stat
 import tarfile
 from collections.abc import Iterator, Sequence
@@ -69,7 +70,8 @@ def upload_nodes(root_fd: int, skip: Sequence[str]) -> Iterator[Node]:
     Raises:
         OSError: a directory cannot be read.
     """
-    names = sorted(name for name in os.listdir(root_fd) if name not in set(skip))
+    left_out = set(skip)
+    names = sorted(name for name in os.listdir(root_fd) if name not in left_out)
     yield from walk_entries(root_fd, names, (), skip_vanished=True)
 
 
@@ -102,11 +104,9 @@ def put_local(node: Node, dest: Path) -> None:
     try:
         _clear(dest)
         out = os.open(dest, _NEW_FILE, mode)
-        try:
-            while chunk := os.read(source, _CHUNK):
-                os.write(out, chunk)
-        finally:
-            os.close(out)
+        with open(source, "rb", closefd=False) as reading, open(out, "wb") as writing:
+            shutil.copyfileobj(reading, writing, _CHUNK)  # every byte, or an error
+            os.fchmod(out, mode)  # as created, the umask applied: the file's own mode
         info = os.fstat(source)
         os.utime(dest, ns=(info.st_atime_ns, info.st_mtime_ns), follow_symlinks=False)
     finally:
@@ -117,8 +117,8 @@ def _link_target(node: Node) -> str | None:
     """What the link `node` holds; None when it is gone or no longer a link."""
     try:
         return os.readlink(node.name, dir_fd=node.dir_fd)
-    except (FileNotFoundError, OSError) as error:
-        if isinstance(error, FileNotFoundError) or error.errno == errno.EINVAL:
+    except OSError as error:
+        if error.errno in (errno.ENOENT, errno.EINVAL):
             return None
         raise
 

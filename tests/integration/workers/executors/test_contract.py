@@ -575,6 +575,33 @@ def test_upload_skips_top_level_entries(target: Target, tmp_path: Path) -> None:
     assert (Path(remote) / "pkg" / "secret.env").read_text() == "nested is kept"
 
 
+def test_upload_copies_bytes_modes_times_and_links_as_they_are(
+    target: Target, tmp_path: Path
+) -> None:
+    """Each file's bytes, mode and modification time (to the second), a directory's
+    content, a link as a link (never followed); a FIFO or a socket is left out."""
+    source = tmp_path / "src"
+    (source / "bin").mkdir(parents=True)
+    (source / "bin" / "run.sh").write_text("#!/bin/sh\necho run\n")
+    (source / "bin" / "run.sh").chmod(0o755)
+    (source / "private.key").write_bytes(os.urandom(3 * 1024 * 1024 + 7))
+    (source / "private.key").chmod(0o600)
+    (source / "latest").symlink_to("bin/run.sh")
+    (source / "outside").symlink_to("/etc")
+    os.mkfifo(source / "pipe")
+    os.utime(source / "bin" / "run.sh", (1_700_000_000, 1_700_000_000))
+    remote = Path(target.run_dir("up"))
+    target.executor.upload(source, str(remote))
+    assert sorted(os.listdir(remote)) == ["bin", "latest", "outside", "private.key"]
+    for name in ("bin/run.sh", "private.key"):
+        sent, got = (source / name).stat(), (remote / name).stat()
+        assert (remote / name).read_bytes() == (source / name).read_bytes(), name
+        assert oct(got.st_mode & 0o7777) == oct(sent.st_mode & 0o7777), name
+        assert int(got.st_mtime) == int(sent.st_mtime), name
+    assert os.readlink(remote / "latest") == "bin/run.sh"
+    assert os.readlink(remote / "outside") == "/etc"
+
+
 def test_manifest_and_download_with_hostile_names(target: Target, tmp_path: Path) -> None:
     remote = target.workdir / "run"
     make_tree(remote)
