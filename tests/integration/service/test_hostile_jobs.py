@@ -18,6 +18,8 @@ cancels (`succeeded`). Per hostile run the test then checks:
 
 - it was never ended before its stop (a forged end is not an end);
 - its stop ended with the right state within proof + end + reconcile periods + 10 s
+  (and the cancel's wait for a process ignoring SIGTERM, for the cases that escape the
+  group);
   of being asked;
 - no process carrying its `RUNWARDEN_RUN_ID` is alive afterwards (bench/harness/processes.py);
 - the case's own point: the secrets reached the job exactly; the follow went on
@@ -59,6 +61,7 @@ from bench.harness.pipeline import CLOCKS, Pipeline, running_pipeline, ssh_targe
 from bench.harness.processes import job_processes
 from schemas import NotRunning, RunLimits, RunRecord, RunState, StopState
 from schemas.events import LaunchSpec
+from workers.executors.scripts import CANCEL_TERM_WAIT_S
 
 pytestmark = pytest.mark.slow
 
@@ -79,6 +82,16 @@ END_S = float(CLOCKS["RUNWARDEN_END_TIMEOUT_S"])
 RECONCILE_S = float(CLOCKS["RUNWARDEN_RECONCILE_S"])
 TICK_S = float(CLOCKS["RUNWARDEN_FOLLOW_POLL_S"])
 STOP_BUDGET_S = PROOF_S + END_S + RECONCILE_S + 10.0
+ESCAPE_BUDGET_S = STOP_BUDGET_S + CANCEL_TERM_WAIT_S
+"""The budget of the cases whose processes leave the job's group (`escape`): one of them
+ignores SIGTERM, and a cancel waits `CANCEL_TERM_WAIT_S` for such a process before its
+SIGKILL; the run's end is recorded once nothing of it is left, and the other cancels of
+the target wait for the worker processes these hold (the SSH campaign's two were 21.3 and
+21.4 s in a full run)."""
+
+
+def _budget(case: Case) -> float:
+    return ESCAPE_BUDGET_S if case.kind == "escape" else STOP_BUDGET_S
 HONEST_STALL_S = 8 * TICK_S
 """Longest time an honest run's progress or end may wait to be recorded here: the
 follow ticks share the workers with the stop and deadline tasks of every hostile
@@ -253,9 +266,9 @@ def _judge(pipeline: Pipeline, outcome: Outcome, alive: list[int], shadow_lines:
         outcome.stop_s = (run.ended - stop.asked_at).total_seconds()
         if outcome.stop_s < 0:
             outcome.problems.append(f"ended {-outcome.stop_s:.1f} s before its stop")
-        elif outcome.stop_s > STOP_BUDGET_S:
+        elif outcome.stop_s > _budget(outcome.case):
             outcome.problems.append(
-                f"its stop took {outcome.stop_s:.1f} s (budget {STOP_BUDGET_S:g} s)"
+                f"its stop took {outcome.stop_s:.1f} s (budget {_budget(outcome.case):g} s)"
             )
     if run.state is not RunState.CANCELLED:
         outcome.problems.append(f"ended {run.state} ({run.message}), not cancelled")
@@ -448,7 +461,7 @@ def test_a_hostile_job_s_stop_ends_cancelled_on_time_and_leaves_nothing(
     campaign: Campaign, case: Case, mode: str
 ) -> None:
     """The case's run was never ended before its stop; its stop ended `cancelled`
-    within proof + end + reconcile periods + 10 s; nothing of the job is alive; the
+    within proof + end + reconcile periods + 10 s (`_budget`); nothing of the job is alive; the
     case's own point holds (secrets exact, the follow past a bad metrics line)."""
     outcome = campaign.outcomes[(case.name, mode)]
     assert outcome.problems == [], f"{campaign.target} {case.name} ({mode}): {outcome}"
