@@ -118,8 +118,26 @@ def test_a_signal_to_the_whole_group_leaves_the_exit_code_to_the_job(
         assert "saved" in (Path(job.dir) / JOB_LOG).read_text()
 
 
+def _running(pgid: int, name: str) -> bool:
+    """Whether a process named `name` runs in the process group `pgid`."""
+    for entry in Path("/proc").iterdir():
+        try:
+            if (
+                entry.name.isdigit()
+                and os.getpgid(int(entry.name)) == pgid
+                and (entry / "comm").read_text().strip() == name
+            ):
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def test_the_code_of_a_job_killed_by_a_signal_names_it(executor: LocalExecutor) -> None:
     job = spawn(executor, "killed", "sleep 30")
+    # Once the job's command runs: a signal that comes between the fork of the job's
+    # shell and its exec is lost (a known gap, said in the closing note).
+    wait_for(lambda: _running(job.pid, "sleep"), 10)
     os.killpg(job.pid, signal.SIGTERM)
     assert ended(executor, job) == JobStatus.exited(143)
     end = parse_job_end((Path(job.dir) / END_FILE).read_bytes())
