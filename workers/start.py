@@ -41,9 +41,10 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Runs the process `argv` asks for until it is told to stop; returns its exit
     code."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
     if args.command == "worker" and args.concurrency < 1:
-        _parser().error("-c must be at least 1")
+        parser.error("-c must be at least 1")
     # Imported only now: a usage error costs no import of the app.
     from celery.utils.nodenames import default_nodename, host_format  # noqa: PLC0415
 
