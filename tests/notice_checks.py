@@ -14,6 +14,7 @@ __all__ = [
     "CLOUDS",
     "DASH_CURL",
     "POLL_S",
+    "SEEN_S",
     "SOME_ENVS",
     "SOURCES",
     "WATCHABLE",
@@ -24,6 +25,10 @@ __all__ = [
 ]
 
 POLL_S = 0.3
+SEEN_S = 2 * POLL_S + 3
+"""Longest wait for a notice to be acted on (`snapshot.request`, the notice file): a
+poll and the request's own time, which a loaded machine stretches (each poll runs
+the client and the parsing as processes: a CI run had a busybox-curl poll past 1.3 s)."""
 CLOUDS = ("aws", "gcp", "azure")
 CLIENT_NAMES = {"curl": "curl", "wget": "GNU wget", "busybox-wget": "busybox wget"}
 SOURCES = {"aws": "aws-spot", "gcp": "gcp-preempted", "azure": "azure-preempt"}

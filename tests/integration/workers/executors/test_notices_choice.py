@@ -26,6 +26,7 @@ from tests.notice_checks import (
     CLOUDS,
     DASH_CURL,
     POLL_S,
+    SEEN_S,
     SOME_ENVS,
     SOURCES,
     WATCHED_PATH,
@@ -65,7 +66,7 @@ def test_auto_picks_the_cloud_that_answers(root: Path, env: Env, cloud: str) -> 
             polling(fake, WATCHED_PATH[cloud])
             assert watch.state() == f"watching {cloud} with {CLIENT_NAMES[env.client]} (auto)"
             fake.notice_on()
-            assert wait_until(watch.request.exists, POLL_S + 1) is not None
+            assert wait_until(watch.request.exists, SEEN_S) is not None
             assert parse_notice(watch.notice.read_bytes()).source == SOURCES[cloud]
             settled(watch, fake)
     finally:
@@ -171,7 +172,7 @@ def test_hostile_fields_are_written_as_safe_json(root: Path, env: Env) -> None:
             watch.start("azure", {"azure": azure.url}, POLL_S)
             polling(azure, "/metadata/scheduledevents")
             azure.add_event("Preempt", NotBefore=EVIL * 10, EventStatus=EVIL)
-            assert wait_until(watch.request.exists, POLL_S + 1) is not None
+            assert wait_until(watch.request.exists, SEEN_S) is not None
             raw = watch.notice.read_bytes()
             notice = parse_notice(raw)
             assert len(raw) < 400
@@ -202,7 +203,7 @@ def test_hostile_aws_action_and_token(root: Path) -> None:
             polling(aws, WATCHED_PATH["aws"])
             aws.next_action = EVIL
             aws.notice_on()
-            assert wait_until(watch.request.exists, POLL_S + 1) is not None
+            assert wait_until(watch.request.exists, SEEN_S) is not None
             notice = parse_notice(watch.notice.read_bytes())
             # The action ends at its first '"', escaped in the body as \".
             assert notice.detail == "te\\"
@@ -288,7 +289,7 @@ def test_the_scratch_directory_is_private_to_one_watcher(root: Path) -> None:
             assert len(list(Path("/tmp").glob(f"rw-notice.{first.pid}.*"))) == 1
             assert len(list(Path("/tmp").glob(f"rw-notice.{second.pid}.*"))) == 1
             gcp.notice_on()
-            assert wait_until(watch.request.exists, POLL_S + 1) is not None
+            assert wait_until(watch.request.exists, SEEN_S) is not None
             first.wait(timeout=POLL_S + 2)
             second.wait(timeout=POLL_S + 2)
             assert (first.returncode, second.returncode) == (0, 0)
