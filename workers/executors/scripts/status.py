@@ -133,8 +133,9 @@ def cancel_script(job: JobId) -> Script:
       <name>`), SIGTERMs the group, waits up to 10 s, SIGKILLs it, waits up to 10 s
       for it to be gone (both waits by the clock where `/proc/uptime` tells it, so a
       loaded machine's slow naps never stretch them; each looks every 0.02 s for its
-      first 0.1 s, as a group mostly ends within milliseconds, then every 0.1 s); exit 5 with a message when it
-      survives (`cancelling` stays, and a later cancel retries);
+      first 0.1 s, as a group mostly ends within milliseconds, then every 0.1 s);
+      exit 5 with a message when it survives (`cancelling` stays, and a later cancel
+      retries);
     - then, when the job has a mark (`JobId.mark`), every process still carrying it
       (one that left the group: `setsid`, a daemon) gets SIGTERM, SIGKILL after
       10 s, and exit 5 when one survives 10 s more. A process that cleared or
