@@ -74,14 +74,26 @@ refuses a value of (`OPTIND`): a secret of one of these names would never reach 
 job as given."""
 
 
+_JOB_ENV_PREFIX: Final = "RUNWARDEN_"
+"""The prefix of the variables the service sets in a job's environment
+(`schemas.protocol`: its run id, mark, request and metrics paths)."""
+
+
 def check_secret_name(name: str) -> str:
     """Returns `name` when a secret may have it: an environment variable name
-    ([`check_env_name`]) that no shell sets by itself (not in [`SHELL_NAMES`]); else
-    raises `ValueError` naming it."""
+    ([`check_env_name`]) that no shell sets by itself (not in [`SHELL_NAMES`]) and not
+    one of the service's own (`RUNWARDEN_*`); else raises `ValueError` naming it."""
     check_env_name(name)
     if name in SHELL_NAMES:
         raise ValueError(
             f"a secret cannot be named {name}: the shells that start the job set it themselves"
+        )
+    if name.startswith(_JOB_ENV_PREFIX):
+        # Set last, it would replace the run's id or mark in its processes: a cancel
+        # would no longer find them, or would take them for another run's.
+        raise ValueError(
+            f"a secret cannot be named {name}: {_JOB_ENV_PREFIX}* are the service's own "
+            "variables of the job"
         )
     return name
 
@@ -130,9 +142,10 @@ class JobId(BaseModel):
     another time is another job's (the pid was reused): never this job's, never
     signalled for it (docs/protocol.md, "Status")."""
     mark: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$")] | None = None
-    """The value of `RUNWARDEN_RUN_ID` in the environment of every process of the job:
-    how cancel finds the processes that left the job's process group. None for a job
-    started without it (adopted)."""
+    """The run's mark, in the environment of every process of the job
+    (`schemas.protocol.mark_entry`: `RUNWARDEN_MARK`, or `RUNWARDEN_RUN_ID` for a run
+    launched before marks): how cancel finds the processes that left the job's process
+    group. None for a job started without it (adopted)."""
 
     @field_validator("dir")
     @classmethod

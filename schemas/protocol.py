@@ -8,6 +8,8 @@ Every name is relative to the run directory `<workdir>/<run_id>`.
 
 from __future__ import annotations
 
+import re
+import secrets
 from typing import Final
 
 __all__ = [
@@ -20,6 +22,8 @@ __all__ = [
     "FILTERED_ENV_PREFIXES",
     "JOBSIDE_DIR",
     "JOB_LOG",
+    "MARK_ENV",
+    "MARK_FORM",
     "MAX_TAIL_READ",
     "METRICS_ENV",
     "METRICS_FILE",
@@ -35,6 +39,8 @@ __all__ = [
     "SECRET_ENV_PREFIX",
     "SNAPSHOT_FILE",
     "SNAPSHOT_REQUEST",
+    "mark_entry",
+    "new_mark",
 ]
 
 JOB_LOG: Final = "job.log"
@@ -81,7 +87,31 @@ NOTICE_PID_FILE: Final = f"{JOBSIDE_DIR}/notice.pid"
 # a test pins that they agree.
 
 RUN_ID_ENV: Final = "RUNWARDEN_RUN_ID"
-"""The job's variable holding its run id (also how cancel finds the run's processes)."""
+"""The job's variable holding its run id (the mark of a run launched before
+[`MARK_ENV`])."""
+MARK_ENV: Final = "RUNWARDEN_MARK"
+"""The job's variable holding its run's mark ([`new_mark`]): how cancel, the job's
+wrapper and a launch whose spawn answer was lost find the run's processes. A random
+token per run, never the run id alone: two services on one machine may give two runs
+the same id, and one's cancel must never sweep the other's job."""
+MARK_FORM: Final = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
+"""What a mark may be (`JobId.mark`): a token of [`new_mark`], or a run id."""
+_TOKEN: Final = re.compile(r"[0-9a-f]{32}")
+
+
+def new_mark() -> str:
+    """A fresh run mark: 32 random hexadecimal digits (128 bits)."""
+    return secrets.token_hex(16)
+
+
+def mark_entry(mark: str) -> str:
+    """The exact environment entry that carries `mark` in a run's processes:
+    `RUNWARDEN_MARK=<mark>` for a mark made by [`new_mark`]; `RUNWARDEN_RUN_ID=<mark>`
+    for any other (a run id: the mark of a run launched before marks, which has no
+    `-` free 32-digit hex form)."""
+    return f"{MARK_ENV if _TOKEN.fullmatch(mark) else RUN_ID_ENV}={mark}"
+
+
 REQUEST_ENV: Final = "RUNWARDEN_SNAPSHOT_REQUEST"
 """The job's variable holding the absolute path of `snapshot.request`."""
 METRICS_ENV: Final = "RUNWARDEN_METRICS"

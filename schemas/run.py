@@ -135,6 +135,10 @@ class RunRecord(BaseModel):
     created: datetime
     remote_dir: str
     job: JobId | None = None
+    mark: Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")] | None = None
+    """The run's own token (`schemas.protocol.new_mark`), carried as `RUNWARDEN_MARK`
+    by every process of its job; None for an adopted run and one launched before
+    marks (its id is its mark then: [`job_mark`])."""
     state: RunState = RunState.PREPARING
     message: str | None = None
     snapshot: Snapshot | None = None
@@ -177,6 +181,11 @@ class RunRecord(BaseModel):
     preemption_mode: PreemptionMode | None = None
     """The run's own `--preemption` (`LaunchSpec.preemption`), kept for its resumes and
     continuations; None: it took its target's setting."""
+
+    @property
+    def job_mark(self) -> str:
+        """The mark the run's processes carry: its token, else its id."""
+        return self.mark if self.mark is not None else self.id
 
     @field_validator("remote_dir")
     @classmethod

@@ -65,8 +65,8 @@ def find_job(executor: Executor, run_dir: str, mark: str | None = None) -> JobId
     """The job started in `run_dir`, or None when there is none (or its `job.pid`
     holds no valid pid).
 
-    With the run's `mark` (its id: every process of the job carries
-    `RUNWARDEN_RUN_ID=<id>`), the job is first looked for among the target's
+    With the run's mark (`RunRecord.job_mark`: every process of the job carries it,
+    `schemas.protocol.mark_entry`), the job is first looked for among the target's
     processes (`find_marked_job`): found so, it has its leader's start time and its
     mark, as the spawn would have answered, so its status and cancel never trust its
     files (a job may rewrite `job.pid`, forge `exit_code`, put a link in place of

@@ -40,6 +40,7 @@ from schemas.idempotency import new_launch_key
 from schemas.policy import deadline_request_after_s
 from schemas.protocol import (
     JOBSIDE_DIR,
+    MARK_ENV,
     METRICS_ENV,
     METRICS_FILE,
     PID_FILE,
@@ -47,6 +48,7 @@ from schemas.protocol import (
     RESUME_ENV,
     RUN_ID_ENV,
     SNAPSHOT_REQUEST,
+    new_mark,
 )
 from schemas.run import ADOPTED_COMMAND, check_resumable
 
@@ -149,6 +151,7 @@ def _claim(
             preemption=watched(ctx, spec),
             preemption_mode=spec.preemption,
             wait_for_all=spec.wait_for_all,
+            mark=new_mark(),
         )
         if ctx.store.create_run(record, key=key, replaces=replaces):
             try:
@@ -227,7 +230,7 @@ def _launch(ctx: Context, spec: LaunchSpec, now: datetime, key: str, lease: Leas
             message = f"the run directory {run.remote_dir} is claimed by another"
             _record_failed(ctx, run.id, f"launch failed: {message}")
             raise LaunchError(message)
-        job = find_job(executor, run.remote_dir, run.id)
+        job = find_job(executor, run.remote_dir, run.job_mark)
         if job is not None:
             return follow_found(ctx, executor, run, job, "its launch came again")
         log.warning("run %s: its launch came again before its job started: going on", run.id)
@@ -271,6 +274,7 @@ def _prepare(
         env = {
             "PYTHONPATH": f"{run_dir}/{JOBSIDE_DIR}",
             RUN_ID_ENV: run.id,
+            **({} if run.mark is None else {MARK_ENV: run.mark}),
             REQUEST_ENV: f"{run_dir}/{SNAPSHOT_REQUEST}",
             METRICS_ENV: f"{run_dir}/{METRICS_FILE}",
         }
@@ -314,7 +318,7 @@ def _spawn(ctx: Context, executor: Executor, run: RunRecord, command: JobCommand
         raise
     except ExecError as error:
         try:
-            job = _job_after_spawn(executor, run.remote_dir, began, run.id)
+            job = _job_after_spawn(executor, run.remote_dir, began, run.job_mark)
         except ExecError as unread:
             log.error(
                 "run %s: spawn failed (%s) and the run directory cannot be read (%s): left "
@@ -330,7 +334,7 @@ def _spawn(ctx: Context, executor: Executor, run: RunRecord, command: JobCommand
     except Exception as error:
         text = str(error) or type(error).__name__
         try:
-            job = find_job(executor, run.remote_dir, run.id)
+            job = find_job(executor, run.remote_dir, run.job_mark)
             if job is not None:
                 executor.cancel(job)
         except ExecError:

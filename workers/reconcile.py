@@ -140,7 +140,7 @@ def _settle(ctx: Context, run_id: str, key: str | None, unreachable: set[str]) -
             executor = ctx.executor(run.target)
             job = None
             if claimed(executor, run, key):
-                job = find_job(executor, run.remote_dir, run.id)
+                job = find_job(executor, run.remote_dir, run.job_mark)
             if job is not None:
                 follow_found(ctx, executor, run, job, "its launch's worker died after the spawn")
                 return True

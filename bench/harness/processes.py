@@ -21,6 +21,7 @@ __all__ = [
     "children",
     "descends_from_this_process",
     "job_processes",
+    "processes_carrying",
     "read_proc",
     "trainers",
 ]
@@ -65,7 +66,13 @@ def children(pid: int) -> list[int]:
 def job_processes(run_id: str) -> list[int]:
     """Live processes whose environment holds `RUNWARDEN_RUN_ID=<run_id>` (a zombie's
     environment reads empty)."""
-    needle = f"RUNWARDEN_RUN_ID={run_id}".encode()
+    return processes_carrying(f"RUNWARDEN_RUN_ID={run_id}")
+
+
+def processes_carrying(entry: str) -> list[int]:
+    """Live processes started from this one whose environment holds the exact `entry`
+    (`NAME=value`; a zombie's environment reads empty)."""
+    needle = entry.encode()
     return [
         p
         for p in _pids()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Final
 
-from schemas.protocol import RUN_ID_ENV
+from schemas.protocol import MARK_FORM, mark_entry
 
 from .base import Executor
 from .errors import InvalidArgument, ProtocolError
@@ -17,7 +17,6 @@ from .scripts.common import Script, sh
 
 __all__ = ["find_marked_job", "marked_job_script", "parse_marked_job"]
 
-_MARK: Final = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
 _ANSWER: Final = re.compile(r"([0-9]{1,10}) ([0-9]{1,20})")
 
 
@@ -33,9 +32,9 @@ def marked_job_script(mark: str) -> Script:
     Raises:
         InvalidArgument: for a mark that is not a run id.
     """
-    if _MARK.fullmatch(mark) is None:
+    if MARK_FORM.fullmatch(mark) is None:
         raise InvalidArgument(f"invalid mark {mark[:80]!r}")
-    return Script(sh("group", "sweep", "marked"), (f"{RUN_ID_ENV}={mark}",))
+    return Script(sh("group", "sweep", "marked"), (mark_entry(mark),))
 
 
 def parse_marked_job(output: bytes) -> tuple[int, int] | None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import posixpath
-import re
 import secrets as _secrets
 import tarfile
 import time
@@ -29,7 +28,7 @@ from schemas import (
 )
 from schemas.doctor import CLOCK_SKEW_WARN_S
 from schemas.policy import DISK_USED_LIMIT, DiskSample
-from schemas.protocol import RUN_ID_ENV
+from schemas.protocol import MARK_ENV, MARK_FORM, RUN_ID_ENV
 
 from . import scripts
 from .digest import Charge, FileDigest, parse_manifest
@@ -78,10 +77,6 @@ def cancel_deadline_s(job: JobId) -> float:
     """The deadline of `job`'s cancel script, in seconds: [`CANCEL_DEADLINE_S`], plus
     [`CONTAINER_STOP_S`] for a job in a container."""
     return CANCEL_DEADLINE_S + (CONTAINER_STOP_S if job.container is not None else 0.0)
-
-
-_MARK: Final = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
-"""A `RUNWARDEN_RUN_ID` that can be a job's mark (`JobId.mark`): a run id."""
 
 
 def check_remote(path: str) -> str:
@@ -200,7 +195,7 @@ class ScriptExecutor:
         _checked(result, "spawn")
         text = result.stdout.decode("utf-8", "replace").strip()
         words = text.split()
-        mark = job.env.get(RUN_ID_ENV)
+        mark = job.env.get(MARK_ENV, job.env.get(RUN_ID_ENV))
         try:
             if not 1 <= len(words) <= 2:
                 raise ValueError("one pid and an optional start time")
@@ -209,7 +204,7 @@ class ScriptExecutor:
                 pid=int(words[0]),
                 container=job.container,
                 start=int(words[1]) if len(words) == 2 else None,
-                mark=mark if mark is not None and _MARK.fullmatch(mark) else None,
+                mark=mark if mark is not None and MARK_FORM.fullmatch(mark) else None,
             )
         except (ValueError, ValidationError) as error:
             raise ProtocolError(f"spawn answered pid {text[:40]!r}") from error

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness.processes import job_processes
+from bench.harness.processes import job_processes, processes_carrying
 from schemas import JobCommand, JobStatus
-from schemas.protocol import EXIT_FILE, PID_FILE
+from schemas.protocol import EXIT_FILE, MARK_ENV, PID_FILE, RUN_ID_ENV, new_mark
 from workers.executors import ProtocolError
 from workers.find_job import find_job
 
@@ -79,3 +79,44 @@ def test_a_job_that_ended_is_found_by_its_job_pid_and_keeps_its_mark(target: Tar
     assert job is not None
     assert (job.pid, job.start, job.mark) == (spawned.pid, None, mark)
     assert target.executor.status(job) == JobStatus.exited(4)
+
+
+ESCAPING = """PATH=/usr/bin:/bin
+setsid sh -c 'while :; do sleep 1; done' </dev/null >/dev/null 2>&1 &
+while :; do sleep 1; done
+"""
+
+
+def test_two_runs_of_one_id_are_told_apart_by_their_marks(target: Target) -> None:
+    """Two services on one machine gave two runs the same id in the same second: each
+    job carries its own mark (`RUNWARDEN_MARK`, random per run), so finding one never
+    finds the other, and cancelling one (its group, then every process carrying its
+    mark: here a loop in a session of its own) leaves the other whole. With the run id
+    as the mark (before marks), that cancel swept both escaped loops."""
+    run_id = "20261202-010000-abcde-same"
+    marks = {name: new_mark() for name in ("one", "two")}
+    jobs = {}
+    for name, mark in marks.items():
+        run_dir = target.run_dir(f"{name}-{run_id}")
+        jobs[name] = target.executor.spawn(
+            JobCommand(dir=run_dir, script=ESCAPING, env={RUN_ID_ENV: run_id, MARK_ENV: mark})
+        )
+        assert jobs[name].mark == mark
+    carrying = {name: f"{MARK_ENV}={mark}" for name, mark in marks.items()}
+    # Each: the wrapper, the job's shell, the escaped loop (and their sleeps).
+    wait_for(lambda: all(len(processes_carrying(e)) >= 3 for e in carrying.values()), 10)
+    assert len(job_processes(run_id)) >= 6  # one id: both runs' processes
+
+    for name, mark in marks.items():
+        found = find_job(target.executor, jobs[name].dir, mark)
+        assert found is not None
+        assert (found.pid, found.start) == (jobs[name].pid, jobs[name].start)
+
+    target.executor.cancel(jobs["one"])
+    assert target.executor.status(jobs["one"]) is JobStatus.CANCELLED
+    assert processes_carrying(carrying["one"]) == []
+    assert len(processes_carrying(carrying["two"])) >= 3  # untouched, its escaped loop too
+    assert target.executor.status(jobs["two"]) is JobStatus.RUNNING
+
+    target.executor.cancel(jobs["two"])
+    assert processes_carrying(carrying["two"]) == []

@@ -4,6 +4,7 @@ overbrainer's serde types (docs/protocol.md), and `JobCommand`'s checks."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ from pydantic import SecretStr, ValidationError
 from schemas import Container, JobCommand, JobId, JobStatus, check_pid, check_secret_name
 from schemas.events import LaunchSpec
 from schemas.job import SHELL_NAMES
+from schemas.protocol import MARK_FORM, mark_entry, new_mark
 
 # --- JobId and Container, shared with overbrainer's serde types -------------------
 
@@ -252,3 +254,25 @@ def test_a_secret_a_shell_sets_by_itself_is_refused_naming_why(name: str) -> Non
         LaunchSpec(target="t", command="true", secrets=(name,))
     assert JobCommand(dir="/w/r", script="true", env={name: "x"}).env == {name: "x"}
     assert check_secret_name(f"{name}_") == f"{name}_"
+
+
+@pytest.mark.parametrize("name", ["RUNWARDEN_RUN_ID", "RUNWARDEN_MARK", "RUNWARDEN_X"])
+def test_a_secret_named_as_the_service_s_own_variables_is_refused(name: str) -> None:
+    """Set last, a secret `RUNWARDEN_MARK` (or any `RUNWARDEN_*`) would replace the run's
+    mark or id in its processes: its cancel would miss them, or another run's take them."""
+    message = f"a secret cannot be named {name}: RUNWARDEN_\\* are the service's own"
+    with pytest.raises(ValidationError, match=message):
+        LaunchSpec(target="t", command="true", secrets=(name,))
+    with pytest.raises(ValidationError, match=message):
+        JobCommand(dir="/w/r", script="true", secrets={name: SecretStr("x")})
+
+
+def test_a_mark_s_entry_names_its_variable_by_its_form() -> None:
+    """A token (`new_mark`) is carried as `RUNWARDEN_MARK`; a run id (the mark of a run
+    launched before marks) as `RUNWARDEN_RUN_ID`."""
+    mark = new_mark()
+    assert re.fullmatch(r"[0-9a-f]{32}", mark)
+    assert mark != new_mark()
+    assert mark_entry(mark) == f"RUNWARDEN_MARK={mark}"
+    assert mark_entry("20261202-010000-abcde") == "RUNWARDEN_RUN_ID=20261202-010000-abcde"
+    assert MARK_FORM.fullmatch(mark)

@@ -6,6 +6,7 @@ processes: tests/integration/test_launch_once.py."""
 
 from __future__ import annotations
 
+import re
 import threading
 from datetime import timedelta
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 
 from schemas import JobStatus, RunRecord, RunState, StoreError
 from schemas.events import LaunchSpec
-from schemas.protocol import CLAIM_FILE, PID_FILE
+from schemas.protocol import CLAIM_FILE, MARK_ENV, PID_FILE, RUN_ID_ENV
 from workers import launch as launching
 from workers import reconcile
 from workers.errors import LaunchError
@@ -72,6 +73,21 @@ def test_a_launch_maps_its_key_claims_for_it_and_follows(tmp_path: Path) -> None
     assert ex.uploads[0] == (record.remote_dir, PROTOCOL_FILES)
     assert ex.pid_of(record.remote_dir) != 999999
     assert ctx.store.locks.lock("launch:k1", "next", 1.0)  # released
+
+
+def test_each_run_has_a_mark_of_its_own_in_its_job_s_environment() -> None:
+    """A run's processes carry its id and its own random mark (`RUNWARDEN_MARK`), which
+    is what a cancel sweeps by: two runs never share one, whatever their ids."""
+    ex = FakeExecutor()
+    ctx = fake_context(ex)
+    runs = [launching.launch(ctx, SPEC.model_copy(update={"key": k}), T0) for k in ("a", "b")]
+    assert [job.env[RUN_ID_ENV] for job in ex.spawned] == [run.id for run in runs]
+    marks = [job.env[MARK_ENV] for job in ex.spawned]
+    assert marks == [run.mark for run in runs] == [run.job_mark for run in runs]
+    assert len(set(marks)) == 2
+    assert all(re.fullmatch(r"[0-9a-f]{32}", mark) for mark in marks)
+    legacy = runs[0].model_copy(update={"mark": None})
+    assert legacy.job_mark == legacy.id  # a run recorded before marks
 
 
 def test_the_same_key_again_returns_its_run_and_starts_nothing() -> None:

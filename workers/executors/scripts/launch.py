@@ -10,7 +10,14 @@ import secrets as _secrets
 from collections.abc import Mapping, Sequence
 from typing import Final
 
-from schemas.protocol import CANCELLING_FILE, JOBSIDE_DIR, RUN_ID_ENV
+from schemas.protocol import (
+    CANCELLING_FILE,
+    JOBSIDE_DIR,
+    MARK_ENV,
+    MARK_FORM,
+    RUN_ID_ENV,
+    mark_entry,
+)
 
 from ..errors import InvalidArgument
 from .common import Script, sh
@@ -47,7 +54,6 @@ WAIT_ALL_POLL_S: Final = 1
 """How often the wrapper of a `wait_for_all` job looks for the run's processes left,
 in seconds."""
 
-_MARK: Final = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
 _BUILTINS: Final = frozenset(
     """! . : [ [[ ]] { } alias autoload bg bind break builtin caller case cd chdir command
     compgen complete compopt continue coproc declare dirs disown do done echo elif else
@@ -147,7 +153,7 @@ def wrapper_script(
     cancelled, not `exited 143`. Its own error output goes nowhere (a shell reports
     a child killed by a signal, which is not the job's output); the job's goes to
     `job.log`."""
-    entry = f"{RUN_ID_ENV}={mark}" if mark is not None else ""
+    entry = mark_entry(mark) if mark is not None else ""
     job = job_shell_script(dir, script)
     # Two looks a second: each reads every process's stat and environment.
     args = (
@@ -291,11 +297,11 @@ def launcher_script(
             word that is `--` (a secret's name, a run directory) or one holding a
             NUL byte.
     """
-    mark = env.get(RUN_ID_ENV)
+    mark = env.get(MARK_ENV, env.get(RUN_ID_ENV))
     wrapper = wrapper_script(
         dir,
         script,
-        mark=mark if mark is not None and _MARK.fullmatch(mark) else None,
+        mark=mark if mark is not None and MARK_FORM.fullmatch(mark) else None,
         wait_for_all=wait_for_all,
     )
     dog = watchdog_script(dir, *watchdog) if watchdog is not None else Script("")

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from schemas import JobId, JobStatus
-from schemas.protocol import RUN_ID_ENV
+from schemas.protocol import mark_entry
 
 from ..errors import ProtocolError
 from .common import TICKS_PER_S, Script, check_job_pid, sh, start_arg
@@ -153,7 +153,7 @@ def cancel_script(job: JobId) -> Script:
         engine, name = job.container.engine, job.container.name
     entry = mark = ""
     if job.mark is not None:
-        entry, mark = f"{RUN_ID_ENV}={job.mark}", job.mark
+        entry, mark = mark_entry(job.mark), job.mark
     args = (
         job.dir,
         str(check_job_pid(job)),
