@@ -14,6 +14,7 @@ from pydantic import BaseModel, SecretStr
 
 from schemas import (
     Artifacts,
+    InvalidPath,
     NotFound,
     NotResumable,
     RunError,
@@ -358,8 +359,18 @@ class Runwarden:
         with it defines targets (a worker refuses any other record).
 
         Raises:
+            InvalidPath: an upload root holds, or is inside, this service's state or
+                secrets directory (its launches would be refused anyway: an upload of
+                it would copy every producer's key into a run directory).
             SecretsError: this client has no operator key.
         """
+        for root in config.upload_roots:
+            kept = self.settings.guarded_by(root)
+            if kept is not None:
+                raise InvalidPath(
+                    f"upload root {root} holds or is inside {kept}, which is never "
+                    "uploaded: give the directory of your projects alone"
+                )
         data = config.model_dump(mode="json")
         signature = sign_target(config.name, data, self._key(OPERATOR))
         self.store.put_target(config.name, data, signature)

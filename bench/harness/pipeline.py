@@ -311,6 +311,12 @@ class Pipeline:
         self.beat = None
 
 
+def state_dir_of(tmp: Path) -> Path:
+    """The state directory of the pipeline in `tmp`: beside it, never inside the upload
+    root `tmp` (`Runwarden.add_target` refuses a root holding it)."""
+    return tmp.parent / f"{tmp.name}.state"
+
+
 @contextmanager
 def running_pipeline(
     tmp: Path,
@@ -335,7 +341,7 @@ def running_pipeline(
     env.update(CLOCKS)
     env.update(extra_env or {})
     env["RUNWARDEN_REDIS_URL"] = redis.url
-    env["RUNWARDEN_STATE_DIR"] = str(tmp / "state")
+    env["RUNWARDEN_STATE_DIR"] = str(state_dir_of(tmp))
     env["PYTHONPATH"] = str(ROOT)
     fields: dict[str, Any] = {
         k.removeprefix("RUNWARDEN_").lower(): v
@@ -348,7 +354,8 @@ def running_pipeline(
     api = Runwarden(settings)
     workdir = tmp / "work"
     workdir.mkdir()
-    # As an operator would: uploads from the test's own directory only.
+    # As an operator would: uploads from the test's own directory only (the state
+    # directory is beside it: a root holding it is refused).
     api.add_target(
         TargetConfig(name="local", kind="local", workdir=str(workdir), upload_roots=(str(tmp),))
     )

@@ -46,6 +46,7 @@ from schemas import (
     SshOptions,
     StopState,
     TargetConfig,
+    UnknownTarget,
     validate_run_id,
 )
 
@@ -366,6 +367,24 @@ def test_targets_add_ls_rm(pipeline: Pipeline, tmp_path: Path) -> None:
     names = {t["name"] for t in as_json(rw(pipeline, "targets", "ls", "--json"))}  # type: ignore[attr-defined]
     assert "local" in names
     assert not names & {"gpu", "gpu2", "scratch", "mine", "spot"}
+
+
+def test_targets_add_refuses_an_upload_root_holding_or_inside_the_state(
+    pipeline: Pipeline,
+) -> None:
+    """An upload root that holds the state or secrets directory (`--upload-root ~` with
+    the default state directory), or is inside one, is refused when the target is
+    added, saying why: every launch from it would be refused, and an upload of it
+    would copy every producer's key into a run directory."""
+    settings = pipeline.api.settings
+    state = settings.state_dir
+    add = ("targets", "add", "t", "--workdir", "/srv", "--upload-root")
+    for root in (state.parent, state, settings.secrets.path / "sub"):
+        refused(rw(pipeline, *add, str(root)), 2, "which is never uploaded")
+        with pytest.raises(UnknownTarget):
+            pipeline.api.store.get_target("t")
+    ok(rw(pipeline, *add, str(pipeline.tmp)))
+    assert ok(rw(pipeline, "targets", "rm", "t")).strip() == "removed target t"
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness.pipeline import CLOCKS, Pipeline, running_pipeline, toy
+from bench.harness.pipeline import CLOCKS, Pipeline, running_pipeline, state_dir_of, toy
 from bench.harness.webhook_receiver import Receiver, receiver, silent_listener
 from schemas import RunLimits, RunState
 from schemas.events import LaunchSpec
@@ -45,7 +45,7 @@ def got() -> Iterator[Receiver]:
 @pytest.fixture
 def pipeline(tmp_path: Path, got: Receiver) -> Iterator[Pipeline]:
     # ops's secret in the secrets directory the pipeline's processes use.
-    SecretsDir(tmp_path / "state" / "secrets").ensure("webhook.ops.secret", SECRET)
+    SecretsDir(state_dir_of(tmp_path) / "secrets").ensure("webhook.ops.secret", SECRET)
     with silent_listener() as hang_url:
         hooks = [
             {"name": "ops", "url": f"{got.url}/ops", "backoff_s": 1, "attempts": 5},
