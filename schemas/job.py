@@ -146,18 +146,28 @@ class JobId(BaseModel):
     (`schemas.protocol.mark_entry`: `RUNWARDEN_MARK`, or `RUNWARDEN_RUN_ID` for a run
     launched before marks): how cancel finds the processes that left the job's process
     group. None for a job started without it (adopted)."""
+    cgroup: str | None = None
+    """The run's cgroup v2 directory on the target (`JobCommand.cgroup`), which holds
+    every process of the job, whatever session or environment it made itself: a
+    cancel ends them all through it. None: the job is not contained (the target
+    cannot create one, or the job was adopted)."""
 
     @field_validator("dir")
     @classmethod
     def _dir(cls, value: str) -> str:
         return check_absolute_path(value)
 
+    @field_validator("cgroup")
+    @classmethod
+    def _cgroup(cls, value: str | None) -> str | None:
+        return None if value is None else check_absolute_path(value)
+
     @model_serializer(mode="wrap")
     def _compact(self, handler: Any) -> Any:
         # Without them, the JSON is overbrainer's shape to the byte.
         data = handler(self)
         if isinstance(data, dict):
-            for name in ("start", "mark"):
+            for name in ("start", "mark", "cgroup"):
                 if data.get(name) is None:
                     data.pop(name, None)
         return data
@@ -216,11 +226,15 @@ class JobCommand(BaseModel):
     group, every process carrying its mark) are ended (SIGTERM, SIGKILL after 10 s)
     before its exit code is written; True, the exit code is written only once none
     is left, and the job runs until then (docs/protocol.md, "Spawn")."""
+    cgroup: str | None = None
+    """A cgroup v2 directory (absolute, not existing yet) the launcher creates and
+    enters before it starts the job, so every process of the job is in it; None: no
+    cgroup (docs/protocol.md, "Containment")."""
 
-    @field_validator("dir")
+    @field_validator("dir", "cgroup")
     @classmethod
-    def _dir(cls, value: str) -> str:
-        return check_absolute_path(value)
+    def _dir(cls, value: str | None) -> str | None:
+        return None if value is None else check_absolute_path(value)
 
     @field_validator("script")
     @classmethod

@@ -65,6 +65,10 @@ class Settings(BaseSettings):
     producer: str = "operator"
     """The producer this process signs its messages as (`schemas.auth`); its key is
     `producer.<name>.key` in the secrets directory."""
+    cgroups: bool = True
+    """Contain each run in a cgroup v2 directory of its own wherever the worker can make
+    one (`workers.cgroups`); 0: never (a run is then tracked by its process group and
+    its mark alone)."""
     secrets_from_env: bool = False
     """Also take a job's secret `NAME` from the worker's environment variable
     `RUNWARDEN_SECRET_<NAME>` when the secrets directory has none: compatibility only,

@@ -21,12 +21,37 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from schemas import TargetConfig
 from schemas.doctor import DoctorCheck, DoctorReport
 
+from .cgroups import CGROUP_PARENT, containment, hierarchy
 from .context import Context
 from .executors import ExecError
 
 __all__ = ["doctor"]
+
+
+def _containment_check(config: TargetConfig, ctx: Context) -> DoctorCheck:
+    """Whether this worker contains each run of the target in a cgroup of its own
+    (`workers.cgroups`), or why not, and what that leaves open."""
+    why = containment(config, ctx.settings)
+    if why is None:
+        root = hierarchy()
+        return DoctorCheck(
+            name="cgroup",
+            status="ok",
+            found=f"a cgroup v2 per run under {root}/{CGROUP_PARENT}",
+            breaks="",
+        )
+    return DoctorCheck(
+        name="cgroup",
+        status="warn",
+        found=f"none: {why}",
+        breaks=(
+            "containment: a process of a run that leaves its session and clears its "
+            "environment (`setsid env -i`) outlives the run's cancel"
+        ),
+    )
 
 
 def doctor(ctx: Context, target: str, now: datetime) -> DoctorReport:
@@ -46,6 +71,7 @@ def doctor(ctx: Context, target: str, now: datetime) -> DoctorReport:
             disk_used_fraction=ctx.settings.disk_used_fraction
         )
         checks, clock = findings.checks, findings.clock
+        checks = (*checks, _containment_check(config, ctx))
     except ExecError as error:
         found = " ".join(str(error).split())[:500] or type(error).__name__
         checks = (

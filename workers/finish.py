@@ -28,6 +28,7 @@ from .context import Context, utcnow
 from .executors import ExecError, Executor, ProtocolError
 from .job_end import read_job_end
 from .notify import emit
+from .stops import cancelling_now
 
 log = logging.getLogger("runwarden")
 
@@ -93,6 +94,19 @@ def judge_proofs(
     return judged
 
 
+def _release(ctx: Context, executor: Executor, run: RunRecord) -> None:
+    """Ends what is left of the run's job in its cgroup before its end is recorded
+    (`Executor.release`), unless a cancel is under way: that one ends the cgroup
+    itself, each process with its SIGTERM and grace. A failure is logged, never in
+    the way of the end."""
+    if run.job is None or run.job.cgroup is None or cancelling_now(ctx, run.id):
+        return
+    try:
+        executor.release(run.job)
+    except ExecError as error:
+        log.warning("run %s: its cgroup could not be emptied: %s", run.id, error)
+
+
 def finish(
     ctx: Context,
     run: RunRecord,
@@ -115,6 +129,7 @@ def finish(
     proved = read_proof(executor, run, proof)
     seen = utcnow()  # the proof read was there by now
     outcome = decide_outcome(status, proved, read_job_end(executor, run, status, job_end))
+    _release(ctx, executor, run)
     note = f"the run ended {outcome.state}"
     stop = ctx.store.get_stop(run.id)  # read before the end closes it: its save time
     try:

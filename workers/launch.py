@@ -52,6 +52,7 @@ from schemas.protocol import (
 )
 from schemas.run import ADOPTED_COMMAND, check_resumable
 
+from .cgroups import run_cgroup
 from .context import Context
 from .errors import LaunchError, RetrievalError
 from .executors import (
@@ -291,6 +292,7 @@ def _prepare(
             ),
             watchdog_poll_s=ctx.settings.watchdog_poll_s,
             wait_for_all=spec.wait_for_all,
+            cgroup=run_cgroup(ctx.target(run.target), run, ctx.settings),
             **notice_command(ctx, run),
         )
     except Exception as error:

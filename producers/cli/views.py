@@ -133,7 +133,7 @@ def show(
     if run.artifacts is not None:
         line = artifacts_line(run.artifacts)
         out.print(f"[bold]{'artifacts':12}[/] {escape(line)}", highlight=False, soft_wrap=True)
-    for label, text in _preemption_lines(run):
+    for label, text in [*_containment_lines(run), *_preemption_lines(run)]:
         out.print(f"[bold]{label:12}[/] {escape(text)}", highlight=False, soft_wrap=True)
     progress = run_op(lambda: api.store.last_metrics(run.id))
     if progress is not None:
@@ -159,6 +159,17 @@ def show(
 
         out.print("[bold]ledger[/]")
         out.print(ledger_table(ledger, with_run=False))
+
+
+def _containment_lines(run: RunRecord) -> list[tuple[str, str]]:
+    """Whether every process of the run's job is held by a cgroup (`JobId.cgroup`),
+    with its label; nothing for a run without a job."""
+    if run.job is None:
+        return []
+    if run.job.cgroup is not None:
+        return [("contained", f"yes: every process of its job is in the cgroup {run.job.cgroup}")]
+    why = f"`runwarden doctor {run.target}` says why"
+    return [("contained", f"no: its processes are known by their group and mark only ({why})")]
 
 
 def _preemption_lines(run: RunRecord) -> list[tuple[str, str]]:

@@ -120,6 +120,18 @@ class Executor(Protocol):
         """
         ...
 
+    def release(self, job: JobId) -> None:
+        """Ends what is left of the finished `job` in its cgroup (`JobId.cgroup`) at
+        once, SIGTERM then `cgroup.kill` 0.1 s later (its wrapper gave every process
+        it could find SIGTERM and 10 s; what is left hid from it), and removes the
+        cgroup. Nothing for a job without one.
+
+        Raises:
+            CommandError: something survived SIGKILL for 5 s.
+            ExecError: the target cannot be reached.
+        """
+        ...
+
     def download(
         self,
         remote: str,

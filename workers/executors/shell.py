@@ -138,6 +138,7 @@ def launcher_for(job: JobCommand, secret_names: Sequence[str]) -> scripts.Script
         watchdog,
         notice_watcher=watcher,
         wait_for_all=job.wait_for_all,
+        cgroup=job.cgroup,
     )
 
 
@@ -205,6 +206,7 @@ class ScriptExecutor:
                 container=job.container,
                 start=int(words[1]) if len(words) == 2 else None,
                 mark=mark if mark is not None and MARK_FORM.fullmatch(mark) else None,
+                cgroup=job.cgroup,
             )
         except (ValueError, ValidationError) as error:
             raise ProtocolError(f"spawn answered pid {text[:40]!r}") from error
@@ -252,6 +254,12 @@ class ScriptExecutor:
             timeout_s=cancel_deadline_s(job),
         )
         _checked(result, "cancel")
+
+    def release(self, job: JobId) -> None:
+        if job.cgroup is None:
+            return
+        script = scripts.release_script(job.cgroup)
+        _checked(self._transport.run(script.text, action="release", args=script.args), "release")
 
     def download(
         self,

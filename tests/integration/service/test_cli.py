@@ -49,6 +49,7 @@ from schemas import (
     UnknownTarget,
     validate_run_id,
 )
+from workers.cgroups import CGROUP_PARENT, hierarchy
 
 from ...conftest import JOBSIDE, ROOT, TOY_TRAINER
 
@@ -515,9 +516,13 @@ def test_runs_json_lists_run_records(pipeline: Pipeline, running: Launched) -> N
     assert item["target"] == "local"
     assert item["state"] == "running"
     assert run.job is not None
+    assert run.mark is not None
+    assert item["mark"] == run.mark != run.id  # its own token, never its id alone
     assert item["job"] == {
         "dir": run.remote_dir, "pid": run.job.pid, "container": None,
-        "start": run.job.start, "mark": run.id,
+        "start": run.job.start, "mark": run.mark,
+        # Root, on this machine's cgroup v2 hierarchy: the run is contained.
+        "cgroup": f"{hierarchy()}/{CGROUP_PARENT}/{run.mark}",
     }  # fmt: skip
     assert item["remote_dir"] == str(pipeline.workdir / running.run_id)
     assert item["command"] == shlex.join(TOY)
@@ -545,6 +550,7 @@ def test_show(pipeline: Pipeline, running: Launched) -> None:
     assert fields["target"] == "local"
     assert "/100000 loss " in fields["progress"]
     assert "stop" not in fields  # none in flight
+    assert fields["contained"].startswith("yes: every process of its job is in the cgroup ")
 
 
 @pytest.mark.parametrize("command", ["show", "logs", "stop", "cancel", "follow", "resume"])

@@ -117,6 +117,7 @@ def test_this_machine_through_the_workers_path(pipeline: Pipeline) -> None:
     assert "notice watcher" in table["http-client"][3]
     assert table["python"][1:3] == ["warn", "no python3 on the job's PATH"]
     assert table["clock"][1] == "ok"
+    assert table["cgroup"][1] == "ok"  # root, on this machine's cgroup v2 hierarchy
     assert table["sh"][3] == ""  # what breaks is shown for what is not ok only
     lines = result.stdout.splitlines()
     assert lines[0].startswith(f"target local (local, {pipeline.workdir}), checked by worker ")
@@ -137,8 +138,13 @@ def test_a_complete_ssh_target(pipeline: Pipeline, sshd: SshServer, tmp_path: Pa
     add_ssh_target(pipeline, sshd, "remote", str(tmp_path / "runs"))
     result = rw(pipeline, "doctor", "remote")
     assert result.returncode == 0, show(result)
-    assert result.stdout.splitlines()[-1] == "everything runwarden needs is there"
-    assert rows(result.stdout)["tar"][2].startswith("GNU tar")
+    # All there, but its runs are not contained: said plainly.
+    assert result.stdout.splitlines()[-1] == "usable, with 1 warning(s)"
+    table = rows(result.stdout)
+    found = "none: a target over SSH gets no cgroup from runwarden yet"
+    assert table["cgroup"][1:3] == ["warn", found]
+    assert table["cgroup"][3].startswith("containment: a process of a run that leaves")
+    assert table["tar"][2].startswith("GNU tar")
     assert not (tmp_path / "runs").exists()  # the first claim makes it, not the doctor
 
 
@@ -150,7 +156,7 @@ def test_an_ssh_workdir_nobody_can_make(pipeline: Pipeline, sshd: SshServer) -> 
     assert table["workdir"][1] == "missing"
     assert "cannot make it in /proc" in table["workdir"][2]
     assert "every launch" in table["workdir"][3]
-    assert result.stdout.splitlines()[-1].startswith("1 missing, 0 warning(s)")
+    assert result.stdout.splitlines()[-1].startswith("1 missing, 1 warning(s)")  # cgroup
     report = report_of(pipeline, "proc", 1)
     assert [c.name for c in report.missing] == ["workdir"]
 

@@ -9,6 +9,9 @@ directory left its run `preparing` for ever (the chaos campaign, bench/chaos.py)
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -95,28 +98,33 @@ def test_two_runs_of_one_id_are_told_apart_by_their_marks(target: Target) -> Non
     as the mark (before marks), that cancel swept both escaped loops."""
     run_id = "20261202-010000-abcde-same"
     marks = {name: new_mark() for name in ("one", "two")}
-    jobs = {}
-    for name, mark in marks.items():
-        run_dir = target.run_dir(f"{name}-{run_id}")
-        jobs[name] = target.executor.spawn(
-            JobCommand(dir=run_dir, script=ESCAPING, env={RUN_ID_ENV: run_id, MARK_ENV: mark})
-        )
-        assert jobs[name].mark == mark
     carrying = {name: f"{MARK_ENV}={mark}" for name, mark in marks.items()}
-    # Each: the wrapper, the job's shell, the escaped loop (and their sleeps).
-    wait_for(lambda: all(len(processes_carrying(e)) >= 3 for e in carrying.values()), 10)
-    assert len(job_processes(run_id)) >= 6  # one id: both runs' processes
+    jobs = {}
+    try:
+        for name, mark in marks.items():
+            run_dir = target.run_dir(f"{name}-{run_id}")
+            jobs[name] = target.executor.spawn(
+                JobCommand(dir=run_dir, script=ESCAPING, env={RUN_ID_ENV: run_id, MARK_ENV: mark})
+            )
+            assert jobs[name].mark == mark
+        # Each: the wrapper, the job's shell, the escaped loop (and their sleeps).
+        wait_for(lambda: all(len(processes_carrying(e)) >= 3 for e in carrying.values()), 10)
+        assert len(job_processes(run_id)) >= 6  # one id: both runs' processes
 
-    for name, mark in marks.items():
-        found = find_job(target.executor, jobs[name].dir, mark)
-        assert found is not None
-        assert (found.pid, found.start) == (jobs[name].pid, jobs[name].start)
+        for name, mark in marks.items():
+            found = find_job(target.executor, jobs[name].dir, mark)
+            assert found is not None
+            assert (found.pid, found.start) == (jobs[name].pid, jobs[name].start)
 
-    target.executor.cancel(jobs["one"])
-    assert target.executor.status(jobs["one"]) is JobStatus.CANCELLED
-    assert processes_carrying(carrying["one"]) == []
-    assert len(processes_carrying(carrying["two"])) >= 3  # untouched, its escaped loop too
-    assert target.executor.status(jobs["two"]) is JobStatus.RUNNING
-
-    target.executor.cancel(jobs["two"])
+        target.executor.cancel(jobs["one"])
+        assert target.executor.status(jobs["one"]) is JobStatus.CANCELLED
+        assert processes_carrying(carrying["one"]) == []
+        assert len(processes_carrying(carrying["two"])) >= 3  # untouched, its escaped loop too
+        assert target.executor.status(jobs["two"]) is JobStatus.RUNNING
+    finally:
+        for job in jobs.values():
+            target.executor.cancel(job)
+        for pid in processes_carrying(f"{RUN_ID_ENV}={run_id}"):  # whatever a failure left
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
     assert processes_carrying(carrying["two"]) == []

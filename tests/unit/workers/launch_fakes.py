@@ -92,6 +92,9 @@ class FakeExecutor:
         self.cancelled.append(job)
         self.statuses[job.pid] = JobStatus.CANCELLED
 
+    def release(self, job: JobId) -> None:
+        self._reach("release")
+
     def find_marked(self, mark: str) -> tuple[int, int] | None:
         """No process table here: a job is found by its `job.pid` alone."""
         self._reach("probe")

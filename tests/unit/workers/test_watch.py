@@ -70,6 +70,25 @@ def test_an_exit_code_during_a_cancel_is_left_to_the_cancel(
         assert after.state is RunState.SUCCEEDED
 
 
+@pytest.mark.parametrize("cancelling", [False, True])
+def test_the_end_of_a_contained_job_empties_its_cgroup_unless_a_cancel_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cancelling: bool
+) -> None:
+    """What a job that ended left in its cgroup is ended before its end is recorded
+    (`Executor.release`); not while a cancel is under way, which ends the cgroup with
+    each process's SIGTERM and grace (an end recorded meanwhile must not cut it)."""
+    ctx, store, _ = policy_worker(tmp_path)
+    job = JobId(dir=str(tmp_path / "r1"), pid=dead_pid(), cgroup="/sys/fs/cgroup/x/runwarden/m")
+    run = running_run(store, tmp_path, "r1", job=job)
+    released: list[JobId] = []
+    monkeypatch.setattr(type(ctx.executor("local")), "release", lambda self, j: released.append(j))
+    if cancelling:
+        assert store.locks.once(cancel_key(run.id), ttl_s=CANCEL_RETRY_S)
+    record = finish(ctx, run, JobStatus.CANCELLED, ctx.executor("local"))
+    assert record.state is RunState.CANCELLED
+    assert released == ([] if cancelling else [job])
+
+
 # --- a proof seen by the follow -------------------------------------------------------
 
 

@@ -51,6 +51,7 @@ from .status import (
     cancel_script,
     parse_status,
     parse_statuses,
+    release_script,
     status_script,
 )
 
@@ -85,6 +86,7 @@ __all__ = [
     "put_file_script",
     "quote",
     "read_range_script",
+    "release_script",
     "size_script",
     "status_script",
     "unpack_script",

@@ -246,8 +246,12 @@ def launcher_script(
     *,
     notice_watcher: Script | None = None,
     wait_for_all: bool = False,
+    cgroup: str | None = None,
 ) -> Script:
-    """The launcher of a job (`sh/launcher.sh`): enters `dir` (created when
+    """The launcher of a job (`sh/launcher.sh`): with `cgroup`, first creates that
+    cgroup v2 directory and moves itself into it (exit 7 when it cannot: a job is
+    never started outside the cgroup it was given), so the job and everything it
+    starts are in it, whatever session or environment they make; enters `dir` (created when
     missing), clears stale `exit_code`, `cancelling`, `cancelled`, `job.pid`,
     `.runwarden/watchdog.pid`, `.runwarden/ended`, `snapshot.request`,
     `snapshot.json`, and the notice watcher's `notice.json`,
@@ -312,6 +316,7 @@ def launcher_script(
         dir,
         _secrets.token_hex(6),
         wrapper.text,
+        cgroup or "",
         *_section((dog.text, *dog.args)),
         *_section((watcher.text, *watcher.args)),
         *_section([f"{name}={value}" for name, value in env.items()]),

@@ -22,6 +22,7 @@ __all__ = [
     "cancel_script",
     "parse_status",
     "parse_statuses",
+    "release_script",
     "status_function",
     "status_script",
 ]
@@ -136,6 +137,9 @@ def cancel_script(job: JobId) -> Script:
       first 0.1 s, as a group mostly ends within milliseconds, then every 0.1 s);
       exit 5 with a message when it survives (`cancelling` stays, and a later cancel
       retries);
+    - then, when the job has a cgroup (`JobId.cgroup`), every process still in it
+      (whatever session or environment it made itself) gets SIGTERM, `cgroup.kill`
+      after 10 s, exit 5 when one survives 10 s more; the empty cgroup is removed;
     - then, when the job has a mark (`JobId.mark`), every process still carrying it
       (one that left the group: `setsid`, a daemon) gets SIGTERM, SIGKILL after
       10 s, and exit 5 when one survives 10 s more. A process that cleared or
@@ -165,5 +169,15 @@ def cancel_script(job: JobId) -> Script:
         mark,
         engine,
         name,
+        job.cgroup or "",
     )
-    return Script(sh("group", "sweep", "cancel"), args)
+    return Script(sh("group", "sweep", "cgroup", "cancel"), args)
+
+
+def release_script(cgroup: str) -> Script:
+    """A script that ends what is left of a finished job in its `cgroup` at once
+    (SIGTERM, `cgroup.kill` 0.1 s later: the job's wrapper gave every process it could
+    find SIGTERM and 10 s before it wrote `exit_code`, so what is left hid from it)
+    and removes the cgroup (`sh/release.sh`); exit 5 when something survives 5 s. A
+    cgroup that is gone is no error."""
+    return Script(sh("group", "cgroup", "release"), (cgroup,))

@@ -1,8 +1,8 @@
 # shellcheck shell=sh
 # Arguments: DIR PGID START TERM_TICKS KILL_TICKS TICKS_PER_S MARK_ENTRY MARK ENGINE
-# CONTAINER. START, MARK_ENTRY (RUNWARDEN_RUN_ID=<mark>) and ENGINE may be empty
-# (unknown, no mark, no container). Needs group.sh and sweep.sh. What it does:
-# scripts.status.cancel_script.
+# CONTAINER CGROUP. START, MARK_ENTRY (RUNWARDEN_MARK=<mark>), ENGINE and CGROUP may
+# be empty (unknown, no mark, no container, no cgroup). Needs group.sh, sweep.sh and
+# cgroup.sh. What it does: scripts.status.cancel_script.
 rw_dir=$1
 rw_pid=$2
 rw_begun=$3
@@ -13,7 +13,7 @@ rw_entry=$7
 rw_name=$8
 rw_engine=$9
 shift 9
-rw_container=$1
+rw_container=$1 rw_cg=$2
 rw_up() {
   # Seconds since boot, read with a builtin (empty without /proc): a loaded machine
   # stretches the naps, never the waits measured by it.
@@ -73,6 +73,10 @@ if [ -z "$rw_ended" ] && rw_ours "$rw_pid" "$rw_begun"; then
 elif [ -d "$rw_dir" ] && [ ! -e "$rw_dir/exit_code" ] && [ ! -e "$rw_dir/cancelled" ]; then
   rw_signalled=1
   rw_mark cancelling
+fi
+if [ -n "$rw_cg" ] && ! rw_cg_end "$rw_cg" "$rw_term" $((rw_term + rw_kill)); then
+  printf 'processes of the cgroup %s survived SIGKILL\n' "$rw_cg" >&2
+  exit 5
 fi
 if [ -n "$rw_entry" ] && ! rw_sweep "$rw_entry" "$rw_term" $((rw_term + rw_kill)); then
   # rw_left is set by rw_marked (sweep.sh).

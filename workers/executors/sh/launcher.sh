@@ -1,5 +1,6 @@
 # shellcheck shell=sh
-# Arguments: DIR TOKEN WRAPPER, then five sections, each ended by a word `--` (no
+# Arguments: DIR TOKEN WRAPPER CGROUP (empty: none), then five sections, each ended
+# by a word `--` (no
 # other word of a section is `--`: scripts.launch.launcher_script checks):
 #   WATCHDOG ARG... --   the on-target watchdog (watchdog.sh) and its arguments ('': none)
 #   WATCHER ARG... --    the preemption-notice watcher and its arguments ('': none)
@@ -10,7 +11,8 @@
 # The launcher of a job (scripts.launch.launcher_script); TOKEN names its FIFO when
 # the run directory cannot hold it. Needs group.sh (rw_start). Exit 3: the run
 # directory cannot be made or cleared; 4: the secrets ended early; 5: no sh, setsid or
-# mv, or no FIFO; 6: the job did not start (see below).
+# mv, or no FIFO; 6: the job did not start (see below); 7: the cgroup CGROUP could not
+# be made or entered.
 rw_more() { case $1 in --) return 1 ;; esac; }
 rw_companion() {
   # rw_companion NAME TEXT ARG... -- ...: starts TEXT (unless empty) as
@@ -69,8 +71,16 @@ exec >/dev/null 2>&1 5<&-; wait $!' rw-job-parent "$@" </dev/null 5<"$1" 4>&- 2>
 rw_sh=$(command -v sh) || exit 5
 rw_setsid=$(command -v setsid) || { echo 'setsid is not installed on the target' >&2; exit 5; }
 rw_mv=$(command -v mv) || exit 5
-rw_dir=$1 rw_token=$2 rw_wrapper=$3
-shift 3
+rw_dir=$1 rw_token=$2 rw_wrapper=$3 rw_cg=$4
+shift 4
+if [ -n "$rw_cg" ]; then
+  # Into the run's cgroup before anything of the job starts: every process it makes
+  # is born there, and no session or environment of its own takes it out.
+  # (`cgroup.events` tells a cgroup from a plain directory.)
+  { mkdir -p -- "$rw_cg" && [ -f "$rw_cg/cgroup.events" ] &&
+    printf '%s\n' "$$" > "$rw_cg/cgroup.procs"; } 2>/dev/null ||
+    { echo "cannot enter the run's cgroup $rw_cg" >&2; exit 7; }
+fi
 # A new job never inherits an end, a cancel, a snapshot or a notice.
 mkdir -p -- "$rw_dir" && cd -- "$rw_dir" || exit 3
 rm -f -- exit_code cancelling cancelled job.pid .runwarden/watchdog.pid \

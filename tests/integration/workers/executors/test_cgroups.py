@@ -1,0 +1,139 @@
+"""A run's cgroup (cgroup v2, `workers.cgroups`) for real, as root on this machine's
+hierarchy: the launcher enters it before the job starts, so a child that leaves the
+job's session and clears its environment (`setsid env -i`: out of reach of the group
+and of the mark) is still the run's; a cancel ends it (SIGTERM, `cgroup.kill` after
+the grace for one that ignores it), and so does the end of a job that left it behind
+(`release`); the emptied cgroup is removed. Local and shell executors (the SSH and
+`run_as` targets get no cgroup yet: `workers.cgroups.containment`)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from schemas import JobCommand, JobStatus, Settings, TargetConfig
+from schemas.protocol import EXIT_FILE, MARK_ENV, new_mark
+from workers.cgroups import CGROUP_PARENT, containment, hierarchy
+from workers.executors import CommandError, Executor, LocalExecutor
+
+from ....conftest import Target, wait_for
+
+pytestmark = pytest.mark.slow
+
+# A child in a session of its own with an empty environment that ignores SIGTERM,
+# then the job's own loop (or its end).
+HIDDEN = """PATH=/usr/bin:/bin
+setsid env -i /bin/sh -c 'trap "" TERM; while :; do sleep 1; done' </dev/null >/dev/null 2>&1 &
+"""
+
+
+@pytest.fixture
+def cgroup() -> Iterator[Path]:
+    """A fresh run cgroup path under this machine's hierarchy (not made yet); what a
+    failure leaves in it is killed and it is removed."""
+    root = hierarchy()
+    assert root is not None, "no writable cgroup v2 hierarchy: these tests need root"
+    path = root / CGROUP_PARENT / new_mark()
+    yield path
+    if path.is_dir():
+        with contextlib.suppress(OSError):
+            (path / "cgroup.kill").write_text("1")
+        wait_for(lambda: _procs(path) == [], timeout_s=5)
+        with contextlib.suppress(OSError):
+            path.rmdir()
+
+
+def _procs(path: Path) -> list[int]:
+    try:
+        return [int(p) for p in (path / "cgroup.procs").read_text().split()]
+    except FileNotFoundError:
+        return []
+
+
+def _spawn(target: Target, cgroup: Path, script: str) -> tuple[Executor, JobCommand]:
+    command = JobCommand(
+        dir=target.run_dir(cgroup.name),
+        script=script,
+        env={MARK_ENV: cgroup.name},
+        cgroup=str(cgroup),
+    )
+    return target.executor, command
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, killed and not yet reaped by whoever inherited
+    it, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _hidden(cgroup: Path) -> list[int]:
+    """The shells of `cgroup` whose environment is empty: the `env -i` child (not its
+    `sleep`s, which inherit that environment)."""
+    found = []
+    for pid in _procs(cgroup):
+        with contextlib.suppress(OSError):
+            shell = Path(f"/proc/{pid}/comm").read_text().strip() == "sh"
+            if shell and Path(f"/proc/{pid}/environ").read_bytes() == b"":
+                found.append(pid)
+    return found
+
+
+@pytest.mark.parametrize("target", ["local", "shell"], indirect=True)
+def test_a_cancel_ends_a_child_that_left_the_session_and_cleared_its_environment(
+    target: Target, cgroup: Path
+) -> None:
+    executor, command = _spawn(target, cgroup, HIDDEN + "while :; do sleep 1; done\n")
+    job = executor.spawn(command)
+    assert job.cgroup == str(cgroup)
+    wait_for(lambda: _hidden(cgroup), timeout_s=10)
+    assert job.pid in _procs(cgroup)
+    (hidden,) = _hidden(cgroup)
+    assert os.getsid(hidden) != job.pid  # out of the job's session, and of its mark
+
+    started = time.monotonic()
+    executor.cancel(job)
+    took = time.monotonic() - started
+    assert executor.status(job) is JobStatus.CANCELLED
+    assert not _alive(hidden)
+    assert not cgroup.exists()  # emptied and removed
+    # The hidden child ignores SIGTERM: `cgroup.kill` after the 10 s grace.
+    assert 9.5 <= took < 25, took
+
+
+@pytest.mark.parametrize("target", ["local", "shell"], indirect=True)
+def test_the_end_of_a_job_ends_what_it_left_in_its_cgroup(target: Target, cgroup: Path) -> None:
+    executor, command = _spawn(target, cgroup, HIDDEN + "sleep 0.5\nexit 3\n")
+    job = executor.spawn(command)
+    wait_for((Path(command.dir) / EXIT_FILE).exists, timeout_s=20)
+    assert executor.status(job) == JobStatus.exited(3)
+    (hidden,) = _hidden(cgroup)  # out of the wrapper's sweep: left behind
+    executor.release(job)
+    assert not _alive(hidden)
+    assert not cgroup.exists()
+    executor.release(job)  # a cgroup that is gone is no error
+
+
+def test_a_target_says_whether_its_runs_are_contained() -> None:
+    settings = Settings()
+    local = TargetConfig(name="l", kind="local", workdir="/w")
+    assert containment(local, settings) is None  # root, with this machine's hierarchy
+    assert "turned off" in str(containment(local, settings.model_copy(update={"cgroups": False})))
+    assert "run_as" in str(containment(local.model_copy(update={"run_as": "nobody"}), settings))
+
+
+def test_a_job_that_cannot_enter_its_cgroup_is_never_started(tmp_path: Path) -> None:
+    executor = LocalExecutor(tmp_path)
+    command = JobCommand(
+        dir=str(tmp_path / "run"), script="touch started", cgroup=str(tmp_path / "not-a-cgroup")
+    )
+    with pytest.raises(CommandError, match="cannot enter the run's cgroup"):
+        executor.spawn(command)
+    assert not (tmp_path / "run" / "started").exists()

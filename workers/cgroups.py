@@ -1,0 +1,68 @@
+"""Containment: a cgroup v2 directory per run, wherever the worker can make one, so
+every process of the job is held whatever session or environment it makes itself
+(a `setsid env -i` daemon included), and a cancel or the run's end ends them all
+(`sh/cgroup.sh`: SIGTERM to each, `cgroup.kill` after the grace).
+
+Made today for a local target whose jobs run as the worker's user, with the worker
+root and a writable cgroup v2 hierarchy (`/sys/fs/cgroup`, or `/sys/fs/cgroup/unified`
+on a hybrid host): `<hierarchy>/runwarden/<run mark>`. Elsewhere (a target over SSH,
+one with `run_as`, a worker that is not root, no cgroup v2) a run is not contained:
+its process group and its mark are all a cancel has, and `show` and `doctor` say so.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+from typing import Final
+
+from schemas import RunRecord, Settings, TargetConfig
+
+__all__ = ["CGROUP_PARENT", "containment", "hierarchy", "run_cgroup"]
+
+CGROUP_PARENT: Final = "runwarden"
+"""The directory under the hierarchy that holds one cgroup per run."""
+
+
+@functools.cache
+def hierarchy(mounts: str = "/proc/self/mounts") -> Path | None:
+    """The mount point of this machine's cgroup v2 hierarchy when this process may
+    make cgroups in it (root, mounted read-write), else None. Read once per process."""
+    try:
+        lines = Path(mounts).read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        fields = line.split()
+        if len(fields) >= 4 and fields[2] == "cgroup2" and "rw" in fields[3].split(","):
+            # A mount point with a space or a tab is written escaped (\040): none here.
+            point = Path(fields[1])
+            if os.geteuid() == 0 and os.access(point / "cgroup.procs", os.W_OK):
+                return point
+    return None
+
+
+def containment(target: TargetConfig, settings: Settings) -> str | None:
+    """Why runs on `target` are not contained, for people; None when they are (each
+    gets a cgroup of its own)."""
+    if not settings.cgroups:
+        return "cgroups are turned off (RUNWARDEN_CGROUPS=0)"
+    if target.kind != "local":
+        return "a target over SSH gets no cgroup from runwarden yet"
+    if target.run_as is not None:
+        return "a target with run_as gets no cgroup from runwarden yet"
+    if os.geteuid() != 0:
+        return "the worker is not root: it cannot make cgroups"
+    if hierarchy() is None:
+        return "no writable cgroup v2 hierarchy on this machine"
+    return None
+
+
+def run_cgroup(target: TargetConfig, run: RunRecord, settings: Settings) -> str | None:
+    """The cgroup directory (not made yet) the job of `run` starts in, or None when
+    its target's runs are not contained ([`containment`]) or the run has no mark."""
+    root = hierarchy()
+    if root is None or run.mark is None or containment(target, settings) is not None:
+        return None
+    return str(root / CGROUP_PARENT / run.mark)

@@ -1,0 +1,40 @@
+# shellcheck shell=sh
+# A run's cgroup v2 directory CG (`JobId.cgroup`), which holds every process of its
+# job whatever session or environment it made. `rw_populated CG`: true while a
+# process is in it or below it (`cgroup.events`). `rw_cg_end CG TERM_TICKS GIVE_UP`
+# ends them: SIGTERM to each (never pid 0, 1 or this script), then `cgroup.kill`
+# after TERM_TICKS turns of 0.1 s (SIGKILL to every process of the cgroup and below
+# at once: none can fork its way out), returns 1 when some are left after GIVE_UP
+# turns, else removes the empty directory and returns 0; sets rw_cg_hit when it had
+# to signal. A CG that is gone is no error. Needs group.sh (`rw_nap`).
+rw_populated() {
+  rw_e=
+  { IFS= read -r rw_e < "$1/cgroup.events"; } 2>/dev/null || return 1
+  [ "$rw_e" != 'populated 0' ]
+}
+rw_cg_end() {
+  [ -d "$1" ] || return 0
+  rw_i=0
+  if rw_populated "$1"; then
+    # shellcheck disable=SC2034  # read by cancel.sh
+    rw_cg_hit=1
+    while IFS= read -r rw_p; do
+      case $rw_p in ''|*[!0-9]*) continue ;; esac
+      if [ "$rw_p" -gt 1 ] && [ "$rw_p" != "$$" ]; then kill -s TERM "$rw_p" 2>/dev/null || :; fi
+    done < "$1/cgroup.procs"
+  fi
+  # Most processes end within milliseconds of their signal: five short looks first.
+  rw_q=0
+  while rw_populated "$1" && [ "$rw_q" -lt 5 ]; do
+    sleep 0.02 2>/dev/null || break
+    rw_q=$((rw_q + 1))
+  done
+  while rw_populated "$1"; do
+    if [ "$rw_i" = "$2" ]; then { echo 1 > "$1/cgroup.kill"; } 2>/dev/null || :; fi
+    rw_i=$((rw_i + 1))
+    [ "$rw_i" -gt "$3" ] && return 1
+    rw_nap
+  done
+  rmdir -- "$1" 2>/dev/null || :
+  return 0
+}
