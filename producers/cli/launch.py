@@ -200,8 +200,9 @@ def launch(
             "--wait-for-all",
             help="The run stays running until its last process ends (cancel works "
             "until then). Default: when the job's main process ends, the processes it "
-            "left (its process group, every process with its RUNWARDEN_RUN_ID) get "
-            "SIGTERM, SIGKILL 10 s later, and the run's message says how many.",
+            "left (its process group, every process with its RUNWARDEN_MARK) get "
+            "SIGTERM, SIGKILL 10 s later, and the run's message says how many; what "
+            "is still in its cgroup, where it has one, is killed then.",
             show_default=False,
         ),
     ] = False,
