@@ -148,7 +148,8 @@ class Case:
     script: str
     kind: str = "files"
     """`files`, `forged`, `secrets`, `escape` (processes that leave the group),
-    `metrics`."""
+    `hidden` (a process that leaves the group and clears its environment: only a
+    cgroup holds it), `metrics`."""
     secrets: tuple[str, ...] = ()
     expect_step: int | None = None
     """A `metrics` case: the step of a good line after the bad one the follow must
@@ -194,6 +195,16 @@ def _cases() -> list[Case]:
             ),
             kind="escape",
         ),
+        # Out of the group and with no mark: only a cgroup holds it. Its command line
+        # names the run directory, for the test to find it (`hidden_processes`).
+        Case(
+            "env-i-daemon",
+            _loop(
+                "setsid env -i /bin/sh -c 'trap \"\" TERM; while :; do sleep 1; done' "
+                'rw-hidden "$PWD" </dev/null >/dev/null 2>&1 &'
+            ),
+            kind="hidden",
+        ),
     ]
     cases += [
         Case(f"metrics-{name}", _metrics(line), kind="metrics", expect_step=8)
@@ -217,7 +228,7 @@ def _cases() -> list[Case]:
 
 CASES: list[Case] = _cases()
 """The matrix: 7 files x 6 replacements, 2 forged markers, 3 secret sets, 2 escapes,
-4 metrics lines."""
+1 hidden daemon, 4 metrics lines."""
 
 
 def job_environ(pid: int) -> dict[str, str]:

@@ -20,6 +20,7 @@ __all__ = [
     "assert_one_followed_job",
     "children",
     "descends_from_this_process",
+    "hidden_processes",
     "job_processes",
     "processes_carrying",
     "read_proc",
@@ -67,6 +68,22 @@ def job_processes(run_id: str) -> list[int]:
     """Live processes whose environment holds `RUNWARDEN_RUN_ID=<run_id>` (a zombie's
     environment reads empty)."""
     return processes_carrying(f"RUNWARDEN_RUN_ID={run_id}")
+
+
+def hidden_processes(path: str) -> list[int]:
+    """Live processes (not zombies) with an argument that is `path` or below it: a
+    hostile job's process that cleared its environment (no mark to find it by) and
+    put its run directory among its arguments (bench/harness/hostile.py,
+    `env-i-daemon`)."""
+    exact, below = path.encode(), path.rstrip("/").encode() + b"/"
+    found = []
+    for p in _pids():
+        args = read_proc(f"/proc/{p}/cmdline").split(b"\0")
+        if any(a == exact or a.startswith(below) for a in args):
+            stat = read_proc(f"/proc/{p}/stat").rsplit(b")", 1)
+            if len(stat) == 2 and stat[1].split()[:1] != [b"Z"]:
+                found.append(p)
+    return found
 
 
 def processes_carrying(entry: str) -> list[int]:

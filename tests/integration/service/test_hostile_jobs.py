@@ -3,8 +3,9 @@
 Each case of bench/harness/hostile.py (a directory, a FIFO, a link to /dev/zero, to a FIFO,
 to /etc/shadow, a 100 MiB file in place of each protocol file the job can touch; a
 forged `exit_code` and `cancelled`; secrets named `IFS`, `PATH` and every `rw_*`
-name of the scripts; children that leave the job's process group; poisonous metrics
-lines) is launched through the real service (bench/harness/pipeline.py: redis-server,
+name of the scripts; children that leave the job's process group, and one that also
+clears its environment, which only the run's cgroup holds (the local target's; an SSH
+target has none yet: an expected failure there); poisonous metrics lines) is launched through the real service (bench/harness/pipeline.py: redis-server,
 Celery workers and beat, short clocks) on the local target and on an SSH target
 against a real sshd, twice: (a) stopped with `api.stop`, (b) left to its own
 deadline (`max_hours`: the policy and the on-target watchdog ask for the `deadline`
@@ -23,7 +24,8 @@ processes (its throughput, not this matrix's point). Per hostile run the test th
   (and the cancel's wait for a process ignoring SIGTERM, for the cases that escape the
   group);
   of being asked;
-- no process carrying its `RUNWARDEN_RUN_ID` is alive afterwards (bench/harness/processes.py);
+- no process carrying its `RUNWARDEN_RUN_ID` (or, for the hidden daemon, naming its
+  run directory) is alive afterwards (bench/harness/processes.py);
 - the case's own point: the secrets reached the job exactly; the follow went on
   past a bad metrics line;
 
@@ -37,8 +39,10 @@ and its content never reached the store; no secret value was ever run as code.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import secrets
+import signal
 import statistics
 import sys
 import threading
@@ -60,7 +64,7 @@ from bench.harness.hostile import (
     secret_values,
 )
 from bench.harness.pipeline import CLOCKS, Pipeline, running_pipeline, ssh_target, toy
-from bench.harness.processes import job_processes
+from bench.harness.processes import hidden_processes, job_processes
 from schemas import NotRunning, RunLimits, RunRecord, RunState, StopState
 from schemas.events import LaunchSpec
 from workers.executors.scripts import CANCEL_TERM_WAIT_S
@@ -93,7 +97,7 @@ the target wait for the worker processes these hold (the SSH campaign's two were
 
 
 def _budget(case: Case) -> float:
-    return ESCAPE_BUDGET_S if case.kind == "escape" else STOP_BUDGET_S
+    return ESCAPE_BUDGET_S if case.kind in ("escape", "hidden") else STOP_BUDGET_S
 
 
 HONEST_STALL_S = 8 * TICK_S
@@ -109,6 +113,7 @@ class Outcome:
     case: Case
     mode: str
     run_id: str = ""
+    run_dir: str = ""
     state: RunState | None = None
     stop_s: float | None = None
     """From the stop being asked to the run's recorded end, in seconds."""
@@ -313,6 +318,15 @@ def _judge(pipeline: Pipeline, outcome: Outcome, alive: list[int], shadow_lines:
         outcome.problems.append("a line of /etc/shadow reached the store")
 
 
+def _processes(outcome: Outcome) -> list[int]:
+    """The live processes of the outcome's run: those carrying its id, and for a
+    `hidden` case the one that cleared its environment (found by its arguments)."""
+    found = job_processes(outcome.run_id)
+    if outcome.case.kind == "hidden" and outcome.run_dir:
+        found += hidden_processes(outcome.run_dir)
+    return found
+
+
 def _wait_ended(pipeline: Pipeline, ids: list[str], within_s: float = 180.0) -> None:
     """Waits until every run of `ids` has ended, at most `within_s` (the runs that
     have not are found by the checks)."""
@@ -347,7 +361,8 @@ def run_campaign(pipeline: Pipeline, target: str) -> Campaign:
 
     def launch(outcome: Outcome) -> None:
         spec = _spec(target, outcome.case, outcome.mode)
-        outcome.run_id = api.launch(spec, wait_s=180).id
+        run = api.launch(spec, wait_s=180)
+        outcome.run_id, outcome.run_dir = run.id, run.remote_dir
 
     with ThreadPoolExecutor(8) as pool:
         # Mode (b) first: their deadlines come once every run is launched.
@@ -362,7 +377,7 @@ def run_campaign(pipeline: Pipeline, target: str) -> Campaign:
             if state is RunState.RUNNING:
                 outcome.problems += _check_secrets(pipeline, outcome.run_id, outcome.case)
 
-    # Mode (a)'s stops once mode (b)'s have ended: each mode is one storm of 53 stops
+    # Mode (a)'s stops once mode (b)'s have ended: each mode is one storm of 54 stops
     # at once, and the two never add up (their cancels share the workers' processes;
     # how fast a storm drains is a throughput, not this matrix's point).
     _wait_ended(pipeline, [o.run_id for o in outcomes.values() if o.mode == "deadline"])
@@ -403,7 +418,7 @@ def run_campaign(pipeline: Pipeline, target: str) -> Campaign:
     alive: dict[str, list[int]] = {}
     gone_by = time.monotonic() + 15
     while time.monotonic() < gone_by:
-        alive = {o.run_id: job_processes(o.run_id) for o in outcomes.values()}
+        alive = {o.run_id: _processes(o) for o in outcomes.values()}
         alive = {k: v for k, v in alive.items() if v}
         if not alive:
             break
@@ -495,6 +510,7 @@ def campaign(
     with running_pipeline(
         tmp, workers=2, extra_env=EXTRA, concurrency=3, watch_worker=True
     ) as pipeline:
+        workdir = pipeline.workdir
         try:
             if target == "ssh":
                 server = request.getfixturevalue("sshd")
@@ -505,6 +521,20 @@ def campaign(
             yield run_campaign(pipeline, target)
         finally:
             pipeline.kill_jobs()
+            # What no cancel reached (a `hidden` case on a target without cgroups).
+            for pid in hidden_processes(str(workdir)):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+NOT_CONTAINED = pytest.mark.xfail(
+    reason=(
+        "known gap: a target over SSH gets no cgroup yet (workers.cgroups.containment), "
+        "and a process that left the group and cleared its environment has nothing "
+        "else a cancel can find it by: it outlives the cancel (killed by the test)"
+    ),
+    strict=True,
+)
 
 
 def _case_ids() -> list[str]:
@@ -514,11 +544,13 @@ def _case_ids() -> list[str]:
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("case", CASES, ids=_case_ids())
 def test_a_hostile_job_s_stop_ends_cancelled_on_time_and_leaves_nothing(
-    campaign: Campaign, case: Case, mode: str
+    campaign: Campaign, case: Case, mode: str, request: pytest.FixtureRequest
 ) -> None:
     """The case's run was never ended before its stop; its stop ended `cancelled`
     within proof + end + reconcile periods + 10 s (`_budget`); nothing of the job is alive; the
     case's own point holds (secrets exact, the follow past a bad metrics line)."""
+    if case.kind == "hidden" and campaign.target == "ssh":
+        request.applymarker(NOT_CONTAINED)
     outcome = campaign.outcomes[(case.name, mode)]
     assert outcome.problems == [], f"{campaign.target} {case.name} ({mode}): {outcome}"
     assert outcome.state is RunState.CANCELLED
@@ -529,7 +561,7 @@ def test_a_hostile_job_s_stop_ends_cancelled_on_time_and_leaves_nothing(
 SLOWER_TICKS = pytest.mark.xfail(
     reason=(
         "known regression: an honest run's end is recorded up to about 2 s after its "
-        "exit (2 ticks = 1 s before issue 17) while 53 hostile stops are opened and "
+        "exit (2 ticks = 1 s before issue 17) while 54 hostile stops are opened and "
         "cancelled beside it, on a quiet machine: a tick that finds many requests opens "
         "their stops, about 50 ms each, and an end that comes meanwhile waits for the "
         "next tick (ends and lines are taken before the stops are opened since then)"
@@ -556,7 +588,7 @@ def test_honest_runs_beside_them_end_right_and_are_followed_all_along(campaign: 
 @SLOWER_TICKS
 def test_honest_runs_ends_are_recorded_within_two_ticks(campaign: Campaign) -> None:
     """Each honest run's end is recorded within 2 follow ticks of its job's exit
-    (`exit_code`'s time to the record's `ended`), while 53 hostile jobs are stopped
+    (`exit_code`'s time to the record's `ended`), while 54 hostile jobs are stopped
     and cancelled at once beside it."""
     for run_id, lag in campaign.honest_end_lag_s.items():
         assert 0 <= lag <= 2 * TICK_S, f"{run_id}: end recorded {lag:.2f} s after its exit"
