@@ -33,17 +33,6 @@ rw_gone() {
   done
   return 0
 }
-rw_quick() {
-  # A group mostly ends within milliseconds of its signal: up to 5 naps of 0.02 s
-  # before the turns of 0.1 s (a `sleep` without fractions skips them).
-  rw_q=0
-  while [ "$rw_q" -lt 5 ]; do
-    rw_ours "$rw_pid" "$rw_begun" || return 0
-    sleep 0.02 2>/dev/null || return 1
-    rw_q=$((rw_q + 1))
-  done
-  return 1
-}
 rw_mark() {
   if [ -d "$rw_dir" ] && [ ! -e "$rw_dir/$1" ] && [ ! -h "$rw_dir/$1" ]; then
     # `true`, not `:`: a failed redirection of a special builtin ends the script.
@@ -63,9 +52,9 @@ if [ -z "$rw_ended" ] && rw_ours "$rw_pid" "$rw_begun"; then
     "$rw_engine" stop -t 30 "$rw_container" >/dev/null 2>&1 || :
   fi
   rw_signal "$rw_pid" TERM
-  if ! rw_quick && ! rw_gone "$rw_term"; then
+  if ! rw_glance rw_ours "$rw_pid" "$rw_begun" && ! rw_gone "$rw_term"; then
     rw_signal "$rw_pid" KILL
-    if ! rw_quick && ! rw_gone "$rw_kill"; then
+    if ! rw_glance rw_ours "$rw_pid" "$rw_begun" && ! rw_gone "$rw_kill"; then
       printf 'process group %s survived SIGKILL\n' "$rw_pid" >&2
       exit 5
     fi

@@ -23,12 +23,7 @@ rw_cg_end() {
       if [ "$rw_p" -gt 1 ] && [ "$rw_p" != "$$" ]; then kill -s TERM "$rw_p" 2>/dev/null || :; fi
     done < "$1/cgroup.procs"
   fi
-  # Most processes end within milliseconds of their signal: five short looks first.
-  rw_q=0
-  while rw_populated "$1" && [ "$rw_q" -lt 5 ]; do
-    sleep 0.02 2>/dev/null || break
-    rw_q=$((rw_q + 1))
-  done
+  rw_glance rw_populated "$1" || :
   while rw_populated "$1"; do
     if [ "$rw_i" = "$2" ]; then { echo 1 > "$1/cgroup.kill"; } 2>/dev/null || :; fi
     rw_i=$((rw_i + 1))

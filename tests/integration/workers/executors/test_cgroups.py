@@ -95,7 +95,8 @@ def test_a_cancel_ends_a_child_that_left_the_session_and_cleared_its_environment
     executor, command = _spawn(target, cgroup, HIDDEN + "while :; do sleep 1; done\n")
     job = executor.spawn(command)
     assert job.cgroup == str(cgroup)
-    wait_for(lambda: _hidden(cgroup), timeout_s=10)
+    # One: its loop forks a shell for each `sleep`, a moment before that one execs.
+    wait_for(lambda: len(_hidden(cgroup)) == 1, timeout_s=10)
     assert job.pid in _procs(cgroup)
     (hidden,) = _hidden(cgroup)
     assert os.getsid(hidden) != job.pid  # out of the job's session, and of its mark
@@ -116,6 +117,7 @@ def test_the_end_of_a_job_ends_what_it_left_in_its_cgroup(target: Target, cgroup
     job = executor.spawn(command)
     wait_for((Path(command.dir) / EXIT_FILE).exists, timeout_s=20)
     assert executor.status(job) == JobStatus.exited(3)
+    wait_for(lambda: len(_hidden(cgroup)) == 1, timeout_s=10)
     (hidden,) = _hidden(cgroup)  # out of the wrapper's sweep: left behind
     executor.release(job)
     assert not _alive(hidden)
