@@ -12,17 +12,24 @@ its process group and its mark are all a cancel has, and `show` and `doctor` say
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import time
 from pathlib import Path
 from typing import Final
 
 from schemas import RunRecord, Settings, TargetConfig
 
-__all__ = ["CGROUP_PARENT", "containment", "hierarchy", "run_cgroup"]
+__all__ = ["CGROUP_PARENT", "EMPTY_AGE_S", "containment", "hierarchy", "remove_empty", "run_cgroup"]
 
 CGROUP_PARENT: Final = "runwarden"
 """The directory under the hierarchy that holds one cgroup per run."""
+EMPTY_AGE_S: Final = 60.0
+"""How old an empty run cgroup must be before `remove_empty` takes it, in seconds: a
+launcher enters its cgroup within milliseconds of making it, so one empty for this
+long is a run's that ended (another service's on this machine too), never one a
+launch is about to use."""
 
 
 @functools.cache
@@ -66,3 +73,29 @@ def run_cgroup(target: TargetConfig, run: RunRecord, settings: Settings) -> str 
     if root is None or run.mark is None or containment(target, settings) is not None:
         return None
     return str(root / CGROUP_PARENT / run.mark)
+
+
+def remove_empty(now_s: float | None = None) -> int:
+    """Removes the run cgroups of this machine that are empty and older than
+    [`EMPTY_AGE_S`] (what a run's end could not remove: its cancel cut short, its
+    worker gone meanwhile); never one that holds a process. Returns how many. Nothing
+    where this worker makes no cgroups."""
+    root = hierarchy()
+    if root is None:
+        return 0
+    removed = 0
+    now_s = time.time() if now_s is None else now_s
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(root / CGROUP_PARENT):
+            try:
+                if not entry.is_dir(follow_symlinks=False):
+                    continue
+                if now_s - entry.stat(follow_symlinks=False).st_mtime < EMPTY_AGE_S:
+                    continue
+                events = Path(entry.path, "cgroup.events").read_text()
+                if "populated 0" in events.splitlines():
+                    os.rmdir(entry.path)  # the kernel refuses it if a process came in
+                    removed += 1
+            except OSError:
+                continue
+    return removed

@@ -18,6 +18,7 @@ from schemas import NotFound, RunState, UnknownTarget
 from schemas.chain import CONTINUE_RETRY_S
 from schemas.events import TASK_CONTINUE, TASK_RETRIEVE
 
+from .cgroups import remove_empty
 from .context import Context
 from .executors import ExecError
 from .find_job import (
@@ -53,7 +54,8 @@ def reconcile(ctx: Context, now: datetime, limit: int = 200) -> int:
     (a worker killed, a message lost), each under a lease so two reconcilers never send
     one twice; then settles the launches whose worker died (`settle_launches`) and
     sends the continuation task of every waiting continuation that is due
-    (`continue_due`). Returns how many deadlines it sent. It acts on no running job
+    (`continue_due`), and removes this machine's empty run cgroups that a run's end
+    left (`cgroups.remove_empty`). Returns how many deadlines it sent. It acts on no running job
     itself: each deadline runs as a task of its own, so one run that takes long (a
     cancel waits up to 20 s for its job) never delays another's deadline.
 
@@ -70,6 +72,7 @@ def reconcile(ctx: Context, now: datetime, limit: int = 200) -> int:
     # After the deadlines, so they never wait on them: a settle may reach a target.
     settle_launches(ctx, now, limit)
     continue_due(ctx, now, limit)
+    remove_empty()
     return sent
 
 

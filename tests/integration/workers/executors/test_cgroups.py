@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +20,7 @@ import pytest
 
 from schemas import JobCommand, JobStatus, Settings, TargetConfig
 from schemas.protocol import EXIT_FILE, MARK_ENV, new_mark
-from workers.cgroups import CGROUP_PARENT, containment, hierarchy
+from workers.cgroups import CGROUP_PARENT, EMPTY_AGE_S, containment, hierarchy, remove_empty
 from workers.executors import CommandError, Executor, LocalExecutor
 
 from ....conftest import Target, wait_for
@@ -141,3 +142,29 @@ def test_a_job_that_cannot_enter_its_cgroup_is_never_started(tmp_path: Path) -> 
     with pytest.raises(CommandError, match="cannot enter the run's cgroup"):
         executor.spawn(command)
     assert not (tmp_path / "run" / "started").exists()
+
+
+def test_reconcile_removes_old_empty_run_cgroups_and_keeps_the_rest(cgroup: Path) -> None:
+    """What a run's end could not remove: an empty run cgroup older than `EMPTY_AGE_S`
+    goes; a fresh empty one (a launch about to enter it) and one holding a process
+    stay."""
+    old, fresh, busy = (cgroup.with_name(f"{cgroup.name[:30]}{i}{i}") for i in range(3))
+    for path in (old, fresh, busy):
+        path.mkdir()
+    past = time.time() - EMPTY_AGE_S - 5
+    os.utime(old, (past, past))
+    os.utime(busy, (past, past))
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        (busy / "cgroup.procs").write_text(str(sleeper.pid))
+        remove_empty()
+        assert not old.exists()
+        assert fresh.exists()
+        assert busy.exists()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        for path in (fresh, busy):
+            wait_for(lambda path=path: _procs(path) == [], timeout_s=5)
+            with contextlib.suppress(OSError):
+                path.rmdir()
