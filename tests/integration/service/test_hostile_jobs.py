@@ -5,9 +5,10 @@ to /etc/shadow, a 100 MiB file in place of each protocol file the job can touch;
 forged `exit_code` and `cancelled`; secrets named `IFS`, `PATH` and every `rw_*`
 name of the scripts; children that leave the job's process group, and one that also
 clears its environment, which only the run's cgroup holds (the local target's; an SSH
-target has none yet: an expected failure there); poisonous metrics lines) is launched through the real service (bench/harness/pipeline.py: redis-server,
-Celery workers and beat, short clocks) on the local target and on an SSH target
-against a real sshd, twice: (a) stopped with `api.stop`, (b) left to its own
+target has none yet: an expected failure there); poisonous metrics lines) is
+launched through the real service (bench/harness/pipeline.py: redis-server, Celery
+workers and beat, short clocks) on the local target and on an SSH target against a
+real sshd, twice: (a) stopped with `api.stop`, (b) left to its own
 deadline (`max_hours`: the policy and the on-target watchdog ask for the `deadline`
 snapshot). No hostile job ever proves, so each stop must end `cancelled` by its
 proof deadline.
