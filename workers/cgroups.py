@@ -33,11 +33,11 @@ launch is about to use."""
 
 
 @functools.cache
-def hierarchy(mounts: str = "/proc/self/mounts") -> Path | None:
+def hierarchy() -> Path | None:
     """The mount point of this machine's cgroup v2 hierarchy when this process may
     make cgroups in it (root, mounted read-write), else None. Read once per process."""
     try:
-        lines = Path(mounts).read_text().splitlines()
+        lines = Path("/proc/self/mounts").read_text().splitlines()
     except OSError:
         return None
     for line in lines:
@@ -75,7 +75,7 @@ def run_cgroup(target: TargetConfig, run: RunRecord, settings: Settings) -> str 
     return str(root / CGROUP_PARENT / run.mark)
 
 
-def remove_empty(now_s: float | None = None) -> int:
+def remove_empty() -> int:
     """Removes the run cgroups of this machine that are empty and older than
     [`EMPTY_AGE_S`] (what a run's end could not remove: its cancel cut short, its
     worker gone meanwhile); never one that holds a process. Returns how many. Nothing
@@ -84,7 +84,7 @@ def remove_empty(now_s: float | None = None) -> int:
     if root is None:
         return 0
     removed = 0
-    now_s = time.time() if now_s is None else now_s
+    now_s = time.time()
     with contextlib.suppress(OSError):
         for entry in os.scandir(root / CGROUP_PARENT):
             try:

@@ -5,8 +5,8 @@
 # ends them: SIGTERM to each (never pid 0, 1 or this script), then `cgroup.kill`
 # after TERM_TICKS turns of 0.1 s (SIGKILL to every process of the cgroup and below
 # at once: none can fork its way out), returns 1 when some are left after GIVE_UP
-# turns, else removes the empty directory and returns 0; sets rw_cg_hit when it had
-# to signal. A CG that is gone is no error. Needs group.sh (`rw_nap`).
+# turns, else removes the empty directory and returns 0. A CG that is gone is no
+# error. Needs group.sh (`rw_nap`, `rw_glance`).
 rw_populated() {
   rw_e=
   { IFS= read -r rw_e < "$1/cgroup.events"; } 2>/dev/null || return 1
@@ -16,8 +16,6 @@ rw_cg_end() {
   [ -d "$1" ] || return 0
   rw_i=0
   if rw_populated "$1"; then
-    # shellcheck disable=SC2034  # read by cancel.sh
-    rw_cg_hit=1
     while IFS= read -r rw_p; do
       case $rw_p in ''|*[!0-9]*) continue ;; esac
       if [ "$rw_p" -gt 1 ] && [ "$rw_p" != "$$" ]; then kill -s TERM "$rw_p" 2>/dev/null || :; fi
