@@ -3,9 +3,10 @@
 # job whatever session or environment it made. `rw_populated CG`: true while a
 # process is in it or below it (`cgroup.events`). `rw_cg_end CG TERM_TICKS GIVE_UP`
 # ends them: SIGTERM to each (never pid 0, 1 or this script), then `cgroup.kill`
-# after TERM_TICKS turns of 0.1 s (SIGKILL to every process of the cgroup and below
-# at once: none can fork its way out), returns 1 when some are left after GIVE_UP
-# turns, else removes the empty directory and returns 0. A CG that is gone is no
+# after TERM_TICKS turns of 0.1 s or as long by the clock, whichever comes first
+# (SIGKILL to every process of the cgroup and below at once: none can fork its way
+# out), returns 1 when some are left after GIVE_UP turns (or as long), else removes
+# the empty directory and returns 0. A CG that is gone is no
 # error. Needs group.sh (`rw_nap`, `rw_glance`).
 rw_populated() {
   rw_e=
@@ -22,10 +23,19 @@ rw_cg_end() {
     done < "$1/cgroup.procs"
   fi
   rw_glance rw_populated "$1" || :
+  # Turns of 0.1 s, and by the clock where /proc/uptime tells it: a loaded machine's
+  # slow naps never stretch the grace or the give-up.
+  rw_cs; rw_c0=$rw_c; rw_k=
   while rw_populated "$1"; do
-    if [ "$rw_i" = "$2" ]; then { echo 1 > "$1/cgroup.kill"; } 2>/dev/null || :; fi
     rw_i=$((rw_i + 1))
-    [ "$rw_i" -gt "$3" ] && return 1
+    rw_t=$rw_i
+    if [ -n "$rw_c0" ]; then
+      rw_cs; [ -n "$rw_c" ] && [ $(((rw_c - rw_c0) / 10)) -gt "$rw_t" ] && rw_t=$(((rw_c - rw_c0) / 10))
+    fi
+    if [ -z "$rw_k" ] && [ "$rw_t" -gt "$2" ]; then
+      rw_k=1; { echo 1 > "$1/cgroup.kill"; } 2>/dev/null || :
+    fi
+    [ "$rw_t" -gt "$3" ] && return 1
     rw_nap
   done
   rmdir -- "$1" 2>/dev/null || :

@@ -21,7 +21,8 @@ import pytest
 from schemas import JobCommand, JobStatus, Settings, TargetConfig
 from schemas.protocol import EXIT_FILE, MARK_ENV, new_mark
 from workers.cgroups import CGROUP_PARENT, EMPTY_AGE_S, containment, hierarchy, remove_empty
-from workers.executors import CommandError, Executor, LocalExecutor
+from workers.executors import CommandError, Executor, LocalExecutor, LocalTransport, ScriptExecutor
+from workers.executors.scripts import status as status_scripts
 
 from ....conftest import Target, wait_for
 
@@ -168,3 +169,31 @@ def test_reconcile_removes_old_empty_run_cgroups_and_keeps_the_rest(cgroup: Path
             wait_for(lambda path=path: _procs(path) == [], timeout_s=5)
             with contextlib.suppress(OSError):
                 path.rmdir()
+
+
+def test_the_grace_of_a_cgroup_goes_by_the_clock_not_the_naps(
+    cgroup: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loaded machine makes each 0.1 s nap take far longer (here every `sleep` takes
+    1 s): the grace before `cgroup.kill` still ends by the clock (1 s here, 10 s in
+    service), not after ten naps."""
+    bin_dir = tmp_path / "slow-bin"
+    bin_dir.mkdir()
+    (bin_dir / "sleep").write_text("#!/bin/sh\nexec /bin/sleep 1\n")
+    (bin_dir / "sleep").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    loaded = ScriptExecutor(LocalTransport(env=env), str(tmp_path))
+    monkeypatch.setattr(status_scripts, "CANCEL_TERM_WAIT_S", 1)
+    command = JobCommand(
+        dir=str(tmp_path / "run"),
+        script=HIDDEN + "while :; do /bin/sleep 1; done\n",
+        env={MARK_ENV: cgroup.name},
+        cgroup=str(cgroup),
+    )
+    job = LocalExecutor(tmp_path).spawn(command)
+    wait_for(lambda: len(_hidden(cgroup)) == 1, timeout_s=10)
+    started = time.monotonic()
+    loaded.cancel(job)
+    took = time.monotonic() - started
+    assert not cgroup.exists()
+    assert took < 8, took  # by the naps alone: 10 x 1 s, then more
