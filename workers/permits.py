@@ -31,6 +31,8 @@ class Permit:
     """Its upload as checked (absolute, every link resolved): the upload opens
     exactly this path without following a link, so what is copied is what was
     checked (`executors.uploadtree`)."""
+    target: TargetConfig
+    """Its target's configuration as checked (signed by the operator)."""
 
 
 def check_upload(target: TargetConfig, upload: Path, settings: Settings) -> Path:
@@ -94,4 +96,4 @@ def check_launch(ctx: Context, spec: LaunchSpec) -> Permit:
         if value is None:
             raise SecretMissing(name, ctx.settings.secrets.path)
         found[name] = value
-    return Permit(found, upload)
+    return Permit(found, upload, target)
