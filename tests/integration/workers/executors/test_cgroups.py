@@ -24,7 +24,7 @@ from workers.cgroups import CGROUP_PARENT, EMPTY_AGE_S, containment, hierarchy, 
 from workers.executors import CommandError, Executor, LocalExecutor, LocalTransport, ScriptExecutor
 from workers.executors.scripts import status as status_scripts
 
-from ....conftest import Target, wait_for
+from ....conftest import Target, process_alive, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -68,15 +68,6 @@ def _spawn(target: Target, cgroup: Path, script: str) -> tuple[Executor, JobComm
     return target.executor, command
 
 
-def _alive(pid: int) -> bool:
-    """Whether `pid` runs (a zombie, killed and not yet reaped by whoever inherited
-    it, does not)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
 def _hidden(cgroup: Path) -> list[int]:
     """The shells of `cgroup` whose environment is empty: the `env -i` child (not its
     `sleep`s, which inherit that environment)."""
@@ -90,6 +81,19 @@ def _hidden(cgroup: Path) -> list[int]:
 
 
 # One executor: both run the same cancel script, and its grace costs 10 s.
+def _the_hidden(cgroup: Path) -> int:
+    """The one hidden shell of `cgroup`, from a reading that found exactly one: its
+    loop forks a shell for each `sleep`, a moment before that one execs."""
+
+    def one() -> int | None:
+        hidden = _hidden(cgroup)
+        return hidden[0] if len(hidden) == 1 else None
+
+    found = wait_for(one)
+    assert isinstance(found, int)
+    return found
+
+
 @pytest.mark.parametrize("target", ["local"], indirect=True)
 def test_a_cancel_ends_a_child_that_left_the_session_and_cleared_its_environment(
     target: Target, cgroup: Path
@@ -97,17 +101,15 @@ def test_a_cancel_ends_a_child_that_left_the_session_and_cleared_its_environment
     executor, command = _spawn(target, cgroup, HIDDEN + "while :; do sleep 1; done\n")
     job = executor.spawn(command)
     assert job.cgroup == str(cgroup)
-    # One: its loop forks a shell for each `sleep`, a moment before that one execs.
-    wait_for(lambda: len(_hidden(cgroup)) == 1, timeout_s=10)
+    hidden = _the_hidden(cgroup)
     assert job.pid in _procs(cgroup)
-    (hidden,) = _hidden(cgroup)
     assert os.getsid(hidden) != job.pid  # out of the job's session, and of its mark
 
     started = time.monotonic()
     executor.cancel(job)
     took = time.monotonic() - started
     assert executor.status(job) is JobStatus.CANCELLED
-    assert not _alive(hidden)
+    assert not process_alive(hidden)
     assert not cgroup.exists()  # emptied and removed
     # The hidden child ignores SIGTERM: `cgroup.kill` after the 10 s grace.
     assert 9.5 <= took < 25, took
@@ -119,10 +121,9 @@ def test_the_end_of_a_job_ends_what_it_left_in_its_cgroup(target: Target, cgroup
     job = executor.spawn(command)
     wait_for((Path(command.dir) / EXIT_FILE).exists, timeout_s=20)
     assert executor.status(job) == JobStatus.exited(3)
-    wait_for(lambda: len(_hidden(cgroup)) == 1, timeout_s=10)
-    (hidden,) = _hidden(cgroup)  # out of the wrapper's sweep: left behind
+    hidden = _the_hidden(cgroup)  # out of the wrapper's sweep: left behind
     executor.release(job)
-    assert not _alive(hidden)
+    assert not process_alive(hidden)
     assert not cgroup.exists()
     executor.release(job)  # a cgroup that is gone is no error
 
@@ -191,7 +192,7 @@ def test_the_grace_of_a_cgroup_goes_by_the_clock_not_the_naps(
         cgroup=str(cgroup),
     )
     job = LocalExecutor(tmp_path).spawn(command)
-    wait_for(lambda: len(_hidden(cgroup)) == 1, timeout_s=10)
+    _the_hidden(cgroup)
     started = time.monotonic()
     loaded.cancel(job)
     took = time.monotonic() - started
