@@ -153,12 +153,14 @@ def test_reconcile_removes_old_empty_run_cgroups_and_keeps_the_rest(cgroup: Path
     old, fresh, busy = (cgroup.with_name(f"{cgroup.name[:30]}{i}{i}") for i in range(3))
     for path in (old, fresh, busy):
         path.mkdir()
-    past = time.time() - EMPTY_AGE_S - 5
-    os.utime(old, (past, past))
-    os.utime(busy, (past, past))
     sleeper = subprocess.Popen(["sleep", "60"])
     try:
+        # Busy before it is made old: the reconcile of a service running beside this
+        # test (the parallel suite) would rightly take an old empty one.
         (busy / "cgroup.procs").write_text(str(sleeper.pid))
+        past = time.time() - EMPTY_AGE_S - 5
+        os.utime(old, (past, past))
+        os.utime(busy, (past, past))
         remove_empty()
         assert not old.exists()
         assert fresh.exists()
