@@ -107,6 +107,8 @@ class Pipeline:
     workdir: Path
     workers: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     beat: subprocess.Popen[bytes] | None = None
+    _groups: dict[str, tuple[int, int]] = field(default_factory=dict, repr=False)
+    """Run directory name -> (its `job.pid`'s mtime in ns, the group it names)."""
 
     def start_worker(
         self, name: str = "w1", concurrency: int = 2, queues: str | None = None
@@ -257,13 +259,19 @@ class Pipeline:
         return path.read_text(errors="replace") if path.exists() else ""
 
     def job_groups(self) -> list[int]:
-        """The process group of every job started under the workdir (its `job.pid`)."""
+        """The process group of every job started under the workdir (its `job.pid`,
+        read again only when it changed: the reaper asks four times a second, and a
+        campaign has a hundred run directories)."""
         groups = []
         for path in self.workdir.glob("*/job.pid"):
             with contextlib.suppress(OSError, ValueError):
-                pgid = int(read_small(path))
-                if pgid > 1:
-                    groups.append(pgid)
+                seen = path.lstat().st_mtime_ns
+                known = self._groups.get(path.parent.name)
+                if known is None or known[0] != seen:
+                    known = (seen, int(read_small(path)))
+                    self._groups[path.parent.name] = known
+                if known[1] > 1:
+                    groups.append(known[1])
         return groups
 
     def reap_jobs(self) -> None:
@@ -363,7 +371,8 @@ def running_pipeline(
     done = threading.Event()
 
     def reap() -> None:
-        while not done.wait(0.05):
+        # Orphans come here only once their worker's reaper was killed (kill_worker).
+        while not done.wait(0.25):
             pipeline.reap_jobs()
 
     reaper = threading.Thread(target=reap, name="job-reaper", daemon=True)

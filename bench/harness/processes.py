@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterable
 from datetime import UTC, datetime
 
 from schemas import RunRecord, RunState
@@ -22,7 +23,9 @@ __all__ = [
     "descends_from_this_process",
     "hidden_processes",
     "job_processes",
+    "job_processes_of",
     "processes_carrying",
+    "processes_carrying_any",
     "read_proc",
     "trainers",
 ]
@@ -70,6 +73,15 @@ def job_processes(run_id: str) -> list[int]:
     return processes_carrying(f"RUNWARDEN_RUN_ID={run_id}")
 
 
+def job_processes_of(run_ids: Iterable[str]) -> dict[str, list[int]]:
+    """`job_processes` of each run of `run_ids`, from one pass over `/proc` (a
+    campaign's check of a hundred runs reads each process's environment once, not
+    once per run)."""
+    ids = list(run_ids)
+    found = processes_carrying_any(f"RUNWARDEN_RUN_ID={run_id}" for run_id in ids)
+    return {run_id: found[f"RUNWARDEN_RUN_ID={run_id}"] for run_id in ids}
+
+
 def hidden_processes(path: str) -> list[int]:
     """Live processes (not zombies) with an argument that is `path` or below it: a
     hostile job's process that cleared its environment (no mark to find it by) and
@@ -89,12 +101,22 @@ def hidden_processes(path: str) -> list[int]:
 def processes_carrying(entry: str) -> list[int]:
     """Live processes started from this one whose environment holds the exact `entry`
     (`NAME=value`; a zombie's environment reads empty)."""
-    needle = entry.encode()
-    return [
-        p
-        for p in _pids()
-        if needle in read_proc(f"/proc/{p}/environ").split(b"\0") and descends_from_this_process(p)
-    ]
+    return processes_carrying_any([entry])[entry]
+
+
+def processes_carrying_any(entries: Iterable[str]) -> dict[str, list[int]]:
+    """`processes_carrying` of each of `entries`, from one pass over `/proc`: each
+    process's environment is read once, and the ancestry of those that match is
+    walked once."""
+    needles = {entry.encode(): entry for entry in entries}
+    found: dict[str, list[int]] = {entry: [] for entry in needles.values()}
+    ours: dict[int, bool] = {}
+    for p in _pids():
+        hits = needles.keys() & set(read_proc(f"/proc/{p}/environ").split(b"\0"))
+        if hits and ours.setdefault(p, descends_from_this_process(p)):
+            for hit in hits:
+                found[needles[hit]].append(p)
+    return found
 
 
 def trainers(run_id: str) -> dict[int, int]:

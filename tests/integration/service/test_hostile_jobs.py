@@ -48,7 +48,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,7 +65,7 @@ from bench.harness.hostile import (
     secret_values,
 )
 from bench.harness.pipeline import CLOCKS, Pipeline, running_pipeline, ssh_target, toy
-from bench.harness.processes import hidden_processes, job_processes
+from bench.harness.processes import hidden_processes, job_processes_of
 from schemas import NotRunning, RunLimits, RunRecord, RunState, StopState
 from schemas.events import LaunchSpec
 from workers.executors.scripts import CANCEL_TERM_WAIT_S
@@ -319,12 +319,15 @@ def _judge(pipeline: Pipeline, outcome: Outcome, alive: list[int], shadow_lines:
         outcome.problems.append("a line of /etc/shadow reached the store")
 
 
-def _processes(outcome: Outcome) -> list[int]:
-    """The live processes of the outcome's run: those carrying its id, and for a
-    `hidden` case the one that cleared its environment (found by its arguments)."""
-    found = job_processes(outcome.run_id)
-    if outcome.case.kind == "hidden" and outcome.run_dir:
-        found += hidden_processes(outcome.run_dir)
+def _processes(outcomes: Iterable[Outcome]) -> dict[str, list[int]]:
+    """The live processes of each outcome's run (one pass over `/proc` for all):
+    those carrying its id, and for a `hidden` case the one that cleared its
+    environment (found by its arguments)."""
+    outcomes = list(outcomes)
+    found = job_processes_of(o.run_id for o in outcomes)
+    for outcome in outcomes:
+        if outcome.case.kind == "hidden" and outcome.run_dir:
+            found[outcome.run_id] += hidden_processes(outcome.run_dir)
     return found
 
 
@@ -419,8 +422,7 @@ def run_campaign(pipeline: Pipeline, target: str) -> Campaign:
     alive: dict[str, list[int]] = {}
     gone_by = time.monotonic() + 15
     while time.monotonic() < gone_by:
-        alive = {o.run_id: _processes(o) for o in outcomes.values()}
-        alive = {k: v for k, v in alive.items() if v}
+        alive = {k: v for k, v in _processes(outcomes.values()).items() if v}
         if not alive:
             break
         time.sleep(0.2)
