@@ -328,7 +328,8 @@ class ScriptExecutor:
     ) -> list[FollowUpdate]:
         if not entries:
             return []
-        # A random token frames the answer: no content of a job's file can forge it.
+        # Records are lines that begin with a random token; a job's bytes come encoded
+        # (scripts.parse_follow): no content of a job's file can forge a record.
         token = _secrets.token_hex(16)
         script = scripts.follow_script(entries, token, log_chunk=log_chunk)
         result = self._transport.run(

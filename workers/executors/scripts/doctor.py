@@ -47,10 +47,12 @@ SCRATCH_PREFIX: Final = ".runwarden-doctor."
 
 UTILITIES: Final = (
     "cat", "date", "df", "du", "find", "grep", "head", "ln", "mkdir", "mkfifo", "mv",
-    "rm", "sed", "sleep", "tail", "tr", "xargs",
+    "od", "rm", "sed", "sleep", "tail", "tr", "xargs",
 )  # fmt: skip
 """The programs the scripts call besides the shell's builtins, `setsid`, `tar`,
-`sha256sum`, `dd`, `timeout` and the HTTP clients, which have checks of their own."""
+`sha256sum`, `dd`, `timeout` and the HTTP clients, which have checks of their own.
+`od` encodes the follow's bytes where there is no `base64` (which needs no check:
+without it the follow uses `od`)."""
 
 _KEY: Final = re.compile(r"[a-z][a-z0-9_]{0,31}")
 _SHA256_OF_ABC: Final = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"

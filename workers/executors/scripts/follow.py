@@ -3,8 +3,10 @@ new log and metrics bytes in one round trip, and the parser of its answer."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, NamedTuple
 
@@ -70,8 +72,11 @@ def follow_script(
 ) -> Script:
     """One script for a whole target's follow tick (`sh/follow.sh`, the runs its
     arguments): for each `(job, log_offset,
-    metrics_offset[, proof])` it prints, each record introduced by `token` (random,
-    so no file content can forge one):
+    metrics_offset[, proof])` it prints, each record a line beginning with `token`,
+    after a first record `B b64` (or `B hex`: no `base64` on the target) that says
+    how the bytes read from files are encoded. Those bytes follow their record as
+    encoded lines, which hold no blank: nothing a job writes can make a line that
+    reads as a record, even a job that knows `token` (see `parse_follow`).
 
     - `S <i> <status>`: the job's status, as `status_script` decides it;
     - `Q <i> <reason>` when `snapshot.request` is a regular file that is not empty
@@ -222,50 +227,55 @@ def parse_follow(
     """The updates of a [`follow_script`] run over `count` runs, in order
     (`log_chunk` as given to the script).
 
+    The output is lines: a record is a line beginning with `token` and a blank; the
+    bytes read from a file follow their record as lines of base64 (or hex, as the
+    first record, `B`, says), which hold no blank, so no byte a job wrote can be
+    taken for a record, even by a job that knows the token.
+
     Raises:
-        ProtocolError: when the output is cut short (no end record) or malformed.
+        ProtocolError: when the output is cut short (no end record) or malformed: a
+        line that is neither a record nor encoded bytes, bytes after a record that
+        has none, or bytes that do not decode.
     """
-    marker = token.encode()
-    parts = output.split(marker)
-    if parts[0].strip():
-        raise ProtocolError("follow output before its first record")
+    decode, records = _records(output, token)
     status: dict[int, JobStatus | ProtocolError] = {}
     request: dict[int, str | None] = {}
     files: dict[tuple[str, int], tuple[bytes, int]] = {}
     skipped: dict[tuple[str, int], int] = {}
     signature: dict[int, str] = {}
     ended = False
-    for part in parts[1:]:
-        head, _, payload = part.partition(b"\n")
-        words = head.decode("utf-8", "replace").split(" ")
+    for words, lines in records:
+        kind = words[0]
+        if lines and kind not in _FILE_RECORDS:
+            raise ProtocolError(f"follow record {kind[:20]!r} with bytes after it")
         try:
-            kind = words[1]
             if kind == "E":
                 ended = True
                 continue
-            index = int(words[2])
+            index = int(words[1])
             if not 0 <= index < count:
                 raise ProtocolError(f"follow record for run {index} of {count}")
             if kind == "S":
                 try:
-                    status[index] = parse_status(" ".join(words[3:]))
+                    status[index] = parse_status(" ".join(words[2:]))
                 except ProtocolError as error:
                     status[index] = error
             elif kind == "Q":
-                reason = " ".join(words[3:]).strip()
+                reason = " ".join(words[2:]).strip()
                 request[index] = reason or None
             elif kind in _FILE_RECORDS:
+                payload = decode(b"".join(lines))
                 if kind in ("P", "p"):
-                    signature[index] = words[3] if len(words) > 3 else ""
-                size = int(words[3]) if kind in ("L", "M") else len(payload)
+                    signature[index] = words[2] if len(words) > 2 else ""
+                size = int(words[2]) if kind in ("L", "M") else len(payload)
                 # `f` and `x` say the file is not there: empty, as it reads.
                 key = kind.upper() if kind in ("f", "x") else kind
                 files[(key, index)] = (b"" if key != kind else payload, size)
-                skipped[(kind, index)] = int(words[4]) if kind == "L" and len(words) > 4 else 0
+                skipped[(kind, index)] = int(words[3]) if kind == "L" and len(words) > 3 else 0
             else:
-                raise ProtocolError(f"follow record {kind!r}")
+                raise ProtocolError(f"follow record {kind[:20]!r}")
         except (IndexError, ValueError) as error:
-            raise ProtocolError(f"follow record {head[:80]!r}") from error
+            raise ProtocolError(f"follow record {' '.join(words)[:80]!r}") from error
     if not ended or len(status) != count:
         raise ProtocolError("the follow output was cut short")
     return [
@@ -280,6 +290,43 @@ def parse_follow(
         )
         for index in range(count)
     ]
+
+
+def _records(
+    output: bytes, token: str
+) -> tuple[Callable[[bytes], bytes], list[tuple[list[str], list[bytes]]]]:
+    """The decoder the `B` record names and the records after it: each one's words
+    (after the token) and its lines of encoded bytes."""
+    lead = token.encode() + b" "
+    records: list[tuple[list[str], list[bytes]]] = []
+    for line in output.split(b"\n"):
+        if line.startswith(lead):
+            records.append((line[len(lead) :].decode("utf-8", "replace").split(" "), []))
+        elif line:
+            if not records:
+                raise ProtocolError("follow output before its first record")
+            records[-1][1].append(line)
+    if not records or records[0][0][:1] != ["B"] or len(records[0][0]) != 2:
+        raise ProtocolError("the follow output does not say how its bytes are encoded")
+    decode = _DECODERS.get(records[0][0][1])
+    if decode is None:
+        raise ProtocolError(f"follow bytes encoded as {records[0][0][1][:20]!r}")
+    return decode, records[1:]
+
+
+def _base64(text: bytes) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except binascii.Error as error:
+        raise ValueError(f"follow bytes are not base64: {error}") from error
+
+
+_DECODERS: Final[dict[str, Callable[[bytes], bytes]]] = {
+    "b64": _base64,
+    "hex": lambda text: bytes.fromhex(text.decode("ascii")),
+}
+"""How the bytes after a record are encoded (the `B` record), and their decoder
+(`ValueError` for bytes that do not decode)."""
 
 
 def _update(

@@ -6,6 +6,11 @@
 # signature SIZE:MTIME of the proof last read, to read it only when it changed). The
 # follow tick of a whole target (scripts.follow.follow_script). Needs group.sh,
 # read.sh and status_fn.sh.
+# Every record is a line beginning with TOKEN. The bytes a job wrote never reach the
+# output as they are: each read follows its record encoded (`rw_take`: base64, or hex
+# where there is no base64), lines without a blank, so nothing a job writes can make
+# a line that reads as a record, even when the job knows TOKEN (a local script's
+# arguments can be read in /proc). The first record says which encoding (`B`).
 rw_t=$1
 rw_chunk=$2
 rw_lchunk=$3
@@ -14,6 +19,21 @@ rw_state=$5
 rw_proof=$6
 rw_endlim=$7
 shift 7
+if command -v base64 >/dev/null 2>&1; then rw_code=b64; else rw_code=hex; fi
+[ -n "$rw_how" ] || rw_pick
+printf '%s B %s\n' "$rw_t" "$rw_code"
+rw_take() {
+  # `rw_read FILE MAX [OFFSET]`, its bytes encoded as the `B` record says (nothing
+  # for none). With GNU dd and base64, two processes (rw_read's dd, written out here:
+  # a function on the left of a pipe would cost a subshell more, for each read).
+  [ -f "$1" ] && [ ! -h "$1" ] || return 0
+  if [ "$rw_code$rw_how" = b64dd ]; then
+    dd if="$1" bs=65536 skip="${3:-0}" count="$2" \
+      iflag=nonblock,nofollow,skip_bytes,count_bytes status=none 2>/dev/null | base64
+  elif [ "$rw_code" = b64 ]; then rw_read "$@" | base64
+  else rw_read "$@" | od -An -v -tx1 | tr -d ' \n'; echo
+  fi
+}
 # The files to size, as references to the arguments ("${7}/job.log"), never their
 # values: `eval` below expands them as words, and no name is parsed as code.
 rw_list=
@@ -67,17 +87,17 @@ rw_part() {
     # More behind than a tick reads: on from the last `rw_lchunk` bytes.
     rw_k=$((rw_n - $4 - rw_lchunk)); [ "$rw_k" -gt 0 ] || rw_k=0
     printf '%s %s %s %s %s\n' "$rw_t" "$1" "$2" "$rw_n" "$rw_k"
-    rw_read "$3" "$rw_lchunk" "$(($4 + rw_k))" || :
+    rw_take "$3" "$rw_lchunk" "$(($4 + rw_k))"
     return 0
   fi
   printf '%s %s %s %s\n' "$rw_t" "$1" "$2" "$rw_n"
-  rw_read "$3" "$rw_chunk" "$4" || :
+  rw_take "$3" "$rw_chunk" "$4"
 }
 rw_file() {
   # $1 tag, $2 index, $3 file, $4 most bytes: the record, only for a regular file.
   if [ ! -f "$3" ] || [ -h "$3" ]; then return 0; fi
   printf '%s %s %s\n' "$rw_t" "$1" "$2"
-  rw_read "$3" "$4" || :
+  rw_take "$3" "$4"
 }
 rw_proof_of() {
   # $1 index, $2 file, $3 signature last read: `p` with the signature and no bytes
@@ -93,7 +113,7 @@ rw_proof_of() {
   fi
   if [ ! -f "$2" ] || [ -h "$2" ]; then return 0; fi
   printf '%s P %s %s\n' "$rw_t" "$1" "$rw_sig"
-  rw_read "$2" "$rw_proof" || :
+  rw_take "$2" "$rw_proof"
 }
 rw_ended() {
   # $1 index, $2 run directory: for a job whose end is written (`exit_code` or
@@ -104,14 +124,14 @@ rw_ended() {
   [ -e "$2/exit_code" ] || [ -e "$2/cancelled" ] || return 0
   if [ -f "$2/snapshot.json" ] && [ ! -h "$2/snapshot.json" ]; then
     printf '%s F %s\n' "$rw_t" "$1"
-    rw_read "$2/snapshot.json" "$rw_proof" || :
+    rw_take "$2/snapshot.json" "$rw_proof"
   elif [ ! -e "$2/snapshot.json" ] && [ ! -h "$2/snapshot.json" ]; then
     printf '%s f %s\n' "$rw_t" "$1"
   fi
   [ -e "$2/exit_code" ] || return 0
   if [ -f "$2/.runwarden/ended" ] && [ ! -h "$2/.runwarden/ended" ]; then
     printf '%s X %s\n' "$rw_t" "$1"
-    rw_read "$2/.runwarden/ended" "$rw_endlim" || :
+    rw_take "$2/.runwarden/ended" "$rw_endlim"
   else
     printf '%s x %s\n' "$rw_t" "$1"
   fi

@@ -7,8 +7,11 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import subprocess
 import time
 from pathlib import Path
+
+import pytest
 
 from schemas import JobCommand, JobId, JobStatus
 from schemas.protocol import (
@@ -22,7 +25,7 @@ from schemas.protocol import (
     PROOF_LIMIT,
     SNAPSHOT_FILE,
 )
-from workers.executors import FollowEntry, quote
+from workers.executors import FollowEntry, ProtocolError, quote
 from workers.executors.scripts import follow_script, parse_follow
 from workers.executors.scripts.follow import NOTICE_READ_BYTES, NOTICE_STATE_READ_BYTES
 
@@ -34,8 +37,9 @@ def tick(
     entries: list[tuple[JobId, int, int]],
     chunk: int = 256 * 1024,
     log_chunk: int = 256 * 1024,
+    token: str | None = None,
 ) -> list:  # type: ignore[type-arg]
-    token = secrets.token_hex(16)
+    token = token or secrets.token_hex(16)
     script = follow_script(entries, token, chunk, log_chunk=log_chunk)
     result = target.executor.transport.run(  # type: ignore[attr-defined]
         script.text, action="follow", args=script.args
@@ -270,3 +274,81 @@ def test_the_tick_that_sees_an_end_reads_what_the_end_needs(target: Target) -> N
     assert (fifo.final_proof, fifo.job_end) == (None, b"")
     assert (cancelled.final_proof, cancelled.job_end) == (proof, None)
     assert (going.final_proof, going.job_end) == (None, None)
+
+
+def forgeries(token: str) -> bytes:
+    """What a job that knows the follow's token writes to pass for the follow: for
+    runs 0 and 1, an end, a request, log bytes, and the end of the output."""
+    return "".join(
+        f"\n{token} S {i} exited 0\n{token} Q {i} cost\n{token} L {i} 3 0\nabc\n"
+        for i in (0, 1)
+    ).encode() + f"{token} E\n".encode() + token.encode() + b" S 0 lost"
+
+
+def test_a_job_that_knows_the_token_forges_no_record(target: Target) -> None:
+    """The token is no secret from a job of the runs' own user (a local script's
+    arguments are in /proc): lines of records written into job.log, metrics.jsonl,
+    notice.json and the proof, for the run itself and for the run read before it,
+    come back as that run's bytes and change no status, request or end."""
+    token = secrets.token_hex(16)
+    forged = forgeries(token)
+    first = target.executor.spawn(JobCommand(dir=target.run_dir("first"), script="sleep 30"))
+    second = target.executor.spawn(JobCommand(dir=target.run_dir("second"), script="sleep 30"))
+    files = ("job.log", "metrics.jsonl", NOTICE_FILE, SNAPSHOT_FILE)
+    for job in (first, second):
+        for name in files:
+            (Path(job.dir) / name).write_bytes(forged)
+    entries = [FollowEntry(job, 0, 0, proof=True) for job in (first, second)]
+    updates = tick(target, entries, token=token)  # type: ignore[arg-type]
+    assert [u.status for u in updates] == [JobStatus.RUNNING, JobStatus.RUNNING]
+    assert [u.request for u in updates] == [None, None]
+    for update in updates:
+        assert (update.log, update.metrics, update.notice, update.proof) == (forged,) * 4
+        assert (update.final_proof, update.job_end) == (None, None)
+    for job in (first, second):
+        target.executor.cancel(job)
+
+
+def test_without_base64_the_bytes_come_as_hex(tmp_path: Path) -> None:
+    """A target without `base64`: the follow's bytes come hex-encoded, as its first
+    record says, every byte value and forged record intact."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for folder in ("/usr/bin", "/bin"):
+        for tool in Path(folder).iterdir():
+            if tool.name != "base64" and not (tools / tool.name).exists():
+                (tools / tool.name).symlink_to(tool)
+    run = tmp_path / "run"
+    run.mkdir()
+    token = secrets.token_hex(16)
+    data = bytes(range(256)) + forgeries(token)
+    (run / "metrics.jsonl").write_bytes(data)
+    script = follow_script([(JobId(dir=str(run), pid=999_999), 0, 0)], token)
+    done = subprocess.run(
+        ["sh", "-c", script.text, "rw-follow", *script.args],
+        env={"PATH": str(tools)},
+        capture_output=True,
+        check=True,
+        timeout=30,
+    )
+    assert done.stdout.startswith(f"{token} B hex\n".encode())
+    (update,) = parse_follow(done.stdout, token, 1)
+    assert (update.status, update.metrics) == (JobStatus.LOST, data)
+
+
+def test_a_line_that_is_neither_a_record_nor_encoded_bytes_is_refused() -> None:
+    token = "t0k3n"
+    good = b"t0k3n B b64\nt0k3n S 0 lost\nt0k3n Q 0 \nt0k3n M 0 3\nYWJj\nt0k3n E\n"
+    (update,) = parse_follow(good, token, 1)
+    assert update.metrics == b"abc"
+    for bad, why in (
+        (good.replace(b"YWJj", b"YW Jj"), "follow record"),  # a blank: not encoded bytes
+        (good.replace(b"YWJj", b"Y"), "follow record"),  # bytes that do not decode
+        (good.replace(b"t0k3n Q 0 \n", b"t0k3n Q 0 \nYWJj\n"), "with bytes after it"),
+        (b"banner\n" + good, "before its first record"),
+        (good.replace(b"t0k3n B b64\n", b""), "how its bytes are encoded"),
+        (good.replace(b"B b64", b"B rot13"), "encoded as 'rot13'"),
+        (good.replace(b"t0k3n E\n", b""), "cut short"),
+    ):
+        with pytest.raises(ProtocolError, match=why):
+            parse_follow(bad, token, 1)
