@@ -266,11 +266,30 @@ def _act(ctx: Context, item: _Item, executor: Executor, now: datetime) -> int:
             # one it forged before the kill: the cancel records the end from its own
             # reading, after the marker (a cancel that dies lapses in CANCEL_RETRY_S).
             return 0
+        if not _confirmed(run, update.status, executor):
+            return 0
         finish(ctx, run, update.status, executor, proof=update.final_proof, job_end=update.job_end)
         return 1
     if not isinstance(update.status, JobStatus):
         log.warning("run %s: %s", run.id, update.status)
     return 0
+
+
+def _confirmed(run: RunRecord, seen: JobStatus, executor: Executor) -> bool:
+    """Whether the status path (a script of its own, which reads no byte a job wrote
+    into the follow's stream) says too that the job of `run` ended: an end is recorded
+    only then, never on the follow's word alone. When it does not, the end waits for
+    the next tick (and is said in the log).
+
+    Raises:
+        ExecError: the target could not be read (the tick's error: retried next time).
+    """
+    assert run.job is not None  # a followed run has its job
+    status = executor.status(run.job)
+    if status.is_finished:
+        return True
+    log.warning("run %s: the follow saw it %s, its status is %s: not ended", run.id, seen, status)
+    return False
 
 
 def _record_and_act(ctx: Context, item: _Item, executor: Executor, now: datetime) -> int:

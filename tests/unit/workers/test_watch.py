@@ -11,6 +11,7 @@ import json
 import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -264,6 +265,27 @@ def test_the_tick_that_sees_an_end_records_it_from_what_it_read(
     assert ended.snapshot.step == 21
     assert ended.message is not None
     assert "SIGTERM" in ended.message, ended.message
+
+
+def test_an_end_the_follow_reports_is_recorded_only_when_the_status_path_confirms_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, job: int
+) -> None:
+    """However a follow's answer came to say a job ended (its stream is a job's bytes
+    framed: were the framing beaten), the run is ended only when a status script of
+    its own says so too: a live job stays running and followed."""
+    ctx, store, _ = policy_worker(tmp_path)
+    run = running_run(store, tmp_path, "r1", job=JobId(dir=str(tmp_path / "r1"), pid=job))
+    executor = ctx.executor("local")
+    real = type(executor).follow
+
+    def forged(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return [replace(u, status=JobStatus.exited(0)) for u in real(self, *args, **kwargs)]
+
+    monkeypatch.setattr(type(executor), "follow", forged)
+    found = watch_target(ctx, "local", datetime.now(UTC))
+    assert found["ended"] == 0
+    assert store.get_run(run.id).state is RunState.RUNNING
+    assert run.id in store.followed("local")
 
 
 # --- the order of a tick's work -------------------------------------------------------
