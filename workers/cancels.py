@@ -1,7 +1,7 @@
 """Cancels: a producer's cancel of a run's job, and what a stop's proof and end
 deadlines do when they come (`on_deadline`): a job without a valid proof, or that did
 not end after it, is cancelled; a cancel that failed is retried with a doubling wait
-(`workers.stops.CANCEL_RETRY_S`). Whatever the cancel finds is recorded by
+(`workers.cancel_mark.CANCEL_RETRY_S`). Whatever the cancel finds is recorded by
 `workers.finish`.
 """
 
@@ -27,11 +27,12 @@ from schemas.ledger import CancelDecided, JobCancelled
 from schemas.run import check_cancel
 from schemas.snapshot import Proof
 
+from .cancel_mark import CANCEL_RETRY_MAX_S, CANCEL_RETRY_S, cancel_key
 from .context import Context, utcnow
 from .executors import CANCEL_DEADLINE_S, ExecError, ProtocolError
 from .finish import finish, read_proof
 from .notify import emit
-from .stops import CANCEL_RETRY_MAX_S, CANCEL_RETRY_S, cancel_key, proof_seen
+from .stops import proof_seen
 
 log = logging.getLogger("runwarden")
 

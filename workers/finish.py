@@ -24,11 +24,11 @@ from schemas.protocol import PROOF_LIMIT, SNAPSHOT_FILE
 from schemas.snapshot import Proof, proof_moment
 
 from .budgets import record_stop_save
+from .cancel_mark import cancelling_now
 from .context import Context, utcnow
 from .executors import ExecError, Executor, ProtocolError
 from .job_end import read_job_end
 from .notify import emit
-from .stops import cancelling_now
 
 log = logging.getLogger("runwarden")
 

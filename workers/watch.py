@@ -48,6 +48,7 @@ from schemas.preemption import derived_not_after, parse_not_after, short_notice
 from schemas.text import clean_text
 from store import Offsets
 
+from .cancel_mark import cancelling_now
 from .context import Context, utcnow
 from .executors import (
     ExecError,
@@ -59,7 +60,7 @@ from .executors import (
     parse_notice_state,
 )
 from .finish import finish, judge_proofs
-from .stops import cancelling_now, notice_request, proof_seen, request_snapshot
+from .stops import notice_request, proof_seen, request_snapshot
 
 log = logging.getLogger("runwarden")
 

@@ -97,7 +97,7 @@ TERMS_FILE = "chaos-terms.log"
 """Where a job notes each SIGTERM it gets (one line each), in its run directory."""
 RUN_TIMEOUT_S = 240.0
 """Longest a run may take from its launch to its end: a cancel whose worker was
-killed is retried after 60 s (`workers.stops.CANCEL_RETRY_S`)."""
+killed is retried after 60 s (`workers.cancel_mark.CANCEL_RETRY_S`)."""
 CLOCKS = {
     "RUNWARDEN_DEADLINE_LEAD_S": "0",
     # A launch whose worker was killed is settled by reconcile 35 s on.

@@ -16,7 +16,7 @@ import pytest
 
 from schemas import JobId, RunLimits, RunRecord, RunState, Settings, SnapshotReason, StopPhase
 from store import RunStore
-from workers import cancels, reconcile, stops
+from workers import cancel_mark, cancels, reconcile, stops
 from workers.context import Context
 from workers.executors import CommandError, shell
 
@@ -104,7 +104,7 @@ def test_a_cancel_past_its_deadline_holds_no_process_and_is_left_to_reconcile(
         assert time.monotonic() - started < 4.0  # the deadline, not the script's 10 s wait
         assert job.poll() is None  # alive: the cut cancel is not the end of it
         assert store.get_run("r1").state is RunState.RUNNING
-        assert not stops.cancelling_now(worker, "r1")  # the next cancel may signal it
+        assert not cancel_mark.cancelling_now(worker, "r1")  # the next cancel may signal it
 
         stop = store.get_stop("r1")
         assert stop is not None
@@ -113,7 +113,7 @@ def test_a_cancel_past_its_deadline_holds_no_process_and_is_left_to_reconcile(
         )  # fmt: skip
         assert stop.end_deadline is not None
         retry_s = (stop.end_deadline - stop.asked_at).total_seconds()
-        assert retry_s == pytest.approx(stops.CANCEL_RETRY_S, abs=1.0)
+        assert retry_s == pytest.approx(cancel_mark.CANCEL_RETRY_S, abs=1.0)
         assert [(d.stop_id, d.kind) for d in store.pending_deadlines()] == [(stop.stop_id, "end")]
         assert "the cancel failed" in (stop.note or "")
 
@@ -136,7 +136,7 @@ def test_a_cancel_waits_for_another_tasks_cancel_no_longer_than_its_deadline(
 ) -> None:
     worker, store, _ = policy_worker(tmp_path)
     running_run(store, tmp_path, "r1")
-    assert store.locks.once(stops.cancel_key("r1"), ttl_s=60)  # another task is cancelling it
+    assert store.locks.once(cancel_mark.cancel_key("r1"), ttl_s=60)  # another task is cancelling it
     monkeypatch.setattr(cancels, "CANCEL_DEADLINE_S", 0.5)
     started = time.monotonic()
     record = cancels.cancel(worker, "r1", asked_by="operator/cli")

@@ -32,8 +32,8 @@ from schemas.ledger import ProofSeen
 from workers import cancels, stops
 from workers import finish as finishing
 from workers import watch as watching
+from workers.cancel_mark import CANCEL_RETRY_S, cancel_key
 from workers.finish import finish
-from workers.stops import CANCEL_RETRY_S, cancel_key
 from workers.watch import watch_target
 
 from .conftest import policy_worker, running_run
