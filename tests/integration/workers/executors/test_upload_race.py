@@ -81,7 +81,7 @@ def test_a_directory_swapped_for_a_link_to_the_secrets_is_never_followed(
 
     swapper = threading.Thread(target=swap, daemon=True)
     leaked: list[str] = []
-    refused = failed = as_link = as_dir = 0
+    refused = failed = as_link = as_dir = gone = 0
     reasons: set[str] = set()
     swapper.start()
     try:
@@ -104,6 +104,7 @@ def test_a_directory_swapped_for_a_link_to_the_secrets_is_never_followed(
             copied = dest / "src" / "data"
             as_link += copied.is_symlink()
             as_dir += copied.is_dir() and not copied.is_symlink()
+            gone += not copied.is_symlink() and not copied.exists()
     finally:
         stop.set()
         swapper.join()
@@ -111,11 +112,12 @@ def test_a_directory_swapped_for_a_link_to_the_secrets_is_never_followed(
     assert swaps > 0
     assert all("no longer the directory that was checked" in r for r in reasons), reasons
     if swapped == "inside":
-        # The race was run: the directory arrived as the link it was at that moment,
-        # and as the directory (with its file) at others; never an upload failed.
+        # Never an upload failed, and the race was run: the uploads found the directory
+        # in more than one of its states (the link, the directory with its file, not
+        # there); which, and how often, is the machine's (a loaded run over SSH: 198
+        # of 200 found it away).
         assert (refused, failed) == (0, 0)
-        assert as_link > 0, (as_link, as_dir)
-        assert as_dir > 0, (as_link, as_dir)
+        assert sum(n > 0 for n in (as_link, as_dir, gone)) >= 2, (as_link, as_dir, gone)
     else:
         # Checked as the link: refused; swapped after the check: the upload fails; else
         # copied as the directory. Which of these, and how often, is the machine's.
