@@ -29,6 +29,9 @@ from workers.cgroups import CGROUP_PARENT, hierarchy
 
 SUITE_CGROUP = "runwarden-suite"
 _current: dict[str, str] = {}
+"""The module this test process runs now (`module`): it moves at the next one."""
+_JOBS_AT = pytest.StashKey[float]()
+"""The run cgroups' CPU seconds when the session began."""
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -118,6 +121,3 @@ def _remove(cgroup: Path) -> None:
             path.rmdir()
     with contextlib.suppress(OSError):
         cgroup.rmdir()
-
-
-_JOBS_AT = pytest.StashKey[float]()

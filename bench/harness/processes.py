@@ -110,10 +110,9 @@ def processes_carrying_any(entries: Iterable[str]) -> dict[str, list[int]]:
     walked once."""
     needles = {entry.encode(): entry for entry in entries}
     found: dict[str, list[int]] = {entry: [] for entry in needles.values()}
-    ours: dict[int, bool] = {}
     for p in _pids():
         hits = needles.keys() & set(read_proc(f"/proc/{p}/environ").split(b"\0"))
-        if hits and ours.setdefault(p, descends_from_this_process(p)):
+        if hits and descends_from_this_process(p):
             for hit in hits:
                 found[needles[hit]].append(p)
     return found

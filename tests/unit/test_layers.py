@@ -58,10 +58,10 @@ def graph() -> dict[str, set[str]]:
         edges.setdefault(room, set())
         for target in _imported(path):
             other = _room(target)
-            if other is not None and other != room and (PACKAGE / other).exists() | (
-                PACKAGE / f"{other}.py"
-            ).exists():
-                edges[room].add(other)
+            if other in (None, room):
+                continue
+            if (PACKAGE / f"{other}.py").exists() or (PACKAGE / str(other)).is_dir():
+                edges[room].add(str(other))
     return edges
 
 
