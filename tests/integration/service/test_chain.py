@@ -163,6 +163,9 @@ def test_a_preempted_run_goes_on_on_the_next_target_up_to_its_limit(
     (stop,) = pipeline.api.store.stop_history(first.id)
     assert stop.asked_by == "notice:gcp-preempted"
     step = ended.snapshot.step
+    # The Trainer saved on the notice: a whole Hugging Face checkpoint at the step.
+    checkpoint = Path(ended.remote_dir) / ended.snapshot.checkpoint
+    assert json.loads((checkpoint / "trainer_state.json").read_text())["global_step"] == step
 
     source = decided(pipeline, first.id)
     assert source.continuation is not None

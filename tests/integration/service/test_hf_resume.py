@@ -1,12 +1,15 @@
-"""Stop -> resume -> stop -> resume with the real Hugging Face Trainer (a tiny GPT-2
-built from a config, on the CPU, no download) through the whole service: real Redis,
-Celery worker and beat. Each stop's checkpoint comes home verified; each resume
-uploads it into the new run and the Trainer continues the global step, which the
-final checkpoint's `trainer_state.json` shows."""
+"""Stop -> resume -> stop with the real Hugging Face Trainer (a tiny GPT-2 built from a
+config, on the CPU, no download) through the whole service: real Redis, Celery worker
+and beat. Each stop's checkpoint comes home verified; the resume uploads it into the
+new run and the Trainer continues the global step, which the final checkpoint's
+`trainer_state.json` shows; the checkpoint that came home loads with
+`from_pretrained`. (A resume of a resumed run is the toy trainer's, in
+test_policies_resume.py: the chain of resumes is the service's, not the Trainer's.)"""
 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -55,7 +58,9 @@ def stop_after(pipeline: Pipeline, run_id: str, step: int) -> RunRecord:
     return wait_retrieved(pipeline, run_id)
 
 
-def test_stop_resume_stop_resume_continues_the_global_step(pipeline: Pipeline) -> None:
+def test_stop_resume_stop_continues_the_global_step_into_a_loadable_checkpoint(
+    pipeline: Pipeline,
+) -> None:
     command = (
         f"exec {quote(sys.executable)} -u {quote(str(HF_TRAINER))} "
         "--steps 100000 --step-delay 0.1"
@@ -65,22 +70,31 @@ def test_stop_resume_stop_resume_continues_the_global_step(pipeline: Pipeline) -
     steps: list[int] = []
     assert run.snapshot is not None
     steps.append(run.snapshot.step)
-    for _ in range(2):
-        resumed = pipeline.api.launch(pipeline.api.resume_spec(run.id), wait_s=60)
-        assert resumed.resumed_from == run.id
-        remote_checkpoint = Path(resumed.remote_dir) / f"output/checkpoint-{steps[-1]}"
-        assert (remote_checkpoint / "trainer_state.json").is_file()  # uploaded
-        run = stop_after(pipeline, resumed.id, steps[-1] + 3)
-        assert run.snapshot is not None
-        assert run.snapshot.step > steps[-1]
-        log = (Path(resumed.remote_dir) / "job.log").read_text()
-        assert "resuming from" in log
-        steps.append(run.snapshot.step)
-    # The final checkpoint, as it came home: its trainer state goes on from the others.
-    home = pipeline.api.settings.artifacts_root / run.id
-    state = json.loads((home / f"output/checkpoint-{steps[-1]}" / "trainer_state.json").read_text())
+    resumed = pipeline.api.launch(pipeline.api.resume_spec(run.id), wait_s=60)
+    assert resumed.resumed_from == run.id
+    remote_checkpoint = Path(resumed.remote_dir) / f"output/checkpoint-{steps[-1]}"
+    assert (remote_checkpoint / "trainer_state.json").is_file()  # uploaded
+    run = stop_after(pipeline, resumed.id, steps[-1] + 3)
+    assert run.snapshot is not None
+    assert run.snapshot.step > steps[-1]
+    log = (Path(resumed.remote_dir) / "job.log").read_text()
+    assert "resuming from" in log
+    steps.append(run.snapshot.step)
+    # The final checkpoint, as it came home: its trainer state goes on from the first.
+    home = pipeline.api.settings.artifacts_root / run.id / f"output/checkpoint-{steps[-1]}"
+    state = json.loads((home / "trainer_state.json").read_text())
     assert state["global_step"] == steps[-1]
     logged = [entry["step"] for entry in state["log_history"] if "loss" in entry]
     assert logged[0] == 1, logged
     assert logged[-1] == steps[-1], logged
-    assert steps[0] < steps[1] < steps[2]
+    assert steps[0] < steps[1]
+    # And it is a model: transformers loads it (in a process of its own, as a user would).
+    loaded = subprocess.run(
+        [sys.executable, "-c",
+         "import sys, transformers; m = transformers.AutoModelForCausalLM.from_pretrained("
+         "sys.argv[1]); print(type(m).__name__)", str(home)],
+        capture_output=True, text=True, timeout=START_TIMEOUT_S, check=False,
+        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert loaded.returncode == 0, loaded.stderr[-2000:]
+    assert loaded.stdout.strip() == "GPT2LMHeadModel"

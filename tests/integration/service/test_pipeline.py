@@ -151,42 +151,6 @@ def test_unsigned_and_forged_messages_are_refused(pipeline: Pipeline) -> None:
     assert pipeline.api.get_run(run_id).state is RunState.CANCELLED
 
 
-def test_the_hf_trainer_launched_through_runwarden_stops_with_a_loadable_checkpoint(
-    pipeline: Pipeline,
-) -> None:
-    import json
-    import subprocess
-    import sys
-
-    from workers.executors import quote
-
-    from ...conftest import ROOT
-
-    trainer = ROOT / "examples" / "hf_tiny_trainer.py"
-    command = (
-        f"HF_HUB_OFFLINE=1 exec {quote(sys.executable)} -u {quote(str(trainer))} "
-        "--steps 400 --step-delay 0.05"
-    )
-    run_id = pipeline.api.launch(LaunchSpec(target="local", command=command), wait_s=60).id
-    pipeline.wait_step(run_id, 3, timeout_s=90)  # metrics from the callback, followed
-    pipeline.api.stop(run_id, asked_by="test")
-    run = pipeline.wait_state(run_id, timeout_s=90)
-    assert run.state is RunState.STOPPED, run
-    assert run.snapshot is not None
-    checkpoint = Path(run.remote_dir) / run.snapshot.checkpoint
-    state = json.loads((checkpoint / "trainer_state.json").read_text())
-    assert state["global_step"] == run.snapshot.step
-    loaded = subprocess.run(
-        [sys.executable, "-c",
-         "import sys, transformers; m = transformers.AutoModelForCausalLM.from_pretrained("
-         "sys.argv[1]); print(type(m).__name__)", str(checkpoint)],
-        capture_output=True, text=True, timeout=120, check=False,
-        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"},
-    )  # fmt: skip
-    assert loaded.returncode == 0, loaded.stderr[-2000:]
-    assert loaded.stdout.strip() == "GPT2LMHeadModel"
-
-
 def test_a_redis_restart_in_the_middle_of_a_stop(own_pipeline: Pipeline) -> None:
     # The job ignores requests: the stop can only end through the proof deadline,
     # which must survive the restart (AOF) and still be acted on.

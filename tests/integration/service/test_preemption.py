@@ -1,7 +1,7 @@
 """Cloud preemption notices become checkpoints, through the whole service: real
 redis-server, Celery worker and beat (bench/harness/pipeline.py), the notice watcher started
-beside the job on this machine, and the toy trainer (one test: the Hugging Face
-Trainer).
+beside the job on this machine, and the toy trainer. (The Hugging Face Trainer saving
+on a GCP notice is the first preemption of test_chain.py.)
 
 The clouds are the fakes of `bench/harness/fakecloud.py` on loopback: they emulate each
 cloud's documented metadata behaviour (AWS IMDSv2 spot `instance-action`, GCP's
@@ -41,7 +41,6 @@ from schemas.chain import OnPreempt
 from schemas.events import LaunchSpec
 from schemas.preemption import NO_CLIENT, iso_utc, parse_not_after
 from schemas.protocol import NOTICE_FILE, NOTICE_PID_FILE, SNAPSHOT_FILE, SNAPSHOT_REQUEST
-from workers.executors import quote
 
 from ...conftest import ROOT, process_alive, wait_for
 
@@ -54,7 +53,6 @@ PROOF_TIMEOUT_S = 300
 """Longer than Azure's 30 s and AWS's 120 s of notice (the fakes give what the clouds
 document): those notices are recorded as shorter than the proof timeout; the stops
 here end with a proof within seconds, so it is never waited for."""
-HF_TRAINER = ROOT / "examples" / "hf_tiny_trainer.py"
 ISO_UTC = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{3})?Z")
 
 
@@ -392,30 +390,5 @@ def test_a_target_without_curl_or_wget_is_said_plainly(tmp_path: Path) -> None:
             pipeline.wait_step(run.id, 2)  # the job runs on, unwatched
             assert fakes["aws"].seen() == []
             assert pipeline.api.cancel(run.id).state is RunState.CANCELLED
-        finally:
-            pipeline.kill_jobs()
-
-
-# --- the Hugging Face Trainer ----------------------------------------------------------
-
-
-def test_the_hf_trainer_saves_on_a_notice(tmp_path: Path) -> None:
-    with clouds() as fakes, running_pipeline(
-        tmp_path, extra_env=cloud_env(fakes, RUNWARDEN_END_TIMEOUT_S="60")
-    ) as pipeline:
-        try:
-            command = (
-                f"exec {quote(sys.executable)} -u {quote(str(HF_TRAINER))} "
-                "--steps 100000 --step-delay 0.1"
-            )
-            spec = LaunchSpec(target="local", command=command, name="hf", preemption="gcp")
-            run = pipeline.api.launch(spec, wait_s=60)
-            pipeline.wait_step(run.id, 3, timeout_s=180)  # torch and transformers load
-            fakes["gcp"].notice_on()
-            ended = pipeline.wait_state(run.id, timeout_s=120)
-            check_preempted(pipeline, ended, "gcp")
-            assert ended.snapshot is not None
-            checkpoint = Path(ended.remote_dir) / ended.snapshot.checkpoint
-            assert (checkpoint / "trainer_state.json").is_file()
         finally:
             pipeline.kill_jobs()

@@ -267,32 +267,24 @@ def test_a_resumed_run_continues_the_global_step(
     assert f"resuming from {checkpoint}" in (run_dir / "job.log").read_text(errors="replace")
 
 
-def test_without_a_request_the_run_ends_normally(
+def test_without_a_request_the_run_ends_normally_and_its_saves_say_how_long_they_took(
     tmp_path: Path, processes: list[subprocess.Popen[bytes]]
 ) -> None:
-    steps = 5
-    process = start_trainer(tmp_path, "--steps", str(steps))
-    processes.append(process)
-    finish(process, tmp_path)
-    assert not (tmp_path / job.SNAPSHOT_FILE).exists()
-    # save_strategy "no" and nothing asked: the Trainer made `output/`, saved nothing.
-    assert list((tmp_path / "output").iterdir()) == []
-    assert loss_steps(tmp_path) == list(range(1, steps + 1))
-    lines = metrics(tmp_path)
-    assert (lines[0]["event"], lines[0]["max_steps"]) == ("begin", steps)
-    assert lines[-1]["event"] == "end"
-    assert (lines[-1]["step"], "reason" in lines[-1]) == (steps, False)
-
-
-def test_periodic_saves_say_how_long_they_took(
-    tmp_path: Path, processes: list[subprocess.Popen[bytes]]
-) -> None:
-    process = start_trainer(tmp_path, "--steps", "6", "--save-every", "2",
+    steps = 6
+    process = start_trainer(tmp_path, "--steps", str(steps), "--save-every", "2",
                             "--step-delay", STEP_DELAY_S)  # fmt: skip
     processes.append(process)
     finish(process, tmp_path)
+    # Nothing asked: no proof, and the callback saved nothing of its own (the only
+    # checkpoints are the Trainer's periodic ones); the run's end has no reason.
+    assert not (tmp_path / job.SNAPSHOT_FILE).exists()
+    assert loss_steps(tmp_path) == list(range(1, steps + 1))
+    every = metrics(tmp_path)
+    assert (every[0]["event"], every[0]["max_steps"]) == ("begin", steps)
+    assert every[-1]["event"] == "end"
+    assert (every[-1]["step"], "reason" in every[-1]) == (steps, False)
     saved = sorted(int(p.name.removeprefix("checkpoint-")) for p in (tmp_path / "output").iterdir())
-    lines = [r for r in metrics(tmp_path) if r["event"] == "save"]
+    lines = [r for r in every if r["event"] == "save"]
     assert [r["step"] for r in lines] == saved == [2, 4, 6]
     for line in lines:
         # From the step's end to `on_save`: the save (and the other callbacks' work).
