@@ -18,6 +18,7 @@ gets SIGTERM when the reaper dies, however it dies (its parent-death signal,
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import os
@@ -25,11 +26,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Final
 
 from .deathsig import die_with_parent
 
-__all__ = ["become_subreaper", "is_subreaper", "main"]
+__all__ = ["become_subreaper", "is_subreaper", "main", "supervise"]
 
 _PR_SET_CHILD_SUBREAPER: Final = 36
 _PR_GET_CHILD_SUBREAPER: Final = 37
@@ -59,16 +61,58 @@ def is_subreaper() -> bool:
     return value.value != 0
 
 
+def supervise(start: Callable[[], int], restart: bool, name: str) -> int:
+    """Reaps every orphan of this process (which must be a subreaper, single-threaded)
+    until the child `start()` starts (it returns the child's pid, the child already
+    armed to die with this process) exits; returns its exit code (128 + signal when
+    killed). SIGINT and SIGTERM are passed on to the child.
+
+    With `restart`, a child that ends on its own with a non-zero code is started
+    again (after 1 s, doubling to 30 s; reset after a minute of running), its end
+    said on stderr under `name`. A child ended by a forwarded signal is not
+    restarted."""
+    stopping = False
+    child = start()
+
+    def forward(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signum)
+
+    signal.signal(signal.SIGINT, forward)
+    signal.signal(signal.SIGTERM, forward)
+    backoff_s, started = 1.0, time.monotonic()
+    while True:
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:
+            return 1
+        if pid != child:
+            continue  # an orphan, reaped
+        code = os.waitstatus_to_exitcode(status)
+        if not restart or stopping or code == 0:
+            return 128 - code if code < 0 else code
+        if time.monotonic() - started > 60:
+            backoff_s = 1.0
+        print(f"reaper: {name} exited with {code}; restarting in {backoff_s:g} s",
+              file=sys.stderr, flush=True)  # fmt: skip
+        time.sleep(backoff_s)
+        backoff_s = min(30.0, backoff_s * 2)
+        if stopping:
+            return 128 - code if code < 0 else code
+        started = time.monotonic()
+        child = start()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs the command after `--` as a child of a subreaper that reaps every orphan
-    until the command exits; returns its exit code (128 + signal when killed).
-    SIGINT and SIGTERM are passed on to the command.
+    until the command exits ([`supervise`]); returns its exit code.
 
     With `--restart` before `--`, a command that ends on its own with a non-zero
-    code is started again (after 1 s, doubling to 30 s; reset after a minute of
-    running): a Celery worker exits on an "unrecoverable" broker error (kombu fails
-    to reconnect after some Redis restarts), and the stops in flight depend on a
-    worker coming back. A command ended by a forwarded signal is not restarted."""
+    code is started again: a Celery worker exits on an "unrecoverable" broker error
+    (kombu fails to reconnect after some Redis restarts), and the stops in flight
+    depend on a worker coming back."""
     args = sys.argv[1:] if argv is None else argv
     restart = False
     if args[:1] == ["--restart"]:
@@ -79,7 +123,6 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m workers.reaper [--restart] -- CMD [ARG...]", file=sys.stderr)
         return 2
     become_subreaper()
-    stopping = False
     me = os.getpid()
 
     def arm() -> None:
@@ -89,37 +132,14 @@ def main(argv: list[str] | None = None) -> int:
         if os.getppid() != me:
             os._exit(1)
 
-    child = subprocess.Popen(args, preexec_fn=arm)  # noqa: PLW1509 - no thread here
-
-    def forward(signum: int, _frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-        child.send_signal(signum)
-
-    signal.signal(signal.SIGINT, forward)
-    signal.signal(signal.SIGTERM, forward)
-    backoff_s, started = 1.0, time.monotonic()
-    while True:
-        try:
-            pid, status = os.wait()
-        except ChildProcessError:
-            return 1
-        if pid != child.pid:
-            continue  # an orphan, reaped
-        code = os.waitstatus_to_exitcode(status)
-        child.returncode = code
-        if not restart or stopping or code == 0:
-            return 128 - code if code < 0 else code
-        if time.monotonic() - started > 60:
-            backoff_s = 1.0
-        print(f"reaper: {args[0]} exited with {code}; restarting in {backoff_s:g} s",
-              file=sys.stderr, flush=True)  # fmt: skip
-        time.sleep(backoff_s)
-        backoff_s = min(30.0, backoff_s * 2)
-        if stopping:
-            return 128 - code if code < 0 else code
-        started = time.monotonic()
+    def start() -> int:
         child = subprocess.Popen(args, preexec_fn=arm)  # noqa: PLW1509 - no thread here
+        # Reaped by supervise's os.wait, never by Popen (which would wait on a pid
+        # that may by then be another process's).
+        child.returncode = 0
+        return child.pid
+
+    return supervise(start, restart, args[0])
 
 
 if __name__ == "__main__":

@@ -26,9 +26,11 @@ from schemas.events import DEFAULT_QUEUE, QUEUE, QUEUE_RETRIEVE, QUEUE_WATCH
 from schemas.secrets import producer_key_file
 from workers.executors import quote
 
+from . import warm
 from .paths import ROOT, TOY_TRAINER
 from .redis_server import RedisServer
 from .sshd import SshServer
+from .warm import Warm
 
 CLOCKS = {
     "RUNWARDEN_PROOF_TIMEOUT_S": "6",
@@ -105,66 +107,43 @@ class Pipeline:
     env: dict[str, str]
     api: Runwarden
     workdir: Path
-    workers: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
-    beat: subprocess.Popen[bytes] | None = None
+    workers: dict[str, subprocess.Popen[bytes] | Warm] = field(default_factory=dict)
+    beat: subprocess.Popen[bytes] | Warm | None = None
+    exec_start: bool = False
+    """Start the workers and beat with `exec` (as `runwarden serve` does), not forked
+    warm: for a test that reads their command lines or environments in /proc."""
     _groups: dict[str, tuple[int, int]] = field(default_factory=dict, repr=False)
     """Run directory name -> (its `job.pid`'s mtime in ns, the group it names)."""
 
     def start_worker(
         self, name: str = "w1", concurrency: int = 2, queues: str | None = None
-    ) -> subprocess.Popen[bytes]:
+    ) -> subprocess.Popen[bytes] | Warm:
         """Starts worker `name`; with `queues` (`-Q`, comma-separated) it consumes only
         those, else every queue of the app."""
-        log = (self.tmp / f"worker-{name}.log").open("ab")
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "workers.reaper",
-                "--restart",
-                "--",
-                sys.executable,
-                "-m",
-                "workers.start",  # as `runwarden serve` starts its workers
-                "worker",
-                "-n",
-                f"{name}@%h",
-                "-c",
-                str(concurrency),
-                "--loglevel",
-                "INFO",
-                "--without-gossip",
-                "--without-mingle",
-                *(["-Q", queues] if queues else []),
-            ],
-            cwd=ROOT,
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        argv = ["worker", "-n", f"{name}@%h", "-c", str(concurrency), "--loglevel", "INFO",
+                "--without-gossip", "--without-mingle"]  # fmt: skip
+        argv += ["-Q", queues] if queues else []
+        # As `runwarden serve` starts its workers: under a restarting reaper.
+        proc = self._start(argv, f"worker-{name}.log", reaper=True)
         self.workers[name] = proc
         return proc
 
     def start_beat(self) -> None:
-        log = (self.tmp / "beat.log").open("ab")
-        self.beat = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "workers.start",
-                "beat",
-                "-s",
-                str(self.tmp / "beat-schedule"),
-                "--loglevel",
-                "INFO",
-            ],
-            cwd=ROOT,
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        argv = ["beat", "-s", str(self.tmp / "beat-schedule"), "--loglevel", "INFO"]
+        self.beat = self._start(argv, "beat.log", reaper=False)
+
+    def _start(self, argv: list[str], log: str, reaper: bool) -> subprocess.Popen[bytes] | Warm:
+        """`python -m workers.start ARGV` in a session of its own, its output appended
+        to the log `log`: forked warm (bench/harness/warm.py) unless `exec_start`."""
+        if not self.exec_start:
+            return warm.start(argv, self.env, ROOT, self.tmp / log, reaper)
+        under = [sys.executable, "-m", "workers.reaper", "--restart", "--"] if reaper else []
+        with (self.tmp / log).open("ab") as out:
+            return subprocess.Popen(
+                [*under, sys.executable, "-m", "workers.start", *argv],
+                cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
 
     def kill_beat(self) -> None:
         """SIGKILLs beat (its whole session)."""
@@ -334,6 +313,7 @@ def running_pipeline(
     concurrency: int = 2,
     *,
     watch_worker: bool = False,
+    exec_start: bool = False,
 ) -> Iterator[Pipeline]:
     """The whole service in `tmp`: `workers` workers of `concurrency` processes each,
     beat unless told not to, the clocks of [`CLOCKS`] with `extra_env` on top. The
@@ -342,7 +322,8 @@ def running_pipeline(
     (`watch`, 2 processes), the retrievals too (`retrieve`, 1 process), and the
     `workers` consume the others. A test that times stops needs this layout: a storm
     of ended runs' retrievals on the stops' workers delays every proof deadline
-    behind them (the hostile matrix on a loaded machine: 13 s)."""
+    behind them (the hostile matrix on a loaded machine: 13 s). With `exec_start`, the
+    workers and beat are started as `runwarden serve` starts them (`Pipeline.exec_start`)."""
     redis = RedisServer(tmp / "redis")
     redis.start()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RUNWARDEN_")}
@@ -367,7 +348,7 @@ def running_pipeline(
     api.add_target(
         TargetConfig(name="local", kind="local", workdir=str(workdir), upload_roots=(str(tmp),))
     )
-    pipeline = Pipeline(tmp, redis, env, api, workdir)
+    pipeline = Pipeline(tmp, redis, env, api, workdir, exec_start=exec_start)
     done = threading.Event()
 
     def reap() -> None:

@@ -84,7 +84,10 @@ def pool_process(pipeline: Pipeline, name: str = "w1") -> int:
     (main,) = children(pipeline.workers[name].pid)
     pool = wait_for(lambda: children(main), timeout_s=30)
     assert isinstance(pool, list)
-    (found,) = [p for p in pool if b"workers.start" in read_proc(f"/proc/{p}/cmdline")]
+    # A pool process is forked from the worker's main process (no exec): its command
+    # line is the main process's, a job's is not.
+    forked = read_proc(f"/proc/{main}/cmdline")
+    (found,) = [p for p in pool if read_proc(f"/proc/{p}/cmdline") == forked]
     return found
 
 

@@ -100,7 +100,8 @@ class Service:
 
 def worker_pids(pipeline: Pipeline) -> list[int]:
     """The worker's processes: its reaper and every Celery process under it (never a
-    job: jobs are re-parented to the reaper too)."""
+    job: jobs are re-parented to the reaper too). Started with exec (the module reads
+    their environments in /proc, as a job would try to)."""
     reaper = pipeline.workers["w1"].pid
     children: dict[int, list[int]] = {}
     for proc in Path("/proc").iterdir():
@@ -150,7 +151,7 @@ def service() -> Iterator[Service]:
         embedded = EmbeddedRedis(Settings(state_dir=base / "embedded"))
         embedded.start()
         try:
-            with running_pipeline(base) as pipeline:
+            with running_pipeline(base, exec_start=True) as pipeline:
                 secrets_dir = pipeline.api.settings.secrets.path
                 pipeline.api.settings.secrets.ensure("PROBE_TOKEN", TOKEN)
                 # Only the directory (0700) protects it.
