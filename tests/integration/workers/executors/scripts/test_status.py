@@ -128,12 +128,15 @@ def test_a_job_in_a_hostile_directory(sh: Shell) -> None:
     job = sh.spawn("echo ok; sleep 60", HOSTILE_DIR)
     assert Path(job.dir).name == HOSTILE_DIR
     assert sh.executor.status(job) == JobStatus.RUNNING
+    log = Path(job.dir) / JOB_LOG
+    # Started is not yet run: on a loaded machine the cancel could come before the echo.
+    wait_for(lambda: log.read_text().startswith("ok\n"))
     sh.executor.cancel(job)
     assert sh.executor.status(job) == JobStatus.CANCELLED
     assert not group_alive(job.pid)
     # The job's shell outlives the SIGTERM to wait for `sleep`, and reports its end
     # ("Terminated") before the cancel's marker makes it end too.
-    assert (Path(job.dir) / JOB_LOG).read_text().startswith("ok\n")
+    assert log.read_text().startswith("ok\n")
     assert no_pwned(sh.workdir)
 
 
