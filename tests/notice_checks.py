@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.harness.fakecloud import FakeCloud
-from bench.harness.notice_env import ENVS, Env, Watched, processes_naming, wait_until
+from bench.harness.notice_env import ENVS, Env, Watched, none_naming, wait_until
 
 __all__ = [
     "CLIENT_NAMES",
@@ -50,7 +50,7 @@ def settled(watch: Watched, fake: FakeCloud) -> None:
     watch.proc.wait(timeout=POLL_S + 2)
     assert watch.proc.returncode == 0, watch.proc.stderr.read() if watch.proc.stderr else ""
     # busybox's timeout leaves a watcher process for up to a second after a request.
-    assert wait_until(lambda: not processes_naming(fake.port), 2.5) is not None
+    assert none_naming(fake.port, 2.5)
     assert not list(Path("/tmp").glob(f"rw-notice.{watch.proc.pid}.*"))
     names = [p.name for p in watch.dir.rglob("*")]
     assert not [n for n in names if "rw-tmp" in n or (n.startswith("notice.") and "." in n[7:])]

@@ -36,6 +36,7 @@ __all__ = [
     "Env",
     "Watched",
     "closed_port_url",
+    "none_naming",
     "processes_naming",
     "running",
     "tool_dir",
@@ -166,7 +167,8 @@ class Watched:
 
 def processes_naming(port: int) -> list[int]:
     """Live processes whose command line names `127.0.0.1:<port>`: the watcher (its
-    arguments hold the URL), its loops and its HTTP clients; zombies left out."""
+    arguments hold the URL), its loops and its HTTP clients; zombies left out. A pass
+    over every process of the machine ([`none_naming`] waits on it)."""
     needle = f"127.0.0.1:{port}".encode()
     found = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
@@ -177,6 +179,12 @@ def processes_naming(port: int) -> list[int]:
             if stat.rsplit(")", 1)[1].split()[0] != "Z":
                 found.append(int(cmdline.parent.name))
     return found
+
+
+def none_naming(port: int, timeout_s: float) -> bool:
+    """Whether, within `timeout_s`, no live process names `127.0.0.1:<port>`
+    ([`processes_naming`], a pass over every process: looked at every 50 ms)."""
+    return wait_until(lambda: not processes_naming(port), timeout_s, interval_s=0.05) is not None
 
 
 def wait_until(condition: object, timeout_s: float, interval_s: float = 0.005) -> float | None:

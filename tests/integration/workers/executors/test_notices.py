@@ -19,6 +19,7 @@ from bench.harness.notice_env import (
     Env,
     Watched,
     closed_port_url,
+    none_naming,
     processes_naming,
     running,
     wait_until,
@@ -198,7 +199,7 @@ def test_the_gcp_long_poll_delivers_at_once(
                 ]
                 assert poll.header("Metadata-Flavor") == "Google"
             watch.proc.wait(timeout=7)  # type: ignore[union-attr]
-            assert wait_until(lambda: not processes_naming(gcp.port), 2.5) is not None
+            assert none_naming(gcp.port, 2.5)
     finally:
         watch.cleanup()
 
@@ -309,7 +310,7 @@ def test_it_exits_with_the_job_and_writes_nothing(
             assert time.monotonic() - ended < POLL_S + 1.5
             assert proc.returncode == 0
             # Its loops and their requests (a GCP long poll in flight) went too.
-            assert wait_until(lambda: not processes_naming(fake.port), 2.5) is not None
+            assert none_naming(fake.port, 2.5)
             fake.notice_on()
             time.sleep(1.0)
             assert not watch.request.exists()
@@ -334,7 +335,7 @@ def test_sigterm_ends_it_and_its_requests(root: Path) -> None:
             assert proc.returncode == 0
             assert watch.state() == "done: stopped by a signal"
             assert not list(Path("/tmp").glob(f"rw-notice.{proc.pid}.*"))
-            assert wait_until(lambda: not processes_naming(gcp.port), 2.5) is not None
+            assert none_naming(gcp.port, 2.5)
     finally:
         watch.cleanup()
 

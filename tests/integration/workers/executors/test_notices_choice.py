@@ -16,7 +16,7 @@ from bench.harness.notice_env import (
     Env,
     Watched,
     closed_port_url,
-    processes_naming,
+    none_naming,
     running,
     wait_until,
 )
@@ -257,7 +257,7 @@ def test_a_slow_server_is_cut_and_the_job_end_still_seen(root: Path, env: Env) -
             assert watch.state() == f"watching aws with {CLIENT_NAMES[env.client]} (no answer yet)"
             (watch.dir / EXIT_FILE).write_text("0\n")
             proc.wait(timeout=POLL_S + 2)
-            assert wait_until(lambda: not processes_naming(aws.port), 2.5) is not None
+            assert none_naming(aws.port, 2.5)
             assert not watch.request.exists()
     finally:
         watch.cleanup()
@@ -294,7 +294,7 @@ def test_the_scratch_directory_is_private_to_one_watcher(root: Path) -> None:
             second.wait(timeout=POLL_S + 2)
             assert (first.returncode, second.returncode) == (0, 0)
             assert json.loads(watch.notice.read_text())["source"] == "gcp-preempted"
-            assert wait_until(lambda: not processes_naming(gcp.port), 3) is not None
+            assert none_naming(gcp.port, 3)
             assert sorted(p.name for p in (watch.dir / ".runwarden").iterdir()) == [
                 "notice.pid",
                 "notice.state",

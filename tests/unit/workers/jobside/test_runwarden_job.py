@@ -285,7 +285,9 @@ def test_the_proof_is_never_seen_partially(run: Path) -> None:
     thread = threading.Thread(target=reader)
     thread.start()
     try:
-        for index in range(300):
+        # 100 replacements under a reader that never pauses: a writer that truncates
+        # and writes in place is caught within the first few.
+        for index in range(100):
             job.write_proof(steps[index % len(steps)], REASONS[index % len(REASONS)])
     finally:
         stop.set()
