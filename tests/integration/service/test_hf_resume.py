@@ -1,15 +1,15 @@
 """Stop -> resume -> stop with the real Hugging Face Trainer (a tiny GPT-2 built from a
 config, on the CPU, no download) through the whole service: real Redis, Celery worker
 and beat. Each stop's checkpoint comes home verified; the resume uploads it into the
-new run and the Trainer continues the global step, which the final checkpoint's
-`trainer_state.json` shows; the checkpoint that came home loads with
-`from_pretrained`. (A resume of a resumed run is the toy trainer's, in
+new run and the Trainer continues the global step from it (the Trainer loads the
+model, optimizer and scheduler that came home), which the final checkpoint's
+`trainer_state.json` shows. (`from_pretrained` of the callback's checkpoint is
+test_runwarden_hf.py's; a resume of a resumed run is the toy trainer's, in
 test_policies_resume.py: the chain of resumes is the service's, not the Trainer's.)"""
 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -58,9 +58,7 @@ def stop_after(pipeline: Pipeline, run_id: str, step: int) -> RunRecord:
     return wait_retrieved(pipeline, run_id)
 
 
-def test_stop_resume_stop_continues_the_global_step_into_a_loadable_checkpoint(
-    pipeline: Pipeline,
-) -> None:
+def test_stop_resume_stop_continues_the_global_step(pipeline: Pipeline) -> None:
     command = (
         f"exec {quote(sys.executable)} -u {quote(str(HF_TRAINER))} "
         "--steps 100000 --step-delay 0.1"
@@ -88,13 +86,3 @@ def test_stop_resume_stop_continues_the_global_step_into_a_loadable_checkpoint(
     assert logged[0] == 1, logged
     assert logged[-1] == steps[-1], logged
     assert steps[0] < steps[1]
-    # And it is a model: transformers loads it (in a process of its own, as a user would).
-    loaded = subprocess.run(
-        [sys.executable, "-c",
-         "import sys, transformers; m = transformers.AutoModelForCausalLM.from_pretrained("
-         "sys.argv[1]); print(type(m).__name__)", str(home)],
-        capture_output=True, text=True, timeout=START_TIMEOUT_S, check=False,
-        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"},
-    )  # fmt: skip
-    assert loaded.returncode == 0, loaded.stderr[-2000:]
-    assert loaded.stdout.strip() == "GPT2LMHeadModel"
