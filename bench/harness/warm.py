@@ -15,7 +15,9 @@ What differs from an `exec` start, and why it does not matter here:
 - The process is a child of the fork server, not of the test: [`Warm`] gives what
   the tests use of a `subprocess.Popen` (pid, poll, wait, signals), and its session
   is its own (`setsid`), as `start_new_session` gave. It dies with the fork server
-  (its parent-death signal), which dies with the test process.
+  (its parent-death signal), which dies with the test process. It joins the cgroup
+  (v2) of the process that started it, where it can, as an exec'd child would be
+  in it (`tests/cpu_by_module.py` counts a module's processes by their cgroup).
 
 `runwarden serve` still starts every process with `exec` (`producers/children.py`),
 and its tests (test_supervisor.py, test_cli.py's serve and demo) cover that path.
@@ -32,6 +34,7 @@ import subprocess
 import sys
 import traceback
 from collections.abc import Mapping
+from dataclasses import dataclass
 from multiprocessing.context import ForkServerContext
 from pathlib import Path
 from typing import Final
@@ -121,22 +124,51 @@ def start(argv: list[str], env: Mapping[str, str], cwd: Path, log: Path, reaper:
     environment `env` (all of it, nothing of this process's), in `cwd`, its output
     appended to `log`; under a restarting reaper (`python -m workers.reaper --restart
     --`) when `reaper`."""
-    process = _fork_server().Process(
-        target=_run, args=(list(argv), dict(env), str(cwd), str(log), reaper), daemon=False
-    )
+    order = _Order(list(argv), dict(env), str(cwd), str(log), reaper, _cgroup())
+    process = _fork_server().Process(target=_run, args=(order,), daemon=False)
     process.start()
     return Warm(process, argv)
 
 
-def _run(argv: list[str], env: dict[str, str], cwd: str, log: str, reaper: bool) -> None:
-    """The started process (a child of the fork server): its session, environment,
-    directory and output, then `workers.start` (under the reaper when `reaper`)."""
+def _cgroup() -> str | None:
+    """This process's cgroup v2 directory (`/proc/self/cgroup`'s `0::` line under the
+    cgroup2 mount), or None."""
+    with contextlib.suppress(OSError):
+        line = next((x for x in Path("/proc/self/cgroup").read_text().splitlines()
+                     if x.startswith("0::")), None)  # fmt: skip
+        for mount in Path("/proc/self/mountinfo").read_text().splitlines():
+            fields = mount.split(" - ", 1)
+            if line is not None and len(fields) == 2 and fields[1].startswith("cgroup2 "):
+                return fields[0].split()[4] + line[3:].rstrip("/")
+    return None
+
+
+@dataclass(frozen=True)
+class _Order:
+    """What [`start`] sends the fork server for the process it starts."""
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    log: str
+    reaper: bool
+    cgroup: str | None
+
+
+def _run(order: _Order) -> None:
+    """The started process (a child of the fork server): its cgroup, session,
+    environment, directory and output, then `workers.start` (under the reaper when
+    `order.reaper`)."""
+    argv = order.argv
+    if order.cgroup is not None and order.cgroup != _cgroup():
+        with contextlib.suppress(OSError):  # not root, or no cgroup v2: stays where it is
+            Path(order.cgroup, "cgroup.procs").write_text(f"{os.getpid()}\n")
     die_with_parent(signal.SIGTERM)
     os.setsid()
-    os.chdir(cwd)
+    os.chdir(order.cwd)
     os.environ.clear()
-    os.environ.update(env)
-    out = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    os.environ.update(order.env)
+    out = os.open(order.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     nothing = os.open(os.devnull, os.O_RDONLY)
     os.dup2(nothing, 0)
     os.dup2(out, 1)
@@ -148,7 +180,7 @@ def _run(argv: list[str], env: dict[str, str], cwd: str, log: str, reaper: bool)
         print(f"warm start: {sorted(loaded)} preloaded: they read settings at import",
               file=sys.stderr, flush=True)  # fmt: skip
         sys.exit(70)
-    if not reaper:
+    if not order.reaper:
         sys.exit(_start(argv))
     become_subreaper()
     me = os.getpid()
