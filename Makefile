@@ -54,7 +54,7 @@ check-sh:
 # every test module, and pytest caches its assertion rewriting only as bytecode (12 -> 7 s
 # of CPU a process); the processes the tests start compile the repository once, not each.
 test: system-deps venv lint
-	env -u PYTHONDONTWRITEBYTECODE $(PY) -m workers.reaper -- $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -m workers.reaper -- $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # Everyday check: ruff, mypy, shellcheck and the unit tests (tests/unit: no process, no server
 # but the session's redis-server) at once.

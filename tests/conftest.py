@@ -84,10 +84,11 @@ _FIRST: tuple[str, ...] = (
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Orders the files longest first ([`_LONGEST`], then by [`_FIRST`]; each file's
     tests keep their order and stay together, so a module's fixtures start once), the
-    same order in every process. xdist (`--dist loadfile`) hands the files out in this
-    order and each process holds its file and the next: a long file handed out last,
-    or queued behind another long one, holds the run's end alone (a full run ended
-    with one 33 s file running for its last minute)."""
+    same order in every process. xdist (`--dist loadfile --no-loadscope-reorder`;
+    without the second it orders files by their number of tests, so the long files of
+    one test came last) hands the files out in this order and each process holds its
+    file and the next: a long file handed out last, or queued behind another long one,
+    holds the run's end alone (full runs ended with one 33-38 s file running alone)."""
 
     def rank(item: pytest.Item) -> int:
         path = item.nodeid.split("::", 1)[0]
