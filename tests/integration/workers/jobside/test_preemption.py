@@ -193,6 +193,9 @@ def rank_pid(agent: int, rank: int) -> int | None:
 def test_a_signal_on_one_rank_stops_every_rank_at_the_same_step(
     tmp_path: Path, trainers: list[subprocess.Popen[bytes]]
 ) -> None:
+    # The suite's one run of several ranks (each imports torch and the Trainer: about
+    # 10 s of CPU). Rank 0's own request (a file or a signal) becomes the same agreed
+    # decision as another rank's signal (test_runwarden_hf_preemption.py, in process).
     process = start_hf_trainer(
         tmp_path, "--steps", str(RUN_STEPS), "--step-delay", STEP_DELAY_S, ranks=2
     )
@@ -211,9 +214,14 @@ def test_a_signal_on_one_rank_stops_every_rank_at_the_same_step(
     assert log.count(f"training ended at step {step}\n") == 2, log[-4000:]
     assert log.count("training ended at step") == 2
     assert log.count("proof written to") == 1
+    # Both ranks ended at the proof's step, and both had saved before the proof.
     for name in ("model.safetensors", "rng_state_0.pth", "rng_state_1.pth"):
         assert (tmp_path / proof.snapshot.checkpoint / name).is_file(), name
     assert (tmp_path / job.SNAPSHOT_REQUEST).read_text() == "preempted"
+    # Rank 0 alone writes metrics.
+    events = [r["event"] for r in metrics(tmp_path)]
+    assert (events.count("begin"), events.count("end")) == (1, 1)
+    assert loss_steps(tmp_path) == list(range(1, step + 1))
 
 
 # --- through the whole service --------------------------------------------------------

@@ -297,34 +297,6 @@ def test_without_a_request_the_run_ends_normally_and_its_saves_say_how_long_they
     ]
 
 
-def test_every_rank_stops_at_the_step_of_the_proof(
-    tmp_path: Path, processes: list[subprocess.Popen[bytes]]
-) -> None:
-    process = start_trainer(
-        tmp_path, "--steps", str(RUN_STEPS), "--step-delay", STEP_DELAY_S, ranks=2
-    )
-    processes.append(process)
-    wait_for(lambda: len(loss_steps(tmp_path)) >= 3 or process.poll() is not None)
-    put(tmp_path / job.SNAPSHOT_REQUEST, "cost")
-    finish(process, tmp_path)
-    proof = parse_proof((tmp_path / job.SNAPSHOT_FILE).read_bytes())
-    assert isinstance(proof, ProofSaved)
-    step = proof.snapshot.step
-    assert (proof.snapshot.reason, 3 <= step < RUN_STEPS) == ("cost", True)
-    log = (tmp_path / "job.log").read_text(errors="replace")
-    # Both ranks ended at the proof's step, and both had saved before the proof.
-    assert log.count(f"training ended at step {step}\n") == 2, log[-4000:]
-    assert log.count("training ended at step") == 2
-    assert log.count("proof written to") == 1
-    checkpoint = tmp_path / proof.snapshot.checkpoint
-    for name in ("model.safetensors", "rng_state_0.pth", "rng_state_1.pth"):
-        assert (checkpoint / name).is_file(), name
-    # Rank 0 alone writes metrics.
-    events = [r["event"] for r in metrics(tmp_path)]
-    assert (events.count("begin"), events.count("end")) == (1, 1)
-    assert loss_steps(tmp_path) == list(range(1, step + 1))
-
-
 def test_importing_it_imports_neither_torch_nor_transformers() -> None:
     out = python(
         "import sys, runwarden_hf\n"
