@@ -9,9 +9,9 @@ PYTEST_ARGS ?=
 # pytest-xdist processes: the integration tests mostly wait (on services, jobs, SSH),
 # so more processes than cores pay; files are the unit of distribution, so a module's
 # shared services start once (docs/development.md).
-TEST_WORKERS ?= 4
+TEST_WORKERS ?= 5
 
-.PHONY: demo test check check-ruff check-mypy check-unit check-sh lint lock system-deps venv clean
+.PHONY: demo test suite check check-ruff check-mypy check-unit check-sh lint lock system-deps venv clean
 
 # Everything the tests use (every extra), at the versions of requirements-dev.lock.
 $(VENV)/.installed: pyproject.toml requirements-dev.lock
@@ -48,12 +48,17 @@ lint: venv check-sh
 check-sh:
 	shellcheck -s sh workers/executors/sh/*.sh
 
+# The linters and the suite at once (the suite leaves a core idle a fifth of its time);
+# either failing fails the run.
+test: system-deps venv
+	@$(MAKE) --no-print-directory -j2 lint suite
+
 # pytest runs under a subreaper: orphaned job processes are reaped even where this
 # machine's init does not reap them (a zombie counts as a live group member). Bytecode is
 # written even where PYTHONDONTWRITEBYTECODE is set: every pytest-xdist process collects
 # every test module, and pytest caches its assertion rewriting only as bytecode (12 -> 7 s
 # of CPU a process); the processes the tests start compile the repository once, not each.
-test: system-deps venv lint
+suite: venv
 	env -u PYTHONDONTWRITEBYTECODE $(PY) -m workers.reaper -- $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # Everyday check: ruff, mypy, shellcheck and the unit tests (tests/unit: no process, no server
