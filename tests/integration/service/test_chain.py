@@ -25,7 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness.fakecloud import FAKES, FakeCloud
+from bench.harness.fakecloud import FakeCloud
+from bench.harness.notice_env import running
 from bench.harness.pipeline import Pipeline, running_pipeline, toy
 from bench.harness.sshd import SshServer, running_sshd
 from schemas import (
@@ -53,11 +54,8 @@ START_TIMEOUT_S = 60.0
 
 @pytest.fixture
 def gcp() -> Iterator[FakeCloud]:
-    fake = FAKES["gcp"]()
-    try:
+    with running("gcp") as fake:
         yield fake
-    finally:
-        fake.close()
 
 
 @pytest.fixture

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness.fakecloud import FAKES, FakeCloud
+from bench.harness.fakecloud import FakeCloud
+from bench.harness.notice_env import running
 from bench.harness.pipeline import Pipeline, running_pipeline
 from schemas import ArtifactsPhase, RunRecord, RunState, SnapshotReason
 from schemas.events import LaunchSpec
@@ -38,11 +39,8 @@ START_TIMEOUT_S = 180.0  # importing torch and transformers on a loaded machine
 
 @pytest.fixture
 def gcp() -> Iterator[FakeCloud]:
-    fake = FAKES["gcp"]()
-    try:
+    with running("gcp") as fake:
         yield fake
-    finally:
-        fake.close()
 
 
 @pytest.fixture
