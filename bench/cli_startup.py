@@ -71,7 +71,7 @@ def _seed(env: dict[str, str]) -> None:
     store = RunStore.from_settings(Settings())
     record = RunRecord(id=RUN_ID, target="local", created=datetime.now(UTC),
                        remote_dir=f"/runs/{RUN_ID}")  # fmt: skip
-    store.create_run(record)
+    store.runs.create(record)
 
 
 def main() -> None:

@@ -53,24 +53,24 @@ def measure(tmp: Path, period_s: float, seconds: float, wait_s: float) -> None:
         behind: list[int] = []
         started = time.monotonic()
         while time.monotonic() - started < seconds:
-            newest = store.read_log_newest(run.id, count=1)
+            newest = store.follow.read_log_newest(run.id, count=1)
             words = newest[0].line.split() if newest else []
             if len(words) == 3:  # a line of the job's: index, time, filler
                 lags.append(time.time() - float(words[1]))
             if log.exists():
-                behind.append(log.stat().st_size - store.get_offsets(run.id).log)
+                behind.append(log.stat().st_size - store.follow.offsets(run.id).log)
             time.sleep(0.25)
         size = log.stat().st_size
         stopped = time.monotonic()
         caught = None
         while time.monotonic() - stopped < wait_s:
-            newest = store.read_log_newest(run.id, count=1)
+            newest = store.follow.read_log_newest(run.id, count=1)
             if newest and newest[0].line == "last line":
                 caught = time.monotonic() - stopped
                 break
             time.sleep(0.1)
-        left = log.stat().st_size - store.get_offsets(run.id).log
-        held = store.stream_bytes(run.id).log
+        left = log.stat().st_size - store.follow.offsets(run.id).log
+        held = store.follow.stream_bytes(run.id).log
         ended = pipeline.api.get_run(run.id)
         if ended.state.is_terminal:
             print(f"   the job ended early: {ended.state} {ended.message}")

@@ -164,7 +164,7 @@ def poll_tick(tmp: Path, targets: int, per_target: int, rounds: int) -> None:
                 run_dir = workdir / run_id
                 run_dir.mkdir()
                 (run_dir / "job.log").write_text("step 1\n")
-                store.create_run(
+                store.runs.create(
                     RunRecord(
                         id=run_id,
                         target=name,
@@ -174,7 +174,7 @@ def poll_tick(tmp: Path, targets: int, per_target: int, rounds: int) -> None:
                         state=RunState.RUNNING,
                     )
                 )
-                store.follow(run_id)
+                store.follow.add(run_id)
         names = [f"t{t}" for t in range(targets)]
         for name in names:  # warm: connections open, logs read once
             watch.watch_target(worker, name, now)
@@ -192,9 +192,9 @@ def poll_tick(tmp: Path, targets: int, per_target: int, rounds: int) -> None:
             started = time.perf_counter()
             for name in names:
                 executor = worker.executor(name)
-                for run_id in store.followed(name):
-                    run = store.get_run(run_id)
-                    offsets = store.get_offsets(run_id)
+                for run_id in store.follow.runs(name):
+                    run = store.runs.get(run_id)
+                    offsets = store.follow.offsets(run_id)
                     assert run.job is not None
                     executor.follow([FollowEntry(run.job, offsets.log, offsets.metrics)])
             single.append(time.perf_counter() - started)
@@ -242,7 +242,7 @@ def worker_memory(tmp: Path, runs: int) -> None:
         for r in range(runs):
             run_dir = pipeline.workdir / f"mem-{r}"
             run_dir.mkdir()
-            store.create_run(
+            store.runs.create(
                 RunRecord(
                     id=f"mem-{r}",
                     target="local",
@@ -252,7 +252,7 @@ def worker_memory(tmp: Path, runs: int) -> None:
                     state=RunState.RUNNING,
                 )
             )
-            store.follow(f"mem-{r}")
+            store.follow.add(f"mem-{r}")
             pipeline.send(
                 "runwarden.proof_timeout",
                 {"run_id": f"mem-{r}", "stop_id": f"bench{r:012d}"},

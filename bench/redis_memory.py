@@ -1,7 +1,7 @@
 """Redis's memory after many chatty runs, against the bound the run store promises.
 
 1,000 runs (`--runs`) each write 100 MiB of log (`--mib-per-run`) through the store's
-`record_tail`, the follow's own write path: one call per 256 KiB read (what one
+`Follow.record_tail`, the follow's own write path: one call per 256 KiB read (what one
 follow tick reads of a file), round robin over the runs as a busy service follows
 them, with a few metrics records each time. The lines have realistic sizes: mostly
 log lines of 40-400 bytes (a timestamp, a logger, a step, numbers), and about half
@@ -45,9 +45,10 @@ from bench.harness.redis_server import RedisServer  # noqa: E402
 from schemas import JobId, RunRecord, RunState, Settings  # noqa: E402
 from schemas.text import format_bytes  # noqa: E402
 from store import LOG_CAP, METRICS_CAP, Offsets, RunStore  # noqa: E402
+from store.steps import end_run  # noqa: E402
 
 CHUNK = 256 * 1024
-"""Bytes of log one `record_tail` carries: what one follow tick reads of a file."""
+"""Bytes of log one `Follow.record_tail` carries: what one follow tick reads of a file."""
 VARIANTS = 64
 """Distinct chunks generated; the runs cycle through them."""
 MIB = 1024 * 1024
@@ -148,8 +149,8 @@ def create_runs(store: RunStore, count: int) -> list[str]:
             id=run_id, target="local", created=now, remote_dir=f"/work/{run_id}",
             state=RunState.RUNNING, job=JobId(dir=f"/work/{run_id}", pid=4242),
         )  # fmt: skip
-        store.create_run(record)
-        store.follow(run_id)
+        store.runs.create(record)
+        store.follow.add(run_id)
     return ids
 
 
@@ -160,7 +161,7 @@ def feed(
     reads: int,
     rng: random.Random,
 ) -> tuple[int, float]:
-    """`reads` reads of each run, round robin, through `record_tail`; the bytes of log
+    """`reads` reads of each run, round robin, through `Follow.record_tail`; the bytes of log
     written and the seconds it took."""
     offsets = {run_id: Offsets(0, 0) for run_id in ids}
     started = time.monotonic()
@@ -170,7 +171,7 @@ def feed(
             lines, size = variants[(index * 7 + tick) % VARIANTS]
             before = offsets[run_id]
             after = Offsets(before.log + size, before.metrics + 5 * 150)
-            if not store.record_tail(run_id, lines=lines, records=metrics(rng, tick * 5),
+            if not store.follow.record_tail(run_id, lines=lines, records=metrics(rng, tick * 5),
                                      from_offsets=before, to_offsets=after):  # fmt: skip
                 raise SystemExit(f"record_tail refused {run_id} at {before}")
             offsets[run_id] = after
@@ -217,9 +218,9 @@ def main() -> None:
             written, elapsed = feed(store, ids, variants, reads, rng)
             full, full_rss = used(client)
             for run_id in ids:
-                store.end_run(run_id, RunState.SUCCEEDED)
+                end_run(store, run_id, RunState.SUCCEEDED)
             ended, ended_rss = used(client)
-            held = [store.stream_bytes(run_id) for run_id in ids]
+            held = [store.follow.stream_bytes(run_id) for run_id in ids]
             client.close()
         finally:
             server.stop()

@@ -154,13 +154,13 @@ class Runwarden:
             UnknownTarget: when the target does not exist.
             OperationFailed: when the launch failed (the worker's message).
         """
-        self.store.get_target(spec.target)
+        self.store.targets.get(spec.target)
         if spec.resume_from is not None:
-            check_resumable(self.store.get_run(spec.resume_from))
+            check_resumable(self.store.runs.get(spec.resume_from))
         if spec.key is None:
             spec = spec.model_copy(update={"key": new_launch_key()})
         answer = self._call(TASK_LAUNCH, spec, wait_s)
-        return self.store.get_run(answer["run_id"])
+        return self.store.runs.get(answer["run_id"])
 
     def resume_spec(
         self, run_id: str, *, target: str | None = None, command: str | None = None
@@ -175,7 +175,7 @@ class Runwarden:
         Raises:
             NotFound, NotResumable.
         """
-        run = self.store.get_run(run_id)
+        run = self.store.runs.get(run_id)
         check_resumable(run)
         if command is None and run.command == ADOPTED_COMMAND:
             raise NotResumable(run_id, "it was adopted: its command is unknown; give one")
@@ -189,7 +189,7 @@ class Runwarden:
         Raises:
             NotFound, OperationFailed.
         """
-        self.store.get_run(run_id)
+        self.store.runs.get(run_id)
         answer = self._call(TASK_RETRIEVE, RetrieveBody(run_id=run_id, force=force), wait_s)
         if wait_s is None:
             return answer
@@ -208,7 +208,7 @@ class Runwarden:
         Raises:
             NotFound, NotStarted, NotRunning, NoSnapshots, OperationFailed.
         """
-        check_snapshot_request(self.store.get_run(run_id))
+        check_snapshot_request(self.store.runs.get(run_id))
         body = SnapshotRequestBody(run_id=run_id, reason=reason, asked_by=asked_by)
         return StopState.model_validate(self._call(TASK_SNAPSHOT_REQUEST, body, wait_s))
 
@@ -218,9 +218,9 @@ class Runwarden:
         Raises:
             NotFound, NotStarted, NotRunning, OperationFailed.
         """
-        check_cancel(self.store.get_run(run_id))
+        check_cancel(self.store.runs.get(run_id))
         self._call(TASK_CANCEL, CancelBody(run_id=run_id), wait_s)
-        return self.store.get_run(run_id)
+        return self.store.runs.get(run_id)
 
     def follow(
         self,
@@ -232,7 +232,7 @@ class Runwarden:
     ) -> RunRecord:
         """Follows a run again, or adopts a run directory started elsewhere."""
         answer = self._call(TASK_FOLLOW, FollowBody(run_id=run_id, target=target, dir=dir), wait_s)
-        return self.store.get_run(answer["run_id"])
+        return self.store.runs.get(answer["run_id"])
 
     def doctor(self, target: str, wait_s: float = DOCTOR_WAIT_S) -> DoctorReport:
         """Checks that `target` has what runwarden needs, as a worker sees it (the
@@ -244,17 +244,17 @@ class Runwarden:
             UnknownTarget: when the target does not exist.
             OperationFailed: when no worker answered in time, or the task failed.
         """
-        self.store.get_target(target)
+        self.store.targets.get(target)
         answer = self._call(TASK_DOCTOR, DoctorBody(target=target), wait_s)
         return DoctorReport.model_validate(answer)
 
     # --- reading --------------------------------------------------------------------
 
     def get_run(self, run_id: str) -> RunRecord:
-        return self.store.get_run(run_id)
+        return self.store.runs.get(run_id)
 
     def list_runs(self, target: str | None = None) -> list[RunRecord]:
-        return self.store.list_runs(target=target)
+        return self.store.runs.find(target=target)
 
     def chain(self, run_id: str) -> list[RunRecord]:
         """The chain of runs `run_id` belongs to, oldest first: the runs it resumes
@@ -265,7 +265,7 @@ class Runwarden:
         Raises:
             NotFound: no run `run_id`.
         """
-        run = self.store.get_run(run_id)
+        run = self.store.runs.get(run_id)
         back: list[RunRecord] = []
         seen = {run.id}
         current = run
@@ -273,7 +273,7 @@ class Runwarden:
             if current.resumed_from in seen:
                 break
             try:
-                current = self.store.get_run(current.resumed_from)
+                current = self.store.runs.get(current.resumed_from)
             except NotFound:
                 break
             seen.add(current.id)
@@ -284,11 +284,11 @@ class Runwarden:
             done = current.continuation
             if done is None or done.key is None:
                 break
-            next_id = self.store.launch_run(done.key)
+            next_id = self.store.launches.launch(done.key)
             if next_id is None or next_id in seen:
                 break
             try:
-                current = self.store.get_run(next_id)
+                current = self.store.runs.get(next_id)
             except NotFound:
                 break
             seen.add(current.id)
@@ -296,23 +296,23 @@ class Runwarden:
         return chain
 
     def get_stop(self, run_id: str) -> StopState | None:
-        return self.store.get_stop(run_id)
+        return self.store.stops.get(run_id)
 
     def list_stops(self) -> list[StopState]:
-        return self.store.list_stops()
+        return self.store.stops.in_progress()
 
     def next_stop_budget(self, run: RunRecord) -> tuple[StopBudget, str]:
         """The timeouts the next stop of `run` would get, decided as a worker decides
         them (`schemas.budget.stop_budget`: the run's own timeouts, else learned from
         its saves, else the default), by the rule of the workers' settings: the one
-        the newest worker published at its start (`RunStore.budget_rules`), else this
+        the newest worker published at its start (`RunStore.budgets.rules`), else this
         client's own. With it, where the rule came from, for people.
 
         Raises:
             StoreError.
         """
-        saves = self.store.learned_saves(run)
-        published = self.store.budget_rules()
+        saves = self.store.budgets.learned(run)
+        published = self.store.budgets.rules()
         if published:
             rule, where = published[0].rule, f"the workers' settings ({published[0].worker})"
         else:
@@ -327,7 +327,7 @@ class Runwarden:
         Raises:
             NotFound, StoreError.
         """
-        self.store.get_run(run_id)
+        self.store.runs.get(run_id)
         return self.store.ledger.events(run_id)
 
     def ledger_history(self, run_id: str | None = None, limit: int = 500) -> list[LedgerEvent]:
@@ -338,7 +338,7 @@ class Runwarden:
             NotFound (for a run that does not exist), StoreError.
         """
         if run_id is not None:
-            self.store.get_run(run_id)
+            self.store.runs.get(run_id)
         return self.store.ledger.history(run_id, limit)
 
     def webhook_failures(self, limit: int = 100) -> list[dict[str, Any]]:
@@ -373,10 +373,10 @@ class Runwarden:
                 )
         data = config.model_dump(mode="json")
         signature = sign_target(config.name, data, self._key(OPERATOR))
-        self.store.put_target(config.name, data, signature)
+        self.store.targets.put(config.name, data, signature)
 
     def list_targets(self) -> list[TargetConfig]:
-        return [TargetConfig.model_validate(c) for c in self.store.list_targets().values()]
+        return [TargetConfig.model_validate(c) for c in self.store.targets.all().values()]
 
     def remove_target(self, name: str) -> bool:
-        return self.store.remove_target(name)
+        return self.store.targets.remove(name)

@@ -56,7 +56,7 @@ def _follow_and_stop(
     with Progress(*columns, console=console) as progress:
         task = progress.add_task("", total=1000)
         while True:
-            current = api.store.last_metrics(run.id)
+            current = api.store.follow.last_metrics(run.id)
             if current is not None and current.step is not None:
                 loss = f"loss {current.loss:.4f}" if current.loss is not None else ""
                 progress.update(task, completed=current.step,

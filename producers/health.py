@@ -68,7 +68,7 @@ def redis_address(settings: Settings) -> str:
 
 def _line(error: BaseException) -> str:
     line = " ".join(str(error).split()) or type(error).__name__
-    return line.removeprefix("run store: ").replace(" (read_health)", "")
+    return line.removeprefix("run store: ").replace(" (Health.read_health)", "")
 
 
 def read_health(

@@ -64,8 +64,8 @@ class StoreCollector(Collector):
         up = GaugeMetricFamily("runwarden_store_up", "Whether the run store could be read.")
         try:
             series = self.store.counters.series()
-            stops = self.store.list_stops()
-            runs = self.store.list_runs()
+            stops = self.store.stops.in_progress()
+            runs = self.store.runs.find()
             pending = self.store.webhooks.pending()
         except (RunError, ValueError) as error:
             log.warning("metrics: the run store cannot be read: %s", error)

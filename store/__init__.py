@@ -10,7 +10,7 @@ Guarantees:
 
 - Every change that must not be lost or applied twice is a compare-and-set: run
   records through WATCH/MULTI (redis-py's `transaction`, bounded retries, in one
-  helper: `StoreBase._compare_and_set`), stops through one Lua script that
+  helper: `StoreBase.compare_and_set`), stops through one Lua script that
   writes only if the stored JSON is byte for byte the one the decision was made on,
   together with the stop's deadlines. A late or duplicate task therefore changes
   nothing, and two workers racing get one winner.
@@ -20,14 +20,14 @@ Guarantees:
 - Redis stays bounded: each run's log and metrics streams keep at most an entry cap
   and a byte budget (each line at most a line cap), trimmed oldest first in the
   script that appends (`store.streams`); an ended run's follow data expires after
-  the retention (`end_run`), while its record and stop history stay. `RunStore.health.memory`
+  the retention (`steps.end_run`), while its record and stop history stay. `RunStore.health.memory`
   reads Redis's use against its `maxmemory`.
 - Every Redis failure is raised as `StoreError` (`raise ... from` the Redis error).
   The operation may then have been applied or not (the reply was lost): retrying
   never corrupts anything, since every write is a compare-and-set or idempotent, but
-  a retried `create_run` / `open_stop` may report the item as already there
-  (`False`), and a retried `append_log` / `append_metrics` may append twice
-  (`record_tail` never does). A stop opened that way still has its deadline in the
+  a retried `Runs.create` / `Stops.open` may report the item as already there
+  (`False`), and a retried `Follow.append_log` / `Follow.append_metrics` may append twice
+  (`Follow.record_tail` never does). A stop opened that way still has its deadline in the
   sorted set, so `reconcile` fires it even if no countdown was scheduled.
 
 Units: durations are seconds (float) unless the name says `_ms`; datetimes are

@@ -92,7 +92,7 @@ def _describe(operation: str, error: RedisError) -> str:
 
 def translated(method: Callable[_P, _T]) -> Callable[_P, _T]:
     """Raises every Redis error of `method` as `StoreError`, from the Redis error."""
-    operation = method.__name__
+    operation = method.__qualname__
 
     @functools.wraps(method)
     def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _T:
@@ -202,7 +202,7 @@ class StoreBase:
             name: client.register_script(lua(name)) for name in _SCRIPTS
         }
 
-    def _compare_and_set(
+    def compare_and_set(
         self, keys: list[str], step: Callable[[Any], _T], conflict: str, run_id: str | None = None
     ) -> tuple[_T, list[Any]]:
         """Runs `step` as one optimistic transaction over `keys` (redis-py's
@@ -242,11 +242,21 @@ class StoreBase:
 
 
 class StorePart:
-    """One concern of the store as an object of its own (`RunStore.webhooks`, ...),
-    over the parts every concern shares with the others: the `shared` store's Redis
-    client, its keys and its Lua scripts. Thread-safe as far as the client is."""
+    """One concern of the store as an object of its own (`RunStore.runs`, ...), over
+    what every concern shares with the others: the `shared` store's Redis client, its
+    keys, its Lua scripts, its bounds and its compare-and-set. Thread-safe as far as
+    the client is."""
 
     def __init__(self, shared: StoreBase) -> None:
         self.keys = shared.keys
         self._r: Any = shared._r
         self._script = shared._script
+        self._compare_and_set = shared.compare_and_set
+        self._log_cap = shared._log_cap
+        self._metrics_cap = shared._metrics_cap
+        self._history_cap = shared._history_cap
+        self._attempts = shared._attempts
+        self._line_bytes = shared._line_bytes
+        self._log_bytes = shared._log_bytes
+        self._metrics_bytes = shared._metrics_bytes
+        self._retention_ms = shared._retention_ms

@@ -4,7 +4,7 @@ newest first; a resumed run also reads those of the runs it was resumed from.
 
 Samples come from two places: the follow, which pushes the `save` lines of the
 metrics it records in the same transaction ([`queue_saves`], so a line is never
-counted twice), and the end of a stop that proved ([`BudgetsMixin.record_save`]).
+counted twice), and the end of a stop that proved ([`Budgets.record_save`]).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from pydantic import ValidationError
 from schemas import NotFound, RunRecord
 from schemas.budget import BudgetRule, SaveSample
 
-from .base import text, translated
-from .runs import RunsMixin
+from .base import StoreBase, StorePart, text, translated
+from .runs import Runs
 
-__all__ = ["SAVES_KEPT", "BudgetsMixin", "PublishedRule", "queue_saves"]
+__all__ = ["SAVES_KEPT", "Budgets", "PublishedRule", "queue_saves"]
 
 SAVES_KEPT: Final = 20
 """Samples kept per run (the newest), and the most a run's budget is learned from,
@@ -52,11 +52,16 @@ class PublishedRule(NamedTuple):
     """When it was published (at the worker's start), on Redis's clock."""
 
 
-class BudgetsMixin(RunsMixin):
-    """The save samples of runs, and the rules the workers decide timeouts by."""
+class Budgets(StorePart):
+    """Stop budgets (`RunStore.budgets`): the save samples of runs, and the rules the
+    workers decide timeouts by."""
+
+    def __init__(self, shared: StoreBase, runs: Runs) -> None:
+        super().__init__(shared)
+        self._runs = runs
 
     @translated
-    def publish_budget_rule(self, worker: str, rule: BudgetRule) -> None:
+    def publish_rule(self, worker: str, rule: BudgetRule) -> None:
         """Records `rule` as the one worker `worker` decides its stops' timeouts by
         (its settings), stamped with Redis's clock, so a producer predicts a stop's
         timeouts as the workers will decide them."""
@@ -67,7 +72,7 @@ class BudgetsMixin(RunsMixin):
         self._r.hset(self.keys.budget_rules, worker[:255], json.dumps(value))
 
     @translated
-    def budget_rules(self) -> list[PublishedRule]:
+    def rules(self) -> list[PublishedRule]:
         """The rules the workers published, newest first. An entry that cannot be
         read (written by something else) is skipped."""
         found = []
@@ -102,7 +107,7 @@ class BudgetsMixin(RunsMixin):
         return found
 
     @translated
-    def learned_saves(self, run: RunRecord) -> list[SaveSample]:
+    def learned(self, run: RunRecord) -> list[SaveSample]:
         """The samples a stop of `run` learns from, newest first, at most
         [`SAVES_KEPT`]: its own, then (while fewer) those of the run it was resumed
         from, and of that run's source, and so on: a resumed run starts with what its
@@ -115,7 +120,7 @@ class BudgetsMixin(RunsMixin):
                 break
             seen.add(source)
             try:
-                earlier = self.get_run(source)
+                earlier = self._runs.get(source)
             except NotFound:
                 break
             found += self.saves(earlier.id)

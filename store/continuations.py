@@ -1,7 +1,7 @@
 """The queue of waiting continuations in the run store: preempted runs whose next run
 is not launched yet (`schemas.chain`), by the time of their next try. A run's record
 (`continuation`) and its place in the queue change in one transaction
-(`RunsMixin.update_run`, `end_run`); these methods read the queue and move an entry
+(`Runs.update`, `steps.end_run`); these methods read the queue and move an entry
 ahead (`reconcile` sending a try, a try that found no target)."""
 
 from __future__ import annotations
@@ -10,16 +10,16 @@ from datetime import datetime
 
 from schemas import validate_run_id
 
-from .base import StoreBase, aware, score, text, translated
+from .base import StorePart, aware, score, text, translated
 
-__all__ = ["ContinuationsMixin"]
+__all__ = ["Continuations"]
 
 
-class ContinuationsMixin(StoreBase):
+class Continuations(StorePart):
     """The queue of waiting continuations."""
 
     @translated
-    def due_continuations(self, now: datetime, limit: int = 100) -> list[str]:
+    def due(self, now: datetime, limit: int = 100) -> list[str]:
         """The ids of at most `limit` runs whose continuation is waiting and due at
         `now`, the longest due first. An entry stays until the record's continuation
         leaves `waiting`."""
@@ -29,7 +29,7 @@ class ContinuationsMixin(StoreBase):
         return [text(m) for m in found]
 
     @translated
-    def schedule_continuation(self, run_id: str, at: datetime) -> bool:
+    def schedule(self, run_id: str, at: datetime) -> bool:
         """Moves the waiting continuation of `run_id` to `at`; whether it was
         waiting (an entry that left the queue is not put back)."""
         key, member = self.keys.continuations, validate_run_id(run_id)

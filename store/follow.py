@@ -17,12 +17,12 @@ from schemas import Progress, StoreError, validate_run_id
 from schemas.budget import save_samples
 from schemas.progress import finite, progress_fields
 
-from .base import text, translated
+from .base import StoreBase, StorePart, text, translated
 from .budgets import queue_saves
-from .runs import RunsMixin
+from .runs import Runs
 from .streams import ENTRY_OVERHEAD_BYTES, cut_line
 
-__all__ = ["FollowMixin", "LogEntry", "MetricsEntry", "Offsets", "StreamBytes"]
+__all__ = ["Follow", "LogEntry", "MetricsEntry", "Offsets", "StreamBytes"]
 
 
 class LogEntry(NamedTuple):
@@ -95,16 +95,21 @@ def _held(total: Any, first: Any) -> int:
     return max(0, int(total or 0) - start)
 
 
-class FollowMixin(RunsMixin):
-    """Followed runs, offsets, log and metrics streams, progress."""
+class Follow(StorePart):
+    """The follow (`RunStore.follow`): followed runs, offsets, log and metrics
+    streams, progress."""
+
+    def __init__(self, shared: StoreBase, runs: Runs) -> None:
+        super().__init__(shared)
+        self._runs = runs
 
     # --- followed runs ----------------------------------------------------------------
 
     @translated
-    def follow(self, run_id: str) -> None:
+    def add(self, run_id: str) -> None:
         """Adds run `run_id` to the followed runs of its target (idempotent).
         Raises `NotFound` when there is no such run."""
-        target = self.get_run(run_id).target
+        target = self._runs.get(run_id).target
         self._script(
             "follow",
             keys=[self.keys.followed(target), self.keys.followed_targets],
@@ -112,11 +117,11 @@ class FollowMixin(RunsMixin):
         )
 
     @translated
-    def unfollow(self, run_id: str) -> bool:
+    def remove(self, run_id: str) -> bool:
         """Stops following run `run_id`; whether it was followed. Its offsets are
         kept (following it again continues where it stopped). Raises `NotFound`
         when there is no such run."""
-        target = self.get_run(run_id).target
+        target = self._runs.get(run_id).target
         removed = self._script(
             "unfollow",
             keys=[self.keys.followed(target), self.keys.followed_targets],
@@ -124,28 +129,38 @@ class FollowMixin(RunsMixin):
         )
         return bool(removed)
 
+    def queue_remove(self, pipe: Any, run_id: str, target: str) -> None:
+        """Queues on `pipe` what [`remove`] does, for a run of `target`: for the
+        transaction that ends the run."""
+        self._script(
+            "unfollow",
+            keys=[self.keys.followed(target), self.keys.followed_targets],
+            args=[run_id, target],
+            client=pipe,
+        )
+
     @translated
-    def followed(self, target: str) -> list[str]:
+    def runs(self, target: str) -> list[str]:
         """Ids of the followed runs of `target`, sorted."""
         return sorted(text(i) for i in self._r.smembers(self.keys.followed(target)))
 
     @translated
-    def followed_targets(self) -> list[str]:
+    def targets(self) -> list[str]:
         """Targets with at least one followed run, sorted."""
         return sorted(text(t) for t in self._r.smembers(self.keys.followed_targets))
 
     # --- offsets ----------------------------------------------------------------------
 
     @translated
-    def get_offsets(self, run_id: str) -> Offsets:
+    def offsets(self, run_id: str) -> Offsets:
         """How far the follower has read `job.log` and `metrics.jsonl` of run `run_id`,
         in bytes; (0, 0) before the first read."""
         log_raw, metrics_raw = self._r.hmget(self.keys.offsets(run_id), ["log", "metrics"])
         return Offsets(int(log_raw or 0), int(metrics_raw or 0))
 
     @translated
-    def get_offsets_many(self, run_ids: Sequence[str]) -> list[Offsets]:
-        """[`get_offsets`] of each of `run_ids`, in order, in one round trip."""
+    def offsets_many(self, run_ids: Sequence[str]) -> list[Offsets]:
+        """[`offsets`] of each of `run_ids`, in order, in one round trip."""
         pipe = self._r.pipeline(transaction=False)
         for run_id in run_ids:
             pipe.hmget(self.keys.offsets(run_id), ["log", "metrics"])
@@ -154,7 +169,7 @@ class FollowMixin(RunsMixin):
     @translated
     def set_offsets(self, run_id: str, log: int, metrics: int) -> None:
         """Records how far the follower has read (bytes, non-negative). Prefer
-        [`record_tail`], which appends and advances at once."""
+        [`Follow.record_tail`], which appends and advances at once."""
         offsets = _check_offsets(Offsets(log, metrics))
         self._r.hset(
             self.keys.offsets(run_id),
@@ -175,7 +190,7 @@ class FollowMixin(RunsMixin):
         transaction, only if the stored offsets are still `from_offsets`. False (and
         nothing changed) when they are not: another follower already recorded that
         part, so lines are never appended twice. The streams are bounded as
-        [`append_log`] and [`append_metrics`] say; the offsets always advance to
+        [`Follow.append_log`] and [`Follow.append_metrics`] say; the offsets always advance to
         `to_offsets`, whatever the bounds left out. Once the run has ended (its
         offsets expire), what this writes expires with them.
 
@@ -197,7 +212,7 @@ class FollowMixin(RunsMixin):
             self._queue_tail(pipe, run_id, lines, records, encoded)
             pipe.hset(key, mapping={"log": target.log, "metrics": target.metrics})
             if ttl_ms > 0:
-                # The run ended meanwhile (end_run set the expiry): what this writes
+                # The run ended meanwhile (steps.end_run set the expiry): what this writes
                 # late must not outlive the rest.
                 for data_key in self.keys.follow_data(run_id):
                     pipe.pexpire(data_key, ttl_ms)
@@ -208,11 +223,11 @@ class FollowMixin(RunsMixin):
         )
         return written
 
-    def _queue_retention(self, pipe: Any, run_id: str) -> None:
+    def queue_retention(self, pipe: Any, run_id: str) -> None:
         """Queues on `pipe` the expiry of the run's follow data (`Keys.follow_data`)
         after the retention, for the transaction that ends the run. The offsets hash
         is made to exist (zeros) so that it carries the expiry a late
-        [`record_tail`] copies."""
+        [`Follow.record_tail`] copies."""
         offsets = self.keys.offsets(run_id)
         pipe.hsetnx(offsets, "log", 0)
         pipe.hsetnx(offsets, "metrics", 0)
@@ -324,7 +339,7 @@ class FollowMixin(RunsMixin):
     @translated
     def read_log_newest(self, run_id: str, count: int = 1000) -> list[LogEntry]:
         """The newest `count` log lines held (fewer when the stream holds fewer),
-        oldest first, in one round trip; read on with [`read_log`] from the last
+        oldest first, in one round trip; read on with [`Follow.read_log`] from the last
         one's id."""
         if count < 1:
             raise ValueError("count must be at least 1")
@@ -342,7 +357,7 @@ class FollowMixin(RunsMixin):
         block_ms: int | None = None,
     ) -> list[MetricsEntry]:
         """Up to `count` metrics records after entry `after_id`, oldest first; as
-        [`read_log`]."""
+        [`Follow.read_log`]."""
         out: list[MetricsEntry] = []
         for entry_id, fields in self._read(self.keys.metrics(run_id), after_id, count, block_ms):
             try:

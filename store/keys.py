@@ -44,24 +44,24 @@ key, only `[A-Za-z0-9_.-]` as `schemas.idempotency` checks it; `<target>` a targ
 | `P serves` | sorted set | names of the `runwarden serve` processes, score = last write (11) |
 | `P serve:<name>` | string | the record of serve `<name>` (`ServeState` JSON; expires) (11) |
 
-(1) Set in the script that creates the run's record (`create_run`, with the record
+(1) Set in the script that creates the run's record (`Runs.create`, with the record
 and its indexes); moved only to the next id when the run's claimed directory was
 taken; kept as long as the record (a launch with a used key returns its run).
 (2) Written by the script that creates the record, left in the transaction that moves
-the run on (`update_run`, `apply_transition`, `start_run`, `end_run`); `reconcile`
+the run on (`Runs.update`, `Runs.apply_transition`, `Launches.start`, `steps.end_run`); `reconcile`
 settles the runs that stay in it too long (`workers.reconcile`).
 (3) `retrieve:<id>`, `policy-tick:<target>`, `launch:<lkey>` (a launch at work, or
 `reconcile` settling its run), `launch-run:<id>` (`reconcile` settling a run created
 without a key), `continue:<id>` (a preempted run being continued).
 (4) Kept in step with the record's `continuation` in the transaction that writes it
-(`update_run`, `apply_transition`, `end_run`), like `P retrievals` with `artifacts`.
+(`Runs.update`, `Runs.apply_transition`, `steps.end_run`), like `P retrievals` with `artifacts`.
 (5) Never trimmed: kept as long as the run's record (neither is ever deleted by
 runwarden).
 (6) `<name>` is a webhook's name (`[a-z0-9_-]`), so never `|`; the list holds each
 delivery's rendered body, never the webhook's URL or secret.
 (7) The follow data of a run: expires the retention (`RUNWARDEN_RETENTION_DAYS`) after
-the run ends, set in the transaction that ends it (`end_run`); what a late follow
-writes after that gets the same expiry (`record_tail`). The record, its indexes and
+the run ends, set in the transaction that ends it (`steps.end_run`); what a late follow
+writes after that gets the same expiry (`Follow.record_tail`). The record, its indexes and
 its stop history are kept.
 (8) Each stream is kept to a byte budget and an entry cap, trimmed oldest first,
 exactly, by the script that appends (`store/lua/append_stream.lua`), which keeps

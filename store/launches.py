@@ -3,7 +3,7 @@ started, the index of the runs still `preparing` (their launch at work, or its w
 dead), and the start of a run: `running` with its job and followed, in one step.
 
 The key's map and the index are written by the script that creates the record
-(`RunsMixin.create_run`) and the index is left in the transaction that moves the run
+(`Runs.create`) and the index is left in the transaction that moves the run
 on, so no reader sees a run without its key, or a preparing run missing from the
 index."""
 
@@ -15,17 +15,18 @@ from typing import Any
 from schemas import JobId, NotFound, RunRecord, RunState, validate_run_id
 from schemas.run import transitioned
 
-from .base import aware, load_model, score, text, translated
-from .follow import FollowMixin
+from .base import StorePart, aware, load_model, score, text, translated
+from .runs import index_preparing
 
-__all__ = ["LaunchesMixin"]
+__all__ = ["Launches"]
 
 
-class LaunchesMixin(FollowMixin):
-    """Launch keys, the preparing runs, and `start_run`."""
+class Launches(StorePart):
+    """Launches (`RunStore.launches`): launch keys, the preparing runs, and the start
+    of a run."""
 
     @translated
-    def launch_run(self, key: str) -> str | None:
+    def launch(self, key: str) -> str | None:
         """The id of the run the launch with idempotency key `key` started, or None
         when no launch with that key created a run yet.
 
@@ -36,7 +37,7 @@ class LaunchesMixin(FollowMixin):
         return None if raw is None else text(raw)
 
     @translated
-    def preparing_runs(
+    def preparing(
         self, created_before: datetime, limit: int = 100
     ) -> list[tuple[str, str | None]]:
         """The runs in `preparing` created at or before `created_before`, oldest
@@ -59,7 +60,7 @@ class LaunchesMixin(FollowMixin):
         ]
 
     @translated
-    def forget_preparing(self, run_id: str) -> bool:
+    def forget(self, run_id: str) -> bool:
         """Takes run `run_id` out of the index of preparing runs when its record is not
         `preparing` (or is gone): a repair, for an entry left by a writer that
         bypassed the store's transactions. Whether it removed it."""
@@ -83,7 +84,7 @@ class LaunchesMixin(FollowMixin):
         return queued and bool(replies[0])
 
     @translated
-    def start_run(self, run_id: str, job: JobId) -> tuple[RunRecord, bool]:
+    def start(self, run_id: str, job: JobId) -> tuple[RunRecord, bool]:
         """Moves the `preparing` run `run_id` to `running` with `job` and follows it,
         in one transaction: no crash leaves it running and unfollowed. Returns the
         stored record and whether this call changed it. A run already running with
@@ -114,7 +115,7 @@ class LaunchesMixin(FollowMixin):
             if new is not None:
                 new = RunRecord.model_validate_json(new.model_dump_json())
                 pipe.set(key, new.model_dump_json())
-                self._index_preparing(pipe, current, new)
+                index_preparing(self.keys, pipe, current, new)
             self._script(
                 "follow",
                 keys=[self.keys.followed(current.target), self.keys.followed_targets],

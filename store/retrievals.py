@@ -1,6 +1,6 @@
 """The retrieval queue in the run store: runs whose artifacts are to be retrieved,
 by the time of their next attempt. A run's record (`artifacts`) and its place in the
-queue change in one transaction (`RunsMixin.update_run`); these methods move or drop
+queue change in one transaction (`Runs.update`); these methods move or drop
 the queue entry alone (the reconciler's resend, a finished retrieval)."""
 
 from __future__ import annotations
@@ -9,23 +9,23 @@ from datetime import UTC, datetime
 
 from schemas import validate_run_id
 
-from .base import StoreBase, aware, score, text, translated
+from .base import StorePart, aware, score, text, translated
 
-__all__ = ["RetrievalsMixin"]
+__all__ = ["Retrievals"]
 
 
-class RetrievalsMixin(StoreBase):
-    """The queue of pending retrievals."""
+class Retrievals(StorePart):
+    """The queue of pending retrievals (`RunStore.retrievals`)."""
 
     @translated
-    def schedule_retrieval(self, run_id: str, at: datetime) -> None:
+    def schedule(self, run_id: str, at: datetime) -> None:
         """Marks the artifacts of run `run_id` as to be retrieved at `at` (or moves its
-        next attempt there). Durable: [`due_retrievals`] returns it until
-        [`drop_retrieval`]."""
+        next attempt there). Durable: [`Retrievals.due`] returns it until
+        [`Retrievals.drop`]."""
         self._r.zadd(self.keys.retrievals, {validate_run_id(run_id): score(aware(at))})
 
     @translated
-    def due_retrievals(self, now: datetime, limit: int = 100) -> list[str]:
+    def due(self, now: datetime, limit: int = 100) -> list[str]:
         """Ids of the runs whose retrieval is due at or before `now`, earliest first."""
         if limit < 1:
             raise ValueError("limit must be at least 1")
@@ -35,12 +35,12 @@ class RetrievalsMixin(StoreBase):
         return [text(member) for member in reply]
 
     @translated
-    def pending_retrievals(self, limit: int = 1000) -> list[tuple[str, datetime]]:
+    def pending(self, limit: int = 1000) -> list[tuple[str, datetime]]:
         """Every scheduled retrieval with its next attempt, earliest first."""
         reply = self._r.zrange(self.keys.retrievals, 0, limit - 1, withscores=True)
         return [(text(m), datetime.fromtimestamp(due, UTC)) for m, due in reply]
 
     @translated
-    def drop_retrieval(self, run_id: str) -> bool:
+    def drop(self, run_id: str) -> bool:
         """Removes run `run_id` from the scheduled retrievals; whether it was there."""
         return bool(self._r.zrem(self.keys.retrievals, validate_run_id(run_id)))

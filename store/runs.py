@@ -21,19 +21,48 @@ from schemas import (
 from schemas.chain import ContinuationPhase
 from schemas.run import transitioned
 
-from .base import StoreBase, aware, load_model, score, text, translated
+from .base import StorePart, aware, load_model, score, text, translated
+from .keys import Keys
 
-__all__ = ["RunsMixin"]
+__all__ = ["Runs", "index_continuation", "index_preparing", "index_retrieval"]
 
 _CHUNK = 500
 """Records read per MGET when listing runs."""
 
 
-class RunsMixin(StoreBase):
-    """Run records: create, read, list, update, transition."""
+def index_preparing(keys: Keys, pipe: Any, current: RunRecord, new: RunRecord) -> None:
+    """Takes a run that leaves `preparing` out of the index of preparing runs (and
+    its launch key out of theirs), in the same transaction as its record."""
+    if current.state is RunState.PREPARING and new.state is not RunState.PREPARING:
+        pipe.zrem(keys.preparing, new.id)
+        pipe.hdel(keys.preparing_keys, new.id)
+
+def index_continuation(keys: Keys, pipe: Any, record: RunRecord) -> None:
+    """Keeps the queue of waiting continuations in step with the record's
+    `continuation`, in the same transaction: waiting -> queued; else not."""
+    waiting = record.continuation
+    if waiting is not None and waiting.phase is ContinuationPhase.WAITING:
+        since = waiting.at or datetime.now(UTC)
+        pipe.zadd(keys.continuations, {record.id: score(aware(since))})
+    else:
+        pipe.zrem(keys.continuations, record.id)
+
+def index_retrieval(keys: Keys, pipe: Any, record: RunRecord) -> None:
+    """Keeps the retrieval queue in step with the record's `artifacts`, in the
+    same transaction: pending -> queued at its next attempt; else not queued."""
+    artifacts = record.artifacts
+    if artifacts is not None and artifacts.phase is ArtifactsPhase.PENDING:
+        due = artifacts.next_attempt or datetime.now(UTC)
+        pipe.zadd(keys.retrievals, {record.id: score(aware(due))})
+    else:
+        pipe.zrem(keys.retrievals, record.id)
+
+
+class Runs(StorePart):
+    """Run records (`RunStore.runs`): create, read, find, update, transition."""
 
     @translated
-    def create_run(
+    def create(
         self, record: RunRecord, *, key: str | None = None, replaces: str | None = None
     ) -> bool:
         """Stores a new run record, atomically with its indexes (a `preparing` record
@@ -41,7 +70,7 @@ class RunsMixin(StoreBase):
         changed) when a run with this id already exists.
 
         With `key` (a launch's idempotency key, `schemas.idempotency`), the key is
-        mapped to this run in the same step ([`launch_run`]); the key must be free,
+        mapped to this run in the same step ([`Launches.launch`]); the key must be free,
         or map to `replaces` (the run whose claimed directory was taken, which the
         launch gives up for the next id). A key that maps to this very run already
         answers True, changing nothing: a retry of a creation whose reply was lost.
@@ -82,7 +111,7 @@ class RunsMixin(StoreBase):
         return bool(done)
 
     @translated
-    def get_run(self, run_id: str) -> RunRecord:
+    def get(self, run_id: str) -> RunRecord:
         """The record of run `run_id`. Raises `NotFound` when there is none."""
         raw = self._r.get(self.keys.run(run_id))
         if raw is None:
@@ -90,7 +119,7 @@ class RunsMixin(StoreBase):
         return load_model(RunRecord, raw, f"record of run {run_id!r}")
 
     @translated
-    def get_runs(self, run_ids: Sequence[str]) -> list[RunRecord | None]:
+    def get_many(self, run_ids: Sequence[str]) -> list[RunRecord | None]:
         """The records of `run_ids`, in order, in one round trip (MGET); None for a run
         that does not exist. Raises `StoreError` for an unreadable record."""
         if not run_ids:
@@ -102,7 +131,7 @@ class RunsMixin(StoreBase):
         ]
 
     @translated
-    def list_runs(
+    def find(
         self,
         target: str | None = None,
         states: Iterable[RunState] | None = None,
@@ -131,7 +160,7 @@ class RunsMixin(StoreBase):
         return runs
 
     @translated
-    def update_run(self, run_id: str, mutate: Callable[[RunRecord], RunRecord | None]) -> RunRecord:
+    def update(self, run_id: str, mutate: Callable[[RunRecord], RunRecord | None]) -> RunRecord:
         """Applies `mutate` to run `run_id` as one optimistic transaction (WATCH/MULTI)
         and returns the record stored after the call.
 
@@ -166,14 +195,14 @@ class RunsMixin(StoreBase):
                 return current, False
             new = RunRecord.model_validate_json(new.model_dump_json())
             if new.id != run_id:
-                raise ValueError("update_run cannot change a run's id")
+                raise ValueError("an update cannot change a run's id")
             pipe.multi()
             pipe.set(key, new.model_dump_json())
             if new.artifacts != current.artifacts:
-                self._index_retrieval(pipe, new)
+                index_retrieval(self.keys, pipe, new)
             if new.continuation != current.continuation:
-                self._index_continuation(pipe, new)
-            self._index_preparing(pipe, current, new)
+                index_continuation(self.keys, pipe, new)
+            index_preparing(self.keys, pipe, current, new)
             created = new.created.timestamp()
             if new.target != current.target:
                 pipe.zrem(self.keys.runs_of(current.target), run_id)
@@ -189,33 +218,6 @@ class RunsMixin(StoreBase):
         )
         return updated
 
-    def _index_preparing(self, pipe: Any, current: RunRecord, new: RunRecord) -> None:
-        """Takes a run that leaves `preparing` out of the index of preparing runs (and
-        its launch key out of theirs), in the same transaction as its record."""
-        if current.state is RunState.PREPARING and new.state is not RunState.PREPARING:
-            pipe.zrem(self.keys.preparing, new.id)
-            pipe.hdel(self.keys.preparing_keys, new.id)
-
-    def _index_continuation(self, pipe: Any, record: RunRecord) -> None:
-        """Keeps the queue of waiting continuations in step with the record's
-        `continuation`, in the same transaction: waiting -> queued; else not."""
-        waiting = record.continuation
-        if waiting is not None and waiting.phase is ContinuationPhase.WAITING:
-            since = waiting.at or datetime.now(UTC)
-            pipe.zadd(self.keys.continuations, {record.id: score(aware(since))})
-        else:
-            pipe.zrem(self.keys.continuations, record.id)
-
-    def _index_retrieval(self, pipe: Any, record: RunRecord) -> None:
-        """Keeps the retrieval queue in step with the record's `artifacts`, in the
-        same transaction: pending -> queued at its next attempt; else not queued."""
-        artifacts = record.artifacts
-        if artifacts is not None and artifacts.phase is ArtifactsPhase.PENDING:
-            due = artifacts.next_attempt or datetime.now(UTC)
-            pipe.zadd(self.keys.retrievals, {record.id: score(aware(due))})
-        else:
-            pipe.zrem(self.keys.retrievals, record.id)
-
     @translated
     def transition(
         self,
@@ -228,7 +230,7 @@ class RunsMixin(StoreBase):
         expect: set[RunState] | None = None,
     ) -> RunRecord:
         """Moves run `run_id` to `to_state` atomically and returns the stored record.
-        Same as [`apply_transition`], without saying whether anything changed."""
+        Same as [`Runs.apply_transition`], without saying whether anything changed."""
         return self.apply_transition(
             run_id, to_state, message=message, snapshot=snapshot, job=job, expect=expect
         )[0]

@@ -1,7 +1,7 @@
-"""[`RunStore`]: the run store, one object over one Redis client, composed of the
-parts in this package (targets, runs, the follow, stops and deadlines, the end of a
-run, launches, retrievals, continuations, coordination, the ledger and its metrics,
-the webhooks' delivery queue, Redis's memory, save samples)."""
+"""[`RunStore`]: the run store, one object over one Redis client holding one part per
+concern of this package (runs, the follow, stops and deadlines, launches, targets,
+retrievals, continuations, budgets, the ledger and its metrics, the webhooks'
+delivery queue, coordination, health)."""
 
 from __future__ import annotations
 
@@ -13,50 +13,66 @@ from redis.retry import Retry
 
 from schemas import Settings
 
-from .base import translated
-from .budgets import BudgetsMixin
-from .continuations import ContinuationsMixin
+from .base import StoreBase, translated
+from .budgets import Budgets
+from .continuations import Continuations
 from .coordination import Coordination
 from .counters import Counters
-from .ending import EndingMixin
+from .follow import Follow
 from .health import Health
-from .launches import LaunchesMixin
+from .launches import Launches
 from .ledger import Ledger
-from .retrievals import RetrievalsMixin
-from .targets import TargetsMixin
+from .retrievals import Retrievals
+from .runs import Runs
+from .stops import Stops
+from .targets import Targets
 from .webhooks import WebhookQueue
 
 __all__ = ["RunStore"]
 
 
-class RunStore(
-    TargetsMixin,
-    EndingMixin,
-    LaunchesMixin,
-    RetrievalsMixin,
-    ContinuationsMixin,
-    BudgetsMixin,
-):
-    """The run store over one Redis client (keys: `store.keys`).
+class RunStore(StoreBase):
+    """The run store over one Redis client (keys: `store.keys`): one object per
+    concern, each over the same client, keys, Lua scripts and bounds
+    (`store.base.StorePart`); the steps that span several of them are the functions
+    of `store.steps`.
+
+    - `runs`: run records, their indexes and transitions (`store.runs.Runs`);
+    - `follow`: followed runs, read offsets, log and metrics streams, progress
+      (`store.follow.Follow`);
+    - `stops`: open stops, their history and the deadline table (`store.stops.Stops`);
+    - `launches`: launch keys, preparing runs, the start of a run
+      (`store.launches.Launches`);
+    - `targets`: signed target records (`store.targets.Targets`);
+    - `retrievals`, `continuations`: the queues of pending retrievals and of waiting
+      continuations (`store.retrievals`, `store.continuations`);
+    - `budgets`: save samples and the workers' budget rules (`store.budgets.Budgets`);
+    - `ledger`: the stop ledger (`store.ledger.Ledger`), which counts its events'
+      metrics with `counters` (`store.counters.Counters`);
+    - `webhooks`: the webhooks' delivery queue (`store.webhooks.WebhookQueue`);
+    - `locks`: once-markers and token locks between workers
+      (`store.coordination.Coordination`);
+    - `health`: heartbeats, periodic task runs, Redis's memory and the health
+      reading (`store.health.Health`).
 
     Thread-safe as far as the client is (a `redis.Redis` with its connection pool is);
     use one per process, never shared across fork. Works with `decode_responses`
     either way. Every method raises `StoreError` for a Redis failure; run ids are
     checked with `schemas.validate_run_id` (`InvalidRunId`, a `ValueError`).
-
-    A concern moved out of the mixins is an object of its own over the same client,
-    keys and Lua scripts: `webhooks`, the webhooks' delivery queue
-    (`store.webhooks.WebhookQueue`); `locks`, once-markers and token locks between
-    workers (`store.coordination.Coordination`); `ledger`, the stop ledger
-    (`store.ledger.Ledger`), which counts its events' metrics with `counters`
-    (`store.counters.Counters`); `health`, heartbeats, periodic task runs, Redis's
-    memory and the health reading (`store.health.Health`).
     """
 
     def __init__(self, client: redis.Redis, prefix: str = "rw:", **options: Any) -> None:
         """The store over `client`, its keys under `prefix`; `options` as
         `StoreBase` takes them (caps, bounds, attempts)."""
         super().__init__(client, prefix, **options)
+        self.runs = Runs(self)
+        self.follow = Follow(self, self.runs)
+        self.stops = Stops(self, self.runs)
+        self.launches = Launches(self)
+        self.targets = Targets(self)
+        self.retrievals = Retrievals(self)
+        self.continuations = Continuations(self)
+        self.budgets = Budgets(self, self.runs)
         self.webhooks = WebhookQueue(self)
         self.locks = Coordination(self)
         self.counters = Counters(self)

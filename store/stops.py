@@ -4,7 +4,7 @@ A run has at most one open stop, and an open stop at most one pending deadline o
 each kind. Every change of a stop is a compare-and-set (a Lua script that writes
 only if the stored JSON is byte for byte the one the decision was made on) that
 moves the stop's deadlines in the same step, so a deadline is never lost between
-the two (only `remove_deadline`, the reconciler's, touches one alone). A closed stop
+the two (only `Stops.remove_deadline`, the reconciler's, touches one alone). A closed stop
 goes to the run's capped stop history.
 """
 
@@ -27,10 +27,21 @@ from schemas import (
 )
 from schemas.budget import StopBudget
 
-from .base import aware, load_model, millis, replace_model, score, seconds, text, translated
-from .runs import RunsMixin
+from .base import (
+    StoreBase,
+    StorePart,
+    aware,
+    load_model,
+    millis,
+    replace_model,
+    score,
+    seconds,
+    text,
+    translated,
+)
+from .runs import Runs
 
-__all__ = ["StopsMixin", "stop_members"]
+__all__ = ["Stops", "stop_members"]
 
 log = logging.getLogger(__name__)
 
@@ -48,11 +59,15 @@ def stop_members(stop: StopState) -> tuple[str, str]:
     return base + "proof", base + "end"
 
 
-class StopsMixin(RunsMixin):
-    """Open stops, their history, and the deadline table."""
+class Stops(StorePart):
+    """Stops (`RunStore.stops`): open stops, their history, and the deadline table."""
+
+    def __init__(self, shared: StoreBase, runs: Runs) -> None:
+        super().__init__(shared)
+        self._runs = runs
 
     @translated
-    def open_stop(
+    def open(
         self,
         run_id: str,
         reason: SnapshotReason,
@@ -125,19 +140,19 @@ class StopsMixin(RunsMixin):
             if done == -1:
                 raise NotFound(run_id)
             if done == -2:
-                raise NotRunning(run_id, self.get_run(run_id).state)
+                raise NotRunning(run_id, self._runs.get(run_id).state)
             if done == 1:
                 return fresh, True
         raise Conflict(f"the stop of run {run_id!r} keeps changing; try again", run_id=run_id)
 
     @translated
-    def get_stop(self, run_id: str) -> StopState | None:
+    def get(self, run_id: str) -> StopState | None:
         """The open stop of run `run_id`, or None."""
         raw = self._r.get(self.keys.stop(run_id))
         return None if raw is None else load_model(StopState, raw, f"stop of run {run_id!r}")
 
     @translated
-    def get_stops(self, run_ids: Sequence[str]) -> list[StopState | None]:
+    def get_many(self, run_ids: Sequence[str]) -> list[StopState | None]:
         """The open stops of `run_ids`, in order, in one round trip (MGET); None for a
         run without one."""
         if not run_ids:
@@ -149,7 +164,7 @@ class StopsMixin(RunsMixin):
         ]
 
     @translated
-    def list_stops(self) -> list[StopState]:
+    def in_progress(self) -> list[StopState]:
         """Every open stop, oldest request first."""
         ids = sorted(text(i) for i in self._r.smembers(self.keys.stops))
         if not ids:
@@ -163,13 +178,13 @@ class StopsMixin(RunsMixin):
         return sorted(stops, key=lambda s: (s.asked_at, s.run_id))
 
     @translated
-    def stop_history(self, run_id: str) -> list[StopState]:
+    def history(self, run_id: str) -> list[StopState]:
         """The closed stops of run `run_id`, newest first (at most the history cap)."""
         raws = self._r.lrange(self.keys.stop_history(run_id), 0, -1)
         return [load_model(StopState, raw, f"closed stop of run {run_id!r}") for raw in raws]
 
     @translated
-    def advance_stop(
+    def advance(
         self,
         run_id: str,
         stop_id: str,
@@ -191,7 +206,7 @@ class StopsMixin(RunsMixin):
         end deadline; `-> cancelling` with an `end_deadline` if a cancel interrupted by
         a dead worker must be retried by `reconcile` (recommended: now + a grace
         period), without one otherwise. `to_phase` `done` closes the stop as
-        [`close_stop`] does. `note` and `cancels` (when given) replace theirs.
+        [`close`] does. `note` and `cancels` (when given) replace theirs.
 
         Raises:
             ValueError: `to_phase` goes backwards, `from_phase` is done, or
@@ -233,7 +248,7 @@ class StopsMixin(RunsMixin):
         raise Conflict(f"the stop of run {run_id!r} keeps changing; try again", run_id=run_id)
 
     @translated
-    def close_stop(
+    def close(
         self,
         run_id: str,
         stop_id: str | None = None,
@@ -266,6 +281,20 @@ class StopsMixin(RunsMixin):
             if self._archive_stop(raw, closed):
                 return closed
         raise Conflict(f"the stop of run {run_id!r} keeps changing; try again", run_id=run_id)
+
+    def queue_close(self, pipe: Any, stop: StopState, now: datetime, note: str | None) -> None:
+        """Queues on `pipe` what [`close`] does in its script, for a transaction
+        that watches the stop's key."""
+        changes: dict[str, Any] = {"phase": StopPhase.DONE, "closed_at": now}
+        if note is not None:
+            changes["note"] = note
+        closed = replace_model(stop, **changes)
+        history = self.keys.stop_history(stop.run_id)
+        pipe.delete(self.keys.stop(stop.run_id))
+        pipe.srem(self.keys.stops, stop.run_id)
+        pipe.zrem(self.keys.deadlines, *stop_members(stop))
+        pipe.lpush(history, closed.model_dump_json())
+        pipe.ltrim(history, 0, self._history_cap - 1)
 
     def _cas_stop(
         self,
@@ -302,7 +331,7 @@ class StopsMixin(RunsMixin):
     def due_deadlines(self, now: datetime, limit: int = 100) -> list[Deadline]:
         """Pending deadlines due at or before `now`, earliest first (at most `limit`).
         A deadline stays pending until its stop moves on or closes, or it is
-        removed; [`claim_deadline`] keeps two reconcilers from firing it at once."""
+        removed; [`Stops.claim_deadline`] keeps two reconcilers from firing it at once."""
         if limit < 1:
             raise ValueError("limit must be at least 1")
         reply = self._r.zrangebyscore(
@@ -348,6 +377,6 @@ class StopsMixin(RunsMixin):
     @translated
     def remove_deadline(self, deadline: Deadline) -> bool:
         """Removes `deadline` from the pending ones; whether it was pending. The stop's
-        own state is not changed (use [`advance_stop`] / [`close_stop`] for that)."""
+        own state is not changed (use [`advance`] / [`close`] for that)."""
         return bool(self._r.zrem(self.keys.deadlines, deadline.member))
 

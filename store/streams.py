@@ -14,7 +14,7 @@ Redis memory: measured on Redis 7, a stream of short lines (50-1000 bytes) takes
 1.03-1.16x its values' bytes, 16-32 bytes an entry; a line just above an allocator
 size class can take up to 1.25x (one entry a node, rounded up), which is why the
 default line cap is 8000 bytes and not 8192. Measured with `bench/redis_memory.py`
-(1,000 runs x 100 MiB of log through `record_tail`, Redis 7.0): Redis held 0.99x the
+(1,000 runs x 100 MiB of log through `Follow.record_tail`, Redis 7.0): Redis held 0.99x the
 counted bytes with realistic lines (the 10,000-line cap binds before the 4 MiB
 budget: 2.0 GiB in all), 1.025x with every line at the cap (4.2 GiB).
 """

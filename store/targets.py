@@ -13,9 +13,9 @@ from typing import Any, Final
 
 from schemas import UnknownTarget
 
-from .base import StoreBase, text, translated
+from .base import StorePart, text, translated
 
-__all__ = ["TargetsMixin"]
+__all__ = ["Targets"]
 
 _SECRET_KEY: Final = re.compile(r"password|passphrase|secret|token|private_key", re.IGNORECASE)
 _TARGET_KINDS: Final = frozenset({"local", "ssh"})
@@ -64,11 +64,11 @@ def _target_json(config: Mapping[str, Any]) -> str:
         raise ValueError(f"a target config must be plain JSON: {error}") from error
 
 
-class TargetsMixin(StoreBase):
-    """Targets: `put_target`, `get_target`, `list_targets`, `remove_target`."""
+class Targets(StorePart):
+    """Targets (`RunStore.targets`): `put`, `get`, `all`, `remove`."""
 
     @translated
-    def put_target(
+    def put(
         self, name: str, config: Mapping[str, Any], signature: str | None = None
     ) -> None:
         """Adds or replaces target `name`, with the operator's `signature` of it.
@@ -87,7 +87,7 @@ class TargetsMixin(StoreBase):
         self._r.hset(self.keys.targets, _check_target_name(name), json.dumps(document))
 
     @translated
-    def get_target_signed(self, name: str) -> tuple[dict[str, Any], str | None]:
+    def get_signed(self, name: str) -> tuple[dict[str, Any], str | None]:
         """The config of target `name` and its stored signature (None when unsigned).
         Raises `UnknownTarget` when there is none."""
         raw = self._r.hget(self.keys.targets, name)
@@ -96,19 +96,19 @@ class TargetsMixin(StoreBase):
         return _unwrap(json.loads(raw))
 
     @translated
-    def get_target(self, name: str) -> dict[str, Any]:
+    def get(self, name: str) -> dict[str, Any]:
         """The config of target `name`. Raises `UnknownTarget` when there is none."""
-        return self.get_target_signed(name)[0]
+        return self.get_signed(name)[0]
 
     @translated
-    def list_targets(self) -> dict[str, dict[str, Any]]:
+    def all(self) -> dict[str, dict[str, Any]]:
         """Every target and its config, ordered by name."""
         raw = self._r.hgetall(self.keys.targets)
         items = {text(name): _unwrap(json.loads(value))[0] for name, value in raw.items()}
         return dict(sorted(items.items()))
 
     @translated
-    def remove_target(self, name: str) -> bool:
+    def remove(self, name: str) -> bool:
         """Forgets target `name`; whether it existed. Runs recorded on it keep its
         name (and stay followed): their target can be added again."""
         return bool(self._r.hdel(self.keys.targets, name))

@@ -286,4 +286,4 @@ def put_signed_target(store: Any, settings: Any, config: dict[str, Any]) -> None
     from schemas.secrets import producer_key_file
 
     key, _ = settings.secrets.ensure(producer_key_file(OPERATOR))
-    store.put_target(config["name"], config, sign_target(config["name"], config, key))
+    store.targets.put(config["name"], config, sign_target(config["name"], config, key))

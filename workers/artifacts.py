@@ -67,7 +67,7 @@ def retrieve_artifacts(
         Conflict: the run has not ended, or (with `force`) a retrieval of it is
             running now.
     """
-    run = ctx.store.get_run(run_id)
+    run = ctx.store.runs.get(run_id)
     if not run.state.is_terminal:
         raise Conflict(f"run {run_id!r} is {run.state}: its artifacts come when it ends")
     if not force and not _due(run, now):
@@ -88,20 +88,22 @@ def retrieve_artifacts(
                 if not ctx.store.locks.extend(lock, token, RETRIEVE_LEASE_S):
                     log.error("run %s: the retrieval lock lapsed", run_id)
                     return
-                ctx.store.schedule_retrieval(run_id, utcnow() + timedelta(seconds=RETRIEVE_LEASE_S))
+                ctx.store.retrievals.schedule(
+                    run_id, utcnow() + timedelta(seconds=RETRIEVE_LEASE_S)
+                )
             except Exception:  # noqa: BLE001 - Redis trouble: the lease may lapse
                 log.warning("run %s: cannot extend the retrieval lease", run_id)
 
     beat = threading.Thread(target=heartbeat, name=f"lease-{run_id}", daemon=True)
     try:
-        run = ctx.store.get_run(run_id)  # as it is now that this call holds the lock
+        run = ctx.store.runs.get(run_id)  # as it is now that this call holds the lock
         if not force and not _due(run, now):
             return run.artifacts or Artifacts()
         attempts = (run.artifacts.attempts if run.artifacts else 0) + 1
         previous = run.artifacts.error if run.artifacts else None
         lease_end = utcnow() + timedelta(seconds=RETRIEVE_LEASE_S)
         counted = Artifacts(attempts=attempts, error=previous, next_attempt=lease_end)
-        ctx.store.update_run(run_id, lambda r: r.model_copy(update={"artifacts": counted}))
+        ctx.store.runs.update(run_id, lambda r: r.model_copy(update={"artifacts": counted}))
         beat.start()
         try:
             result = _attempt(ctx, run, attempts, now)
@@ -115,7 +117,7 @@ def retrieve_artifacts(
                 return None  # another retrieval finished meanwhile: keep it
             return current.model_copy(update={"artifacts": result})
 
-        ended = ctx.store.update_run(run_id, record)
+        ended = ctx.store.runs.update(run_id, record)
         emit(ctx, retrieved, run, result, utcnow())  # told once it is recorded
         if ended.continuation is not None and ended.continuation.phase is ContinuationPhase.WAITING:
             # A preempted run to continue (`workers.chain`): its checkpoint is here now.

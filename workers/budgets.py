@@ -44,7 +44,7 @@ def next_budget(ctx: Context, run: RunRecord) -> StopBudget:
     Raises:
         StoreError.
     """
-    return stop_budget(run.timeouts, ctx.store.learned_saves(run), ctx.settings.budget_rule)
+    return stop_budget(run.timeouts, ctx.store.budgets.learned(run), ctx.settings.budget_rule)
 
 
 def policy_save_lead_s(ctx: Context, run: RunRecord) -> float:
@@ -57,7 +57,7 @@ def policy_save_lead_s(ctx: Context, run: RunRecord) -> float:
     """
     if run.limits.max_hours is None and run.limits.max_cost_usd is None:
         return 0.0
-    return save_lead_s(ctx.store.learned_saves(run), ctx.settings.proof_timeout_factor)
+    return save_lead_s(ctx.store.budgets.learned(run), ctx.settings.proof_timeout_factor)
 
 
 def record_stop_save(ctx: Context, stop: StopState | None, proved: bool, now: datetime) -> None:
@@ -84,7 +84,7 @@ def record_stop_save(ctx: Context, stop: StopState | None, proved: bool, now: da
     if seconds < 0:
         return
     try:
-        ctx.store.record_save(stop.run_id, SaveSample(kind="stop", seconds=seconds, at=now))
+        ctx.store.budgets.record_save(stop.run_id, SaveSample(kind="stop", seconds=seconds, at=now))
     except Exception:  # noqa: BLE001 - advice only: the run's end is recorded
         log.warning("run %s: cannot record how long its stop took", stop.run_id)
         return
@@ -106,7 +106,7 @@ def request_time(ctx: Context, stop: StopState) -> datetime | None:
     if not stop.asked_by.startswith("notice:"):
         return stop.asked_at
     try:
-        run = ctx.store.get_run(stop.run_id)
+        run = ctx.store.runs.get(stop.run_id)
     except RunwardenError:
         return None
     notice = run.preemption.notice if run.preemption is not None else None

@@ -49,7 +49,7 @@ def on_deadline(ctx: Context, run_id: str, stop_id: str, now: datetime) -> str:
     end deadline); the end deadline cancels a job still running; a cancel that failed
     is retried. Returns what it did, for the task's result. A stale or early call
     changes nothing."""
-    stop = ctx.store.get_stop(run_id)
+    stop = ctx.store.stops.get(run_id)
     if stop is None or stop.stop_id != stop_id:
         return "stale"
     if stop.phase is StopPhase.CANCELLING:
@@ -62,9 +62,9 @@ def on_deadline(ctx: Context, run_id: str, stop_id: str, now: datetime) -> str:
     due = stop.proof_deadline if stop.phase is StopPhase.WAITING_PROOF else stop.end_deadline
     if due is not None and now < due - timedelta(seconds=_EARLY_S):
         return "early"
-    run = ctx.store.get_run(run_id)
+    run = ctx.store.runs.get(run_id)
     if run.job is None or run.state.is_terminal:
-        ctx.store.close_stop(run_id, stop_id, note="the run is not running")
+        ctx.store.stops.close(run_id, stop_id, note="the run is not running")
         return "ended"
     executor = ctx.executor(run.target)
     status: JobStatus | None
@@ -109,7 +109,7 @@ def _escalate(ctx: Context, stop: StopState, note: str, now: datetime) -> str:
     task moved it first."""
     cancels = stop.cancels + 1
     retry_s = min(CANCEL_RETRY_S * 2 ** (cancels - 1), CANCEL_RETRY_MAX_S)
-    moved = ctx.store.advance_stop(
+    moved = ctx.store.stops.advance(
         stop.run_id,
         stop.stop_id,
         stop.phase,
@@ -122,9 +122,9 @@ def _escalate(ctx: Context, stop: StopState, note: str, now: datetime) -> str:
         return "stale"
     emit(ctx, CancelDecided.of, stop, note, now)
     log.warning("run %s: %s", moved.run_id, note)
-    run = ctx.store.get_run(moved.run_id)
+    run = ctx.store.runs.get(moved.run_id)
     if run.job is None or run.state.is_terminal:
-        ctx.store.close_stop(run.id, moved.stop_id, note="the run is not running")
+        ctx.store.stops.close(run.id, moved.stop_id, note="the run is not running")
         return "ended"
     try:
         record = _cancel_once(ctx, run, run.job)
@@ -153,10 +153,10 @@ def _cancel_once(ctx: Context, run: RunRecord, job: JobId) -> RunRecord:
         # The other task's cancel ends within its deadline: waiting for it never holds
         # this process longer than a cancel of its own would.
         deadline = time.monotonic() + CANCEL_DEADLINE_S
-        record = ctx.store.get_run(run.id)
+        record = ctx.store.runs.get(run.id)
         while not record.state.is_terminal and time.monotonic() < deadline:
             time.sleep(0.2)
-            record = ctx.store.get_run(run.id)
+            record = ctx.store.runs.get(run.id)
         return record
     executor = ctx.executor(run.target)
     try:
@@ -176,7 +176,7 @@ def cancel(ctx: Context, run_id: str, asked_by: str | None = None) -> RunRecord:
     Raises:
         NotFound, NotStarted, NotRunning, ExecError, StoreError.
     """
-    run = ctx.store.get_run(run_id)
+    run = ctx.store.runs.get(run_id)
     job = check_cancel(run)
     emit(ctx, CancelDecided.manual, run_id, utcnow(), asked_by)
     try:
@@ -194,7 +194,7 @@ def _leave_to_reconcile(ctx: Context, run_id: str, asked_by: str | None, error: 
     the cancel's own error."""
     now = utcnow()
     try:
-        stop, _ = ctx.store.open_stop(
+        stop, _ = ctx.store.stops.open(
             run_id,
             SnapshotReason.REQUESTED,
             asked_by or "cancel",
@@ -206,7 +206,7 @@ def _leave_to_reconcile(ctx: Context, run_id: str, asked_by: str | None, error: 
             return  # a cancel of the stop's own is under way, with its retry deadline
         cancels = stop.cancels + 1
         retry_s = min(CANCEL_RETRY_S * 2 ** (cancels - 1), CANCEL_RETRY_MAX_S)
-        ctx.store.advance_stop(
+        ctx.store.stops.advance(
             run_id,
             stop.stop_id,
             stop.phase,

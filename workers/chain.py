@@ -55,7 +55,7 @@ def _set(ctx: Context, run_id: str, continuation: Continuation) -> Continuation 
             return None
         return current.model_copy(update={"continuation": continuation})
 
-    return ctx.store.update_run(run_id, mutate).continuation
+    return ctx.store.runs.update(run_id, mutate).continuation
 
 
 def _decline(ctx: Context, run: RunRecord, why: str, now: datetime) -> Continuation | None:
@@ -111,9 +111,9 @@ def continue_run(ctx: Context, run_id: str, now: datetime) -> Continuation | Non
     """
     lock, token = f"continue:{run_id}", _secrets.token_hex(16)
     if not ctx.store.locks.lock(lock, token, _LOCK_S):
-        return ctx.store.get_run(run_id).continuation
+        return ctx.store.runs.get(run_id).continuation
     try:
-        run = ctx.store.get_run(run_id)
+        run = ctx.store.runs.get(run_id)
         waiting, plan = run.continuation, run.on_preempt
         if waiting is None or waiting.phase is not ContinuationPhase.WAITING or plan is None:
             return waiting
@@ -146,7 +146,7 @@ def continue_run(ctx: Context, run_id: str, now: datetime) -> Continuation | Non
             log.warning("run %s: continuation waits: %s", run.id, why)
             retry = now + timedelta(seconds=CONTINUE_RETRY_S)
             noted = _set(ctx, run.id, waiting.model_copy(update={"reason": why[:500]}))
-            ctx.store.schedule_continuation(run.id, retry)
+            ctx.store.continuations.schedule(run.id, retry)
             return noted
         spec = _next_spec(run, target)
         ctx.schedule(TASK_LAUNCH, {"body": spec.model_dump(mode="json")}, 0.0)

@@ -91,7 +91,7 @@ class Context:
                 into Redis by anyone else): it is never used.
             StoreError: when the store cannot be read.
         """
-        raw, signature = self.store.get_target_signed(name)
+        raw, signature = self.store.targets.get_signed(name)
         self.identities.check_target(name, raw, signature)
         return TargetConfig.model_validate(raw)
 
@@ -108,12 +108,12 @@ class Context:
         """The records of `run_ids` in one round trip; an unreadable one is logged and
         read as missing (it must not stop the others)."""
         try:
-            return self.store.get_runs(run_ids)
+            return self.store.runs.get_many(run_ids)
         except StoreError:
             found: list[RunRecord | None] = []
             for run_id in run_ids:
                 try:
-                    found.append(self.store.get_run(run_id))
+                    found.append(self.store.runs.get(run_id))
                 except (StoreError, NotFound):
                     log.exception("run %s: unreadable; no longer followed", run_id)
                     found.append(None)

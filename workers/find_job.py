@@ -107,7 +107,7 @@ def follow_found(
     ctx: Context, executor: Executor, run: RunRecord, job: JobId, why: str
 ) -> RunRecord:
     """Records the `preparing` run `run` running with the `job` found in its run
-    directory and follows it (one step, `RunStore.start_run`); returns the record. A
+    directory and follows it (one step, `RunStore.launches.start`); returns the record. A
     job that already ended is recorded the same way: the next watch tick records its
     end from its run directory (its exit code, cancel or loss), as for any job.
 
@@ -115,6 +115,6 @@ def follow_found(
         ExecError: the job's status cannot be read. Conflict, StoreError.
     """
     status = executor.status(job)
-    record, _ = ctx.store.start_run(run.id, job)
+    record, _ = ctx.store.launches.start(run.id, job)
     log.warning("run %s: %s; its job (pid %s) is %s: following it", run.id, why, job.pid, status)
     return record

@@ -22,6 +22,7 @@ from schemas.events import TASK_RETRIEVE
 from schemas.ledger import ProofSeen, RunEnded
 from schemas.protocol import PROOF_LIMIT, SNAPSHOT_FILE
 from schemas.snapshot import Proof, proof_moment
+from store.steps import end_run
 
 from .budgets import record_stop_save
 from .cancel_mark import cancelling_now
@@ -131,17 +132,17 @@ def finish(
     outcome = decide_outcome(status, proved, read_job_end(executor, run, status, job_end))
     _release(ctx, executor, run)
     note = f"the run ended {outcome.state}"
-    stop = ctx.store.get_stop(run.id)  # read before the end closes it: its save time
+    stop = ctx.store.stops.get(run.id)  # read before the end closes it: its save time
     try:
-        record, changed = ctx.store.end_run(
+        record, changed = end_run(ctx.store,
             run.id, outcome.state, message=outcome.message, snapshot=outcome.snapshot, note=note
         )
     except Conflict as error:
         # Ended otherwise by another worker: its stop and follow close as it ended.
         log.info("run %s: already ended: %s", run.id, error)
-        record, changed = ctx.store.get_run(run.id), False
-        ctx.store.close_stop(run.id, None, note=f"the run ended {record.state}")
-        ctx.store.unfollow(run.id)
+        record, changed = ctx.store.runs.get(run.id), False
+        ctx.store.stops.close(run.id, None, note=f"the run ended {record.state}")
+        ctx.store.follow.remove(run.id)
     if changed:
         log.info("run %s: %s (%s)", run.id, record.state, record.message or "")
         record_stop_save(ctx, stop, outcome.snapshot is not None, seen)

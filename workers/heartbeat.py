@@ -181,7 +181,7 @@ def publish_rule(settings: Settings, name: str) -> bool:
         log.warning("worker %s: cannot publish its timeouts' rule: %s", name, error)
         return False
     try:
-        store.publish_budget_rule(name, settings.budget_rule)
+        store.budgets.publish_rule(name, settings.budget_rule)
     except (RunwardenError, ValueError) as error:
         log.warning("worker %s: cannot publish its timeouts' rule: %s", name, error)
         return False

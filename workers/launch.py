@@ -105,7 +105,7 @@ def _record_failed(ctx: Context, run_id: str, message: str, job: JobId | None = 
     """Records the launch of `run_id` failed; a failure to record is logged only (the
     run stays `preparing`, and `settle_launches` settles it)."""
     try:
-        ctx.store.transition(run_id, RunState.FAILED, message=message, job=job)
+        ctx.store.runs.transition(run_id, RunState.FAILED, message=message, job=job)
     except Exception:
         log.exception("run %s: cannot record its failed launch", run_id)
 
@@ -154,7 +154,7 @@ def _claim(
             wait_for_all=spec.wait_for_all,
             mark=new_mark(),
         )
-        if ctx.store.create_run(record, key=key, replaces=replaces):
+        if ctx.store.runs.create(record, key=key, replaces=replaces):
             try:
                 taken = not executor.claim(record.remote_dir, owner_of(run_id, key))
             except ExecError as error:
@@ -162,7 +162,7 @@ def _claim(
                 raise
             if not taken:
                 return record
-            ctx.store.transition(run_id, RunState.FAILED, message="run directory taken")
+            ctx.store.runs.transition(run_id, RunState.FAILED, message="run directory taken")
             replaces = run_id
         run_id = next_run_id(run_id)
     raise LaunchError(f"no free run directory after {CLAIM_TRIES} tries")
@@ -202,17 +202,17 @@ def launch(ctx: Context, spec: LaunchSpec, now: datetime, key: str | None = None
     key = spec.key or key or new_launch_key()
     with leased(ctx.store.locks, launch_lock(key), LAUNCH_LEASE_S, LAUNCH_WAIT_S) as lease:
         if lease is None:
-            run_id = ctx.store.launch_run(key)
+            run_id = ctx.store.launches.launch(key)
             if run_id is None:
                 raise LaunchError(f"a launch with key {key!r} is at work on another worker")
             log.info("run %s: its launch (key %s) is at work on another worker", run_id, key)
-            return ctx.store.get_run(run_id)
+            return ctx.store.runs.get(run_id)
         return _launch(ctx, spec, now, key, lease)
 
 
 def _launch(ctx: Context, spec: LaunchSpec, now: datetime, key: str, lease: Lease) -> RunRecord:
     """`launch` under the lock of `key`."""
-    run_id = ctx.store.launch_run(key)
+    run_id = ctx.store.launches.launch(key)
     if run_id is None:
         resume = None if spec.resume_from is None else resumable(ctx, spec.resume_from)
         permit = check_launch(ctx, spec)
@@ -220,7 +220,7 @@ def _launch(ctx: Context, spec: LaunchSpec, now: datetime, key: str, lease: Leas
         source = None if resume is None else resume[0]
         run = _claim(ctx, executor, spec, now=now, source=source, key=key)
     else:
-        run = ctx.store.get_run(run_id)
+        run = ctx.store.runs.get(run_id)
         if run.state is not RunState.PREPARING:
             log.info("run %s: its launch (key %s) came again; it is %s", run.id, key, run.state)
             return follow_again(ctx, run.id)
@@ -246,7 +246,7 @@ def _launch(ctx: Context, spec: LaunchSpec, now: datetime, key: str, lease: Leas
         raise LaunchError(f"run {run.id}: the launch lost its lock before the spawn; not spawned")
     job = _spawn(ctx, executor, run, command)
     try:
-        record, _ = ctx.store.start_run(run.id, job)
+        record, _ = ctx.store.launches.start(run.id, job)
     except Exception:
         log.exception("run %s: cannot record its job; cancelling it", run.id)
         executor.cancel(job)
@@ -383,7 +383,7 @@ def resumable(ctx: Context, run_id: str) -> tuple[RunRecord, str, list[FileDiges
             artifact store (not retrieved yet, retrieval failed, files missing or
             changed in size).
     """
-    source = ctx.store.get_run(run_id)
+    source = ctx.store.runs.get(run_id)
     checkpoint = check_resumable(source).checkpoint
     try:
         files = check_stored(ctx.settings.artifacts_root / source.id, checkpoint, source.id)
@@ -451,9 +451,9 @@ def adopt(ctx: Context, target: str, run_dir: str, now: datetime) -> RunRecord:
         state=RunState.RUNNING,
         command=ADOPTED_COMMAND,
     )
-    while not ctx.store.create_run(record):
+    while not ctx.store.runs.create(record):
         record = record.model_copy(update={"id": next_run_id(record.id)})
-    ctx.store.follow(record.id)
+    ctx.store.follow.add(record.id)
     return record
 
 
@@ -464,7 +464,7 @@ def follow_again(ctx: Context, run_id: str) -> RunRecord:
     Raises:
         NotFound, StoreError.
     """
-    run = ctx.store.get_run(run_id)
+    run = ctx.store.runs.get(run_id)
     if run.job is not None and not run.state.is_terminal:
-        ctx.store.follow(run.id)
+        ctx.store.follow.add(run.id)
     return run

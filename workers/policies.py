@@ -35,12 +35,12 @@ def policy_target(ctx: Context, target: str, now: datetime) -> dict[str, int]:
     settings = ctx.settings
     runs = [
         r
-        for r in ctx.records(ctx.store.followed(target))
+        for r in ctx.records(ctx.store.follow.runs(target))
         if r is not None
         and r.job is not None
         and r.state is RunState.RUNNING
         and r.snapshots
-        and ctx.store.get_stop(r.id) is None
+        and ctx.store.stops.get(r.id) is None
     ]
     verdicts: dict[str, PolicyVerdict] = {}
     for run in runs:

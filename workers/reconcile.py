@@ -64,8 +64,10 @@ def reconcile(ctx: Context, now: datetime, limit: int = 200) -> int:
     """
     resend_due_retrievals(ctx, now, limit)
     sent = 0
-    for deadline in ctx.store.due_deadlines(now, limit):
-        if not ctx.store.claim_deadline(deadline, ctx.worker_id, ctx.settings.deadline_lease_s):
+    for deadline in ctx.store.stops.due_deadlines(now, limit):
+        if not ctx.store.stops.claim_deadline(
+            deadline, ctx.worker_id, ctx.settings.deadline_lease_s
+        ):
             continue
         send_deadline(ctx, deadline.run_id, deadline.stop_id, deadline.kind, 0.0)
         sent += 1
@@ -80,8 +82,8 @@ def resend_due_retrievals(ctx: Context, now: datetime, limit: int) -> None:
     """Sends the retrieval task of every retrieval that is due (a first one whose task
     was lost, or the next attempt after a failure); each is moved ahead first, so the
     next tick does not send it again while it waits in the queue."""
-    for run_id in ctx.store.due_retrievals(now, limit):
-        ctx.store.schedule_retrieval(run_id, now + timedelta(seconds=RETRIEVE_RESEND_S))
+    for run_id in ctx.store.retrievals.due(now, limit):
+        ctx.store.retrievals.schedule(run_id, now + timedelta(seconds=RETRIEVE_RESEND_S))
         ctx.send(TASK_RETRIEVE, run_id)
 
 
@@ -89,9 +91,9 @@ def continue_due(ctx: Context, now: datetime, limit: int = 100) -> int:
     """Sends the continuation task of every waiting continuation that is due
     (`workers.chain`), moving each ahead first so the next tick does not send it again
     while it waits in the queue; returns how many it sent."""
-    due = ctx.store.due_continuations(now, limit)
+    due = ctx.store.continuations.due(now, limit)
     for run_id in due:
-        ctx.store.schedule_continuation(run_id, now + timedelta(seconds=CONTINUE_RETRY_S))
+        ctx.store.continuations.schedule(run_id, now + timedelta(seconds=CONTINUE_RETRY_S))
         ctx.send(TASK_CONTINUE, run_id)
     return len(due)
 
@@ -112,7 +114,7 @@ def settle_launches(ctx: Context, now: datetime, limit: int = 100) -> int:
     settled = 0
     unreachable: set[str] = set()
     try:
-        found = ctx.store.preparing_runs(cutoff, limit)
+        found = ctx.store.launches.preparing(cutoff, limit)
     except Exception:
         log.exception("cannot list the preparing runs; left for the next reconcile")
         return 0
@@ -131,11 +133,11 @@ def _settle(ctx: Context, run_id: str, key: str | None, unreachable: set[str]) -
         if lease is None:
             return False  # its launch is at work
         try:
-            run = ctx.store.get_run(run_id)
+            run = ctx.store.runs.get(run_id)
         except NotFound:
             run = None
         if run is None or run.state is not RunState.PREPARING:
-            ctx.store.forget_preparing(run_id)
+            ctx.store.launches.forget(run_id)
             return False
         if run.target in unreachable:
             return False
@@ -148,7 +150,7 @@ def _settle(ctx: Context, run_id: str, key: str | None, unreachable: set[str]) -
                 follow_found(ctx, executor, run, job, "its launch's worker died after the spawn")
                 return True
         except UnknownTarget:
-            ctx.store.transition(
+            ctx.store.runs.transition(
                 run_id,
                 RunState.FAILED,
                 message=f"{DIED_MESSAGE} (its target {run.target!r} no longer exists)",
@@ -163,7 +165,7 @@ def _settle(ctx: Context, run_id: str, key: str | None, unreachable: set[str]) -
                 run_id, run.target, error,
             )  # fmt: skip
             return False
-        ctx.store.transition(
+        ctx.store.runs.transition(
             run_id, RunState.FAILED, message=DIED_MESSAGE, expect={RunState.PREPARING}
         )
         log.warning("run %s: %s", run_id, DIED_MESSAGE)

@@ -106,7 +106,7 @@ def request_snapshot(
     Raises:
         NotFound, NotStarted, NotRunning, NoSnapshots, ExecError, StoreError.
     """
-    run = ctx.store.get_run(run_id)
+    run = ctx.store.runs.get(run_id)
     check_snapshot_request(run)
     executor = ctx.executor(run.target)
     if only_if_none_open:
@@ -122,11 +122,11 @@ def request_snapshot(
             notice_request(
                 ctx, run, written.decode("utf-8", "replace"), now, asked_by=found_by
             )
-            found = ctx.store.get_stop(run_id)
+            found = ctx.store.stops.get(run_id)
             if found is not None:
                 return found
     budget = next_budget(ctx, run)
-    stop, opened = ctx.store.open_stop(
+    stop, opened = ctx.store.stops.open(
         run_id,
         reason,
         asked_by,
@@ -143,7 +143,7 @@ def request_snapshot(
         if opened:
             # Never asked, the target out of reach: a proof deadline would cancel a
             # job that was not told. Asking again opens a new stop.
-            ctx.store.close_stop(run_id, stop.stop_id, note="the request could not be written")
+            ctx.store.stops.close(run_id, stop.stop_id, note="the request could not be written")
         raise
     except ExecError as error:
         # The target answered but the request could not be put in place: the job's
@@ -151,7 +151,7 @@ def request_snapshot(
         # stop stays: a job that cannot be asked is cancelled at its proof deadline.
         log.warning("run %s: the request could not be written: %s", run_id, error)
         if opened:
-            stop = ctx.store.advance_stop(
+            stop = ctx.store.stops.advance(
                 run_id,
                 stop.stop_id,
                 StopPhase.WAITING_PROOF,
@@ -170,7 +170,7 @@ def notice_request(
         return
     try:
         budget = next_budget(ctx, run)
-        stop, opened = ctx.store.open_stop(
+        stop, opened = ctx.store.stops.open(
             run.id,
             SnapshotReason.parse(reason),
             asked_by,
@@ -200,7 +200,7 @@ def proof_seen(
     proved_at = proof_moment(proof.time, stop.asked_at, seen_at)
     end = proved_at + timedelta(seconds=end_s)
     after = round((proved_at - stop.asked_at).total_seconds(), 1)
-    moved = ctx.store.advance_stop(
+    moved = ctx.store.stops.advance(
         stop.run_id,
         stop.stop_id,
         StopPhase.WAITING_PROOF,

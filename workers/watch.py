@@ -85,7 +85,7 @@ __all__ = [
 
 def watched_targets(ctx: Context) -> list[str]:
     """The targets with at least one followed run (the fan-out of a tick)."""
-    return ctx.store.followed_targets()
+    return ctx.store.follow.targets()
 
 
 def watch_target(ctx: Context, target: str, now: datetime) -> dict[str, int]:
@@ -101,18 +101,18 @@ def watch_target(ctx: Context, target: str, now: datetime) -> dict[str, int]:
         ExecError: the target could not be read (the tick is retried next time).
         StoreError: the store failed.
     """
-    ids = ctx.store.followed(target)
+    ids = ctx.store.follow.runs(target)
     runs: list[RunRecord] = []
     for run_id, found in zip(ids, ctx.records(ids), strict=True):
         if found is None or found.job is None or found.state.is_terminal:
-            ctx.store.unfollow(run_id)
+            ctx.store.follow.remove(run_id)
             continue
         runs.append(found)
     if not runs:
         return {"runs": 0}
     executor = ctx.executor(target)
-    offsets = ctx.store.get_offsets_many([run.id for run in runs])
-    stops = ctx.store.get_stops([run.id for run in runs])
+    offsets = ctx.store.follow.offsets_many([run.id for run in runs])
+    stops = ctx.store.stops.get_many([run.id for run in runs])
     entries = [
         FollowEntry(run.job, o.log, o.metrics, _waits_for_proof(stop), _proof_seen(ctx, run, stop))
         for run, o, stop in zip(runs, offsets, stops, strict=True)
@@ -242,7 +242,7 @@ def _record_lines(ctx: Context, item: _Item, executor: Executor, now: datetime) 
     if dropped:
         lines.append(f"runwarden: {dropped} metrics line(s) ignored: not a JSON object")
     if used_log or used_metrics:
-        ctx.store.record_tail(
+        ctx.store.follow.record_tail(
             run.id,
             lines=lines,
             records=metrics,
@@ -258,7 +258,7 @@ def _act(ctx: Context, item: _Item, executor: Executor, now: datetime) -> int:
     it ended, else 0."""
     run, _, update, _ = item
     observe_notices(ctx, run, update, now)  # a cloud's notice opens its stop first
-    if update.request is not None and ctx.store.get_stop(run.id) is None:
+    if update.request is not None and ctx.store.stops.get(run.id) is None:
         notice_request(ctx, run, update.request, now)
     if _finished(update):
         assert isinstance(update.status, JobStatus)
@@ -308,7 +308,7 @@ def _skip(
     _, used_metrics = update.metrics_lines()
     note = f"runwarden: {used_log + used_metrics} bytes skipped: {type(error).__name__}"
     try:
-        ctx.store.record_tail(
+        ctx.store.follow.record_tail(
             run.id,
             lines=[note],
             records=[],
@@ -436,7 +436,7 @@ def _ask(
 ) -> StopState | None:
     """The stop a first notice opens, asked by its source, or the stop already open
     (whoever asked first keeps it); None when none could be opened."""
-    stop = ctx.store.get_stop(run.id)
+    stop = ctx.store.stops.get(run.id)
     if stop is not None or not run.snapshots:
         return stop
     asker = notice_asker(notice)
@@ -445,7 +445,7 @@ def _ask(
         # reason and asker (the follow opens its stop as any request's).
         if SnapshotReason.parse(update.request) is SnapshotReason.PREEMPTED:
             notice_request(ctx, run, update.request, now, asked_by=asker)
-        return ctx.store.get_stop(run.id)
+        return ctx.store.stops.get(run.id)
     if not isinstance(update.status, JobStatus) or update.status.is_finished:
         return None  # the job ended (or cannot be read): nobody would answer now
     # The notice, not yet its request (the tick read between the watcher's two
@@ -463,7 +463,7 @@ def _ask(
         )
     except RunwardenError as error:
         log.warning("run %s: cannot ask for the snapshot of its notice: %s", run.id, error)
-        return ctx.store.get_stop(run.id)
+        return ctx.store.stops.get(run.id)
 
 
 def _record(
@@ -487,4 +487,4 @@ def _record(
             update["message"] = notice.note
         return current.model_copy(update=update)
 
-    ctx.store.update_run(run_id, mutate)
+    ctx.store.runs.update(run_id, mutate)

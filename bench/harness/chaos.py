@@ -422,7 +422,7 @@ class Campaign:
             return _retry(lambda: self.api.launch(spec, wait_s=30), "launch", 180)
         except AssertionError:
             assert spec.key is not None
-            run_id = _retry(lambda: self.api.store.launch_run(spec.key or ""), "key")
+            run_id = _retry(lambda: self.api.store.launches.launch(spec.key or ""), "key")
             if run_id is None:
                 raise
             return _retry(lambda: self.api.get_run(run_id), "get run")
@@ -460,7 +460,7 @@ class Campaign:
                 _retry(lambda: self.api.stop(run.id, asked_by="chaos", wait_s=20), "stop", 240)
 
     def _stops_of(self, run_id: str) -> list[Any]:
-        return _retry(lambda: self.api.store.stop_history(run_id), "stop history")
+        return _retry(lambda: self.api.store.stops.history(run_id), "stop history")
 
     def _wait_end(self, run_id: str) -> RunRecord:
         deadline = time.monotonic() + RUN_TIMEOUT_S
@@ -569,7 +569,7 @@ class Campaign:
                     sent.append("launch")
                     continue
                 stop = self.api.get_stop(run_id)
-                history = self.api.store.stop_history(run_id)
+                history = self.api.store.stops.history(run_id)
                 if kind == "request" and stop is not None:
                     body = {"run_id": run_id, "reason": str(stop.reason), "asked_by": "chaos"}
                     app.send_task(TASK_SNAPSHOT_REQUEST, kwargs={"body": body})
@@ -593,7 +593,7 @@ class Campaign:
         seen: dict[str, Any] = {}
         while not self._done.wait(0.05):
             try:
-                stops = {s.stop_id: s for s in self.api.store.list_stops()}
+                stops = {s.stop_id: s for s in self.api.store.stops.in_progress()}
             except Exception:  # noqa: BLE001, S112 - Redis restarting: next turn
                 continue
             now = time.time()

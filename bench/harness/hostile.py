@@ -135,7 +135,7 @@ def provide_secrets(api: Runwarden, names: Iterable[str], targets: Iterable[str]
     for name, value in secret_values(list(allowed)).items():
         api.settings.secrets.ensure(name, make=value)
     for target in targets:
-        config = TargetConfig.model_validate(api.store.get_target(target))
+        config = TargetConfig.model_validate(api.store.targets.get(target))
         api.add_target(config.model_copy(update={"allow_secrets": allowed}))
 
 

@@ -61,7 +61,7 @@ def put_signed_target(store: Any, settings: Settings, config: dict[str, Any]) ->
     """Stores target `config` signed with the operator's key of `settings` (created
     in its secrets directory when missing), as `runwarden targets add` does."""
     key, _ = settings.secrets.ensure(producer_key_file(OPERATOR))
-    store.put_target(config["name"], config, sign_target(config["name"], config, key))
+    store.targets.put(config["name"], config, sign_target(config["name"], config, key))
 
 
 def read_small(path: Path, limit: int = 64) -> str:
@@ -192,7 +192,7 @@ class Pipeline:
     def wait_step(self, run_id: str, step: int, timeout_s: float = 30.0) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            progress = self.api.store.last_metrics(run_id)
+            progress = self.api.store.follow.last_metrics(run_id)
             if progress is not None and (progress.step or 0) >= step:
                 return
             time.sleep(0.1)

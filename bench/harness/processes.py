@@ -135,11 +135,11 @@ def trainers(run_id: str) -> dict[int, int]:
 def assert_one_followed_job(store: RunStore, run_id: str) -> RunRecord:
     """Run `run_id` runs exactly one job on this machine, the one its record names,
     and it is followed."""
-    run = store.get_run(run_id)
+    run = store.runs.get(run_id)
     assert run.state is RunState.RUNNING, run
     assert run.job is not None
     found = trainers(run_id)
     assert list(found.values()) == [run.job.pid], (found, run.job)
-    assert run_id in store.followed(run.target)
-    assert store.preparing_runs(datetime.now(UTC)) == []
+    assert run_id in store.follow.runs(run.target)
+    assert store.launches.preparing(datetime.now(UTC)) == []
     return run

@@ -94,7 +94,7 @@ def runs(
                   "progress", "artifacts", "created")  # fmt: skip
     for group in groups:
         for place, r in enumerate(group):
-            progress = run_op(lambda r=r: api.store.last_metrics(r.id))  # type: ignore[misc]
+            progress = run_op(lambda r=r: api.store.follow.last_metrics(r.id))  # type: ignore[misc]
             artifacts = "" if r.artifacts is None else str(r.artifacts.phase)
             if r.artifacts is not None and r.artifacts.phase == "pending" and r.artifacts.error:
                 artifacts += f" ({r.artifacts.attempts} failed)"
@@ -135,7 +135,7 @@ def show(
         out.print(f"[bold]{'artifacts':12}[/] {escape(line)}", highlight=False, soft_wrap=True)
     for label, text in [*_containment_lines(run), *_preemption_lines(run)]:
         out.print(f"[bold]{label:12}[/] {escape(text)}", highlight=False, soft_wrap=True)
-    progress = run_op(lambda: api.store.last_metrics(run.id))
+    progress = run_op(lambda: api.store.follow.last_metrics(run.id))
     if progress is not None:
         out.print(f"[bold]{'progress':12}[/] {progress_bar(progress)}")
     current = run_op(lambda: api.get_stop(run.id))
@@ -255,9 +255,9 @@ def logs(
     run_id = checked_run_id(run_id)
     run_op(lambda: api.get_run(run_id))
     if head is not None:
-        entries = run_op(lambda: api.store.read_log(run_id, count=head))
+        entries = run_op(lambda: api.store.follow.read_log(run_id, count=head))
     else:
-        entries = run_op(lambda: api.store.read_log_newest(run_id, count=tail))
+        entries = run_op(lambda: api.store.follow.read_log_newest(run_id, count=tail))
     after = "0-0"
     while True:
         for entry in entries:
@@ -271,7 +271,7 @@ def logs(
                 return
             time.sleep(0.5)
         entries = run_op(
-            lambda after=after: api.store.read_log(run_id, after_id=after, count=1000)  # type: ignore[misc]
+            lambda after=after: api.store.follow.read_log(run_id, after_id=after, count=1000)  # type: ignore[misc]
         )
 
 

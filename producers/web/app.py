@@ -57,8 +57,8 @@ def create_app(
     otherwise). With `flower_url` (Flower's base address, http or https), the pages
     link to Flower's tasks page.
 
-    It reads runs and stops through `api` and its store's `list_runs`,
-    `last_metrics`, `read_log`, `stop_history` and `ledger_history`, and publishes
+    It reads runs and stops through `api` and its store's `Runs.find`,
+    `Follow.last_metrics`, `Follow.read_log`, `Stops.history` and `ledger_history`, and publishes
     through `api.stop` and `api.cancel`: it needs the same Redis as the service,
     and a worker for the actions. Route handlers are synchronous where they call
     the API (FastAPI runs them in its thread pool).

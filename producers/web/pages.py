@@ -96,7 +96,7 @@ def page_router(web: Web) -> APIRouter:
                 raise HTTPException(400, f"unknown reason: use one of {names}") from error
         if form.get("confirmed") != "yes":
             run = await run_in_threadpool(web.api.get_run, run_id)
-            progress = await run_in_threadpool(web.api.store.last_metrics, run_id)
+            progress = await run_in_threadpool(web.api.store.follow.last_metrics, run_id)
             # The timeouts the stop would get (a stop already open keeps its own).
             # Decided by the rule of the workers' settings, as they will decide it.
             budget, _ = await run_in_threadpool(web.api.next_stop_budget, run)

@@ -1,6 +1,6 @@
 """What the pages show, read through the producers' API only (`Runwarden` and the
-named methods of its store: `list_runs`, `last_metrics`, `read_log`,
-`stop_history`, `ledger_history`). Every read is bounded: a fixed number of runs, of log pages, of
+named methods of its store: `Runs.find`, `Follow.last_metrics`, `Follow.read_log`,
+`Stops.history`, `ledger_history`). Every read is bounded: a fixed number of runs, of log pages, of
 characters per log line."""
 
 from __future__ import annotations
@@ -96,8 +96,8 @@ def run_rows(api: Runwarden) -> list[RunRow]:
     Raises:
         StoreError: the store failed.
     """
-    runs = api.store.list_runs(limit=RUNS_SHOWN)
-    return [RunRow(run, api.store.last_metrics(run.id)) for run in runs]
+    runs = api.store.runs.find(limit=RUNS_SHOWN)
+    return [RunRow(run, api.store.follow.last_metrics(run.id)) for run in runs]
 
 
 def tail_log(
@@ -113,7 +113,7 @@ def tail_log(
     lines: deque[LogLine] = deque(maxlen=keep)
     last = after
     for _ in range(_LOG_PAGES):
-        entries = api.store.read_log(run_id, after_id=last, count=_LOG_PAGE)
+        entries = api.store.follow.read_log(run_id, after_id=last, count=_LOG_PAGE)
         lines.extend(LogLine(entry.id, cut(clean_text(entry.line))) for entry in entries)
         if entries:
             last = entries[-1].id
@@ -132,9 +132,9 @@ def run_view(api: Runwarden, run_id: str) -> RunView:
     log, last = tail_log(api, run.id)
     return RunView(
         run=run,
-        progress=api.store.last_metrics(run.id),
+        progress=api.store.follow.last_metrics(run.id),
         stop=api.get_stop(run.id),
-        history=api.store.stop_history(run.id),
+        history=api.store.stops.history(run.id),
         log=log,
         log_last=last,
         ledger=api.store.ledger.history(run.id, LEDGER_SHOWN),

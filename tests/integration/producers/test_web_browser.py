@@ -182,7 +182,7 @@ def test_an_operator_follows_and_stops_a_run_in_a_real_browser(tmp_path: Path) -
         assert run.state is RunState.STOPPED, run
         assert run.snapshot is not None
         # Signed by the operator's key, from the web view.
-        assert pipeline.api.store.stop_history(run_id)[0].asked_by == "operator/web"
+        assert pipeline.api.store.stops.history(run_id)[0].asked_by == "operator/web"
     for path in shots:
         data = path.read_bytes()
         assert data.startswith(PNG_MAGIC), path

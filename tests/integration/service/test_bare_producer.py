@@ -223,7 +223,7 @@ def test_a_stop_from_the_service_is_recorded_as_asked_by_it(
     assert run.snapshot is not None
     assert run.snapshot.reason is SnapshotReason.COST
     assert (Path(run.remote_dir) / run.snapshot.checkpoint).is_dir()
-    (closed,) = pipeline.api.store.stop_history(run_id)
+    (closed,) = pipeline.api.store.stops.history(run_id)
     assert closed.asked_by == PRODUCER
 
 
@@ -272,7 +272,7 @@ def test_an_unsigned_message_is_refused_in_its_result(
             "message": "runwarden.snapshot_request: the message is not signed (no 'auth')",
         }, shown(result)
         assert pipeline.api.get_stop(run_id) is None
-        assert pipeline.api.store.stop_history(run_id) == []
+        assert pipeline.api.store.stops.history(run_id) == []
         assert pipeline.api.get_run(run_id).state is RunState.RUNNING
     finally:
         pipeline.api.cancel(run_id)

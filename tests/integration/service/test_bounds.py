@@ -141,7 +141,7 @@ def test_a_chatty_run_keeps_its_log_budget_and_its_follow_data_expires(
     store = pipeline.api.store
     client: Any = store.client
 
-    lines = [entry.line for entry in store.read_log(run.id, count=100_000)]
+    lines = [entry.line for entry in store.follow.read_log(run.id, count=100_000)]
     assert lines[-1] == "last line"
     assert lines[-2].startswith("y" * 100)
     assert lines[-2].endswith("[runwarden: line cut, 50000 bytes]")
@@ -165,7 +165,7 @@ def test_a_chatty_run_keeps_its_log_budget_and_its_follow_data_expires(
     while any(client.exists(key) for key in data):
         assert time.monotonic() < deadline, [k for k in data if client.exists(k)]
         time.sleep(0.2)
-    assert store.read_log(run.id) == []
+    assert store.follow.read_log(run.id) == []
     assert pipeline.api.get_run(run.id).state is RunState.SUCCEEDED  # the record stays
 
 
@@ -196,7 +196,7 @@ def test_the_follow_keeps_up_with_a_job_writing_megabytes_a_second(bounded: Pipe
     store = pipeline.api.store
 
     def newest() -> str:
-        entries = store.read_log_newest(run.id, count=1)
+        entries = store.follow.read_log_newest(run.id, count=1)
         return entries[0].line if entries else ""
 
     def written_last() -> bool:
@@ -207,7 +207,7 @@ def test_the_follow_keeps_up_with_a_job_writing_megabytes_a_second(bounded: Pipe
     behind: list[int] = []
 
     def sample() -> bool:
-        behind.append(log.stat().st_size - store.get_offsets(run.id).log if log.exists() else 0)
+        behind.append(log.stat().st_size - store.follow.offsets(run.id).log if log.exists() else 0)
         return written_last()
 
     wait_for(sample, timeout_s=30)
@@ -218,7 +218,7 @@ def test_the_follow_keeps_up_with_a_job_writing_megabytes_a_second(bounded: Pipe
     # While the job wrote: never much more than the budget and a tick's writing behind
     # (a second's, for a loaded machine).
     assert max(behind) < 64 * 1024 + 2_200_000, max(behind)
-    lines = [entry.line for entry in store.read_log(run.id, count=100_000)]
+    lines = [entry.line for entry in store.follow.read_log(run.id, count=100_000)]
     held = sum(len(line.encode()) + ENTRY_OVERHEAD_BYTES for line in lines)
     assert held <= LOG_BUDGET
     assert log.stat().st_size > 10_000_000  # all of it on the target

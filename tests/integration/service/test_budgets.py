@@ -50,7 +50,7 @@ def wait_saves(pipeline: Pipeline, run_id: str, timeout_s: float = 60.0) -> floa
     """Waits until the store holds a save sample of `run_id`; returns the longest."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        saves = pipeline.api.store.saves(run_id)
+        saves = pipeline.api.store.budgets.saves(run_id)
         if saves:
             return max(s.seconds for s in saves)
         time.sleep(0.1)
@@ -116,7 +116,7 @@ def test_a_run_with_2_second_saves_gets_a_proof_timeout_of_seconds(quick: Pipeli
     stopped = pipeline.wait_state(source.id)
     assert stopped.state is RunState.STOPPED, stopped
     wait_saves(pipeline, source.id)  # pushed right after the end is recorded
-    [sample] = pipeline.api.store.saves(source.id)
+    [sample] = pipeline.api.store.budgets.saves(source.id)
     assert sample.kind == "stop"
     assert 2.0 <= sample.seconds < 6, sample
     resumable(pipeline, source.id)
@@ -162,7 +162,7 @@ def test_a_run_with_2_second_saves_gets_a_proof_timeout_of_seconds(quick: Pipeli
     assert (control_budget.source, control_budget.proof_timeout_s) == ("default", 30)
     assert 29.5 <= seconds[control.id] < 40
     # The stop history says which timeout each stop used, and why; the log, what it did.
-    [closed] = pipeline.api.store.stop_history(resumed.id)
+    [closed] = pipeline.api.store.stops.history(resumed.id)
     assert closed.budget == budgets[resumed.id]
     waited = round(closed.budget.proof_timeout_s, 1)
     note = f"run {resumed.id}: no snapshot {waited:g} s after it was asked for: cancelling"
@@ -183,7 +183,7 @@ def test_the_deadline_policy_asks_early_enough_for_the_runs_saves(quick: Pipelin
         assert run.state is RunState.STOPPED, run
         assert run.snapshot is not None
         assert run.snapshot.reason is SnapshotReason.DEADLINE
-        [stop] = pipeline.api.store.stop_history(run_id)
+        [stop] = pipeline.api.store.stops.history(run_id)
         assert run.started is not None
         asked[run_id] = (stop.asked_at - run.started).total_seconds()
     lead = 3 * longest

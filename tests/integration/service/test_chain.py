@@ -153,7 +153,7 @@ def test_a_preempted_run_goes_on_on_the_next_target_up_to_its_limit(
     assert ended.preemption is not None
     assert ended.preemption.notice is not None
     assert ended.preemption.notice.source == "gcp-preempted"
-    (stop,) = pipeline.api.store.stop_history(first.id)
+    (stop,) = pipeline.api.store.stops.history(first.id)
     assert stop.asked_by == "notice:gcp-preempted"
     step = ended.snapshot.step
 
@@ -163,7 +163,7 @@ def test_a_preempted_run_goes_on_on_the_next_target_up_to_its_limit(
     assert source.continuation.target == "remote"
     assert source.continuation.preemptions == 1
     second_id = wait_for(
-        lambda: pipeline.api.store.launch_run(continuation_key(first.id)), timeout_s=60
+        lambda: pipeline.api.store.launches.launch(continuation_key(first.id)), timeout_s=60
     )
     second = pipeline.api.get_run(second_id)
     assert second.target == "remote"
@@ -198,7 +198,7 @@ def test_a_preempted_run_goes_on_on_the_next_target_up_to_its_limit(
     assert last.continuation.preemptions == 2
     assert "at most 1" in (last.continuation.reason or "")
     time.sleep(3)  # a reconcile or two: nothing more is launched
-    assert pipeline.api.store.launch_run(continuation_key(second.id)) is None
+    assert pipeline.api.store.launches.launch(continuation_key(second.id)) is None
     assert [r.id for r in pipeline.api.chain(first.id)] == [first.id, second.id]
     assert [r.id for r in pipeline.api.chain(second.id)] == [first.id, second.id]
 

@@ -359,7 +359,7 @@ def test_targets_add_ls_rm(pipeline: Pipeline, tmp_path: Path) -> None:
 
     # An explicit port is kept apart from the destination.
     ok(rw(pipeline, "targets", "add", "gpu2", "--workdir", "/srv", "--ssh", "u@h", "--port", "22"))
-    ssh2 = pipeline.api.store.get_target("gpu2")["ssh"]
+    ssh2 = pipeline.api.store.targets.get("gpu2")["ssh"]
     assert (ssh2["destination"], ssh2["port"]) == ("u@h", 22)
 
     for name in ("gpu", "gpu2", "scratch", "mine", "spot"):
@@ -383,7 +383,7 @@ def test_targets_add_refuses_an_upload_root_holding_or_inside_the_state(
     for root in (state.parent, state, settings.secrets.path / "sub"):
         refused(rw(pipeline, *add, str(root)), 2, "which is never uploaded")
         with pytest.raises(UnknownTarget):
-            pipeline.api.store.get_target("t")
+            pipeline.api.store.targets.get("t")
     ok(rw(pipeline, *add, str(pipeline.tmp)))
     assert ok(rw(pipeline, "targets", "rm", "t")).strip() == "removed target t"
 
@@ -568,7 +568,7 @@ def test_show_predicts_the_next_stop_by_the_workers_settings(
 ) -> None:
     """The CLI's own environment says 30 min; the workers (the pipeline's clocks) say
     otherwise, and published it: `show` says theirs, and where it came from."""
-    assert pipeline.api.store.budget_rules(), "no worker published its rule"
+    assert pipeline.api.store.budgets.rules(), "no worker published its rule"
     cli_env = {**pipeline.env, "RUNWARDEN_PROOF_TIMEOUT_S": "1800"}
     shown = ok(run_cli(cli_env, "show", running.run_id))
     [line] = [line for line in shown.splitlines() if line.startswith("next stop")]
@@ -905,7 +905,7 @@ def test_paths_are_printed_whole_at_80_columns(pipeline: Pipeline, stopped: Stop
     again = ok(rw(pipeline, "retrieve", run.id, extra=NARROW))
     assert whole_on_a_line(again, f"in {run.artifacts.path}").startswith("done: "), again
     table = ok(rw(pipeline, "targets", "ls", extra=NARROW))
-    workdir = pipeline.api.store.get_target("deep")["workdir"]
+    workdir = pipeline.api.store.targets.get("deep")["workdir"]
     assert len(workdir) > 40, workdir
     assert " deep " in whole_on_a_line(table, workdir), table
 
@@ -955,7 +955,7 @@ def test_targets_add_json(pipeline: Pipeline) -> None:
         assert TargetConfig.model_validate(added) == TargetConfig(
             name="jsonic", kind="local", workdir="/srv/j"
         )
-        assert pipeline.api.store.get_target("jsonic")["workdir"] == "/srv/j"
+        assert pipeline.api.store.targets.get("jsonic")["workdir"] == "/srv/j"
     finally:
         pipeline.api.remove_target("jsonic")
 

@@ -126,14 +126,14 @@ def outcome_lines(pipeline: Pipeline, run_id: str, *workers: str) -> list[str]:
 
 
 def deadlines_of(pipeline: Pipeline, run_id: str) -> list[str]:
-    return [d.member for d in pipeline.api.store.pending_deadlines() if d.run_id == run_id]
+    return [d.member for d in pipeline.api.store.stops.pending_deadlines() if d.run_id == run_id]
 
 
 def snapshot_of_store(pipeline: Pipeline, run_id: str) -> tuple[object, ...]:
     """Everything a stop task could change for `run_id` (the retrieval of its
     artifacts goes on beside, and is left out)."""
     store = pipeline.api.store
-    run = store.get_run(run_id).model_copy(update={"artifacts": None})
+    run = store.runs.get(run_id).model_copy(update={"artifacts": None})
     markers = {
         name: (Path(run.remote_dir) / name).stat().st_mtime_ns
         for name in ("cancelled", "cancelling", "exit_code", SIGTERM_LOG)
@@ -141,10 +141,10 @@ def snapshot_of_store(pipeline: Pipeline, run_id: str) -> tuple[object, ...]:
     }
     return (
         run,
-        store.get_stop(run_id),
-        store.stop_history(run_id),
+        store.stops.get(run_id),
+        store.stops.history(run_id),
         deadlines_of(pipeline, run_id),
-        [s.run_id for s in store.list_stops()],
+        [s.run_id for s in store.stops.in_progress()],
         markers,
     )
 
@@ -256,7 +256,7 @@ def test_a_killed_worker_s_stop_is_completed_by_a_fresh_worker_on_time(
         f"ended {seen - due:.1f} s after its deadline (worker up {ready - due:+.1f} s)\n"
         + pipeline.logs()
     )
-    history = pipeline.api.store.stop_history(run_id)
+    history = pipeline.api.store.stops.history(run_id)
     assert [h.stop_id for h in history] == [stop.stop_id]
     closed_at = history[0].closed_at
     assert closed_at is not None
@@ -381,14 +381,14 @@ def test_two_workers_and_duplicate_messages_give_each_effect_once(two_workers: P
 
     store = pipeline.api.store
     for run_id in stopped_runs:
-        history = store.stop_history(run_id)
+        history = store.stops.history(run_id)
         assert [h.stop_id for h in history] == [stops[run_id].stop_id], history
-        assert store.get_stop(run_id) is None
+        assert store.stops.get(run_id) is None
         assert deadlines_of(pipeline, run_id) == []
-    assert store.stop_history(cancelled) == []
-    assert store.get_stop(cancelled) is None
+    assert store.stops.history(cancelled) == []
+    assert store.stops.get(cancelled) is None
     for run_id, state in expected.items():
-        assert store.get_run(run_id).state is state
+        assert store.runs.get(run_id).state is state
         # One outcome: the run's record changed to its end state once, by one worker.
         lines = outcome_lines(pipeline, run_id, "w1", "w2")
         assert lines == [f"run {run_id}: {state} ("], lines
@@ -439,7 +439,7 @@ def test_bad_input_through_the_api_is_refused_and_disturbs_nothing(
     value = "s3cr3t-" + secrets.token_hex(12)
     monkeypatch.setenv("RUNWARDEN_SECRET_RW_FAULTS_TOKEN", value)  # the producer's own
     monkeypatch.setenv("RW_FAULTS_TOKEN", value)
-    local = TargetConfig.model_validate(api.store.get_target("local"))
+    local = TargetConfig.model_validate(api.store.targets.get("local"))
     api.add_target(local.model_copy(update={"allow_secrets": ("RW_FAULTS_TOKEN",)}))
     with pytest.raises(OperationFailed, match="secret RW_FAULTS_TOKEN is not set in") as missing:
         api.launch(spec, wait_s=30)
@@ -460,7 +460,7 @@ def test_bad_input_through_the_api_is_refused_and_disturbs_nothing(
     assert not_running.value.state == "cancelled"
     with pytest.raises(NotRunning):
         api.cancel(ended)
-    assert api.store.stop_history(ended) == []
+    assert api.store.stops.history(ended) == []
     # A run with no job yet: NotStarted; one whose job reads no requests: NoSnapshots.
     preparing = RunRecord(
         id="faults-preparing",
@@ -470,7 +470,7 @@ def test_bad_input_through_the_api_is_refused_and_disturbs_nothing(
         state=RunState.PREPARING,
         command="true",
     )
-    assert api.store.create_run(preparing)
+    assert api.store.runs.create(preparing)
     with pytest.raises(NotStarted):
         api.stop(preparing.id)
     no_snapshots = api.launch(

@@ -153,7 +153,7 @@ def test_the_periodic_tasks_leave_the_task_list_to_the_stops(
         ran.update(pipeline.api.store.health.read_health((), QUIET_TASKS).ticks)
         periodic = (TASK_FOLLOW_TICK, TASK_POLICY_TICK, TASK_RECONCILE)
         ticked = all(ran.get(t, 0.0) > since for t in periodic)
-        return ticked and pipeline.api.store.get_offsets(run_id).log > 0
+        return ticked and pipeline.api.store.follow.offsets(run_id).log > 0
 
     wait_for(every_tick_ran_since, timeout_s=20)
     time.sleep(1.0)  # the events of the last ticks are through Flower's receiver
@@ -179,5 +179,5 @@ def test_a_stop_enqueued_through_flowers_api(setup: tuple[Pipeline, Flower]) -> 
     assert run.state is RunState.STOPPED
     assert run.snapshot is not None
     assert run.snapshot.reason is SnapshotReason.COST
-    (closed,) = pipeline.api.store.stop_history(run_id)
+    (closed,) = pipeline.api.store.stops.history(run_id)
     assert closed.asked_by == "dashboard/flower"

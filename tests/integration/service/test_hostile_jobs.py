@@ -161,9 +161,9 @@ class Monitor:
             now = time.monotonic()
             for run_id in self._ids:
                 with contextlib.suppress(Exception):
-                    if self._store.get_run(run_id).state.is_terminal:
+                    if self._store.runs.get(run_id).state.is_terminal:
                         continue
-                    progress = self._store.last_metrics(run_id)
+                    progress = self._store.follow.last_metrics(run_id)
                     step = progress.step if progress is not None else None
                     seen = last.get(run_id)
                     if seen is None or seen[0] != step:
@@ -223,7 +223,7 @@ def _long_active(pipeline: Pipeline) -> list[str]:
 
 def _the_stop(pipeline: Pipeline, run_id: str) -> StopState | None:
     """The run's first stop (the one that ended it), from its history."""
-    history = pipeline.api.store.stop_history(run_id)
+    history = pipeline.api.store.stops.history(run_id)
     return history[-1] if history else None
 
 
@@ -251,14 +251,15 @@ def _leaked(pipeline: Pipeline, run_id: str, lines: list[str]) -> bool:
     store = pipeline.api.store
     after = "0-0"
     while True:
-        entries = store.read_log(run_id, after, count=1000)
+        entries = store.follow.read_log(run_id, after, count=1000)
         if not entries:
             break
         if any(any(line in e.line for line in lines) for e in entries):
             return True
         after = entries[-1].id
     return any(
-        any(line in str(m.record) for line in lines) for m in store.read_metrics(run_id, count=1000)
+        any(line in str(m.record) for line in lines)
+        for m in store.follow.read_metrics(run_id, count=1000)
     )
 
 
@@ -305,14 +306,14 @@ def _judge(pipeline: Pipeline, outcome: Outcome, alive: list[int], shadow_lines:
     if alive:
         outcome.problems.append(f"processes alive afterwards: {alive}")
     if outcome.case.expect_step is not None:
-        progress = api.store.last_metrics(outcome.run_id)
+        progress = api.store.follow.last_metrics(outcome.run_id)
         step = progress.step if progress is not None else None
         if step is None or step < outcome.case.expect_step:
             outcome.problems.append(
                 f"the follow stopped at step {step}, never reached {outcome.case.expect_step}"
             )
     if outcome.case.expect_metrics_bytes is not None:
-        read = api.store.get_offsets(outcome.run_id).metrics
+        read = api.store.follow.offsets(outcome.run_id).metrics
         if read < outcome.case.expect_metrics_bytes:
             outcome.problems.append(f"the follow read only {read} bytes of metrics.jsonl")
     if "shadow" in outcome.case.name and _leaked(pipeline, outcome.run_id, shadow_lines):
@@ -339,7 +340,7 @@ def _wait_ended(pipeline: Pipeline, ids: list[str], within_s: float = 180.0) -> 
     while time.monotonic() < deadline:
         # Only the runs still going are read again (a hundred records parsed five
         # times a second was a good part of this process's CPU).
-        records = pipeline.api.store.get_runs(left)
+        records = pipeline.api.store.runs.get_many(left)
         going = [r is None or not r.state.is_terminal for r in records]
         left = [i for i, still in zip(left, going, strict=True) if still]
         if not left:

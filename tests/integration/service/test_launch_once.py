@@ -220,15 +220,15 @@ def test_reconcile_settles_a_launch_whose_whole_worker_was_killed(
                 pipeline.kill_worker("w1")
         run_id = run_dir.name
         store = pipeline.api.store
-        created = store.get_run(run_id).created
-        assert store.get_run(run_id).state is RunState.PREPARING
+        created = store.runs.get(run_id).created
+        assert store.runs.get(run_id).state is RunState.PREPARING
         if moment == "record":
             assert len(trainers(run_id)) == 1  # a job nobody follows, for now
 
         pipeline.start_worker("w2")
         pipeline.wait_worker("w2")
         deadline = time.monotonic() + 60
-        while store.get_run(run_id).state is RunState.PREPARING:
+        while store.runs.get(run_id).state is RunState.PREPARING:
             assert time.monotonic() < deadline, pipeline.logs()
             time.sleep(0.1)
         settled_at = datetime.now(UTC)
@@ -239,7 +239,7 @@ def test_reconcile_settles_a_launch_whose_whole_worker_was_killed(
             pipeline.api.cancel(run_id)
             assert pipeline.wait_state(run_id).state is RunState.CANCELLED
         else:
-            run = store.get_run(run_id)
+            run = store.runs.get(run_id)
             assert run.state is RunState.FAILED
             assert run.message == DIED_MESSAGE
             assert run.job is None
@@ -251,8 +251,8 @@ def test_reconcile_settles_a_launch_whose_whole_worker_was_killed(
 
 
 def test_the_launch_steps_of_the_store_on_a_real_redis(tmp_path: Path) -> None:
-    """`create_run` with a key (the Lua script), its refusals, the preparing index and
-    `start_run` on redis-server (the unit tests run them on fakeredis)."""
+    """`Runs.create` with a key (the Lua script), its refusals, the preparing index and
+    `Launches.start` on redis-server (the unit tests run them on fakeredis)."""
     with running_redis(tmp_path / "redis") as server:
         store = RunStore.from_url(server.url)
         now = datetime.now(UTC)
@@ -260,21 +260,21 @@ def test_the_launch_steps_of_the_store_on_a_real_redis(tmp_path: Path) -> None:
         def preparing(run_id: str) -> RunRecord:
             return RunRecord(id=run_id, target="t", created=now, remote_dir=f"/w/{run_id}")
 
-        assert store.create_run(preparing("r1"), key="k1")
+        assert store.runs.create(preparing("r1"), key="k1")
         with pytest.raises(Conflict):
-            store.create_run(preparing("r2"), key="k1")
-        assert not store.create_run(preparing("r1"), key="k2")  # the id is taken
-        assert store.launch_run("k2") is None
-        store.transition("r1", RunState.FAILED, message="run directory taken")
-        assert store.create_run(preparing("r1-2"), key="k1", replaces="r1")
-        assert store.create_run(preparing("r1-2"), key="k1", replaces="r1")  # a retry
-        assert store.launch_run("k1") == "r1-2"
-        assert store.preparing_runs(now) == [("r1-2", "k1")]
-        record, changed = store.start_run("r1-2", JobId(dir="/w/r1-2", pid=4242))
+            store.runs.create(preparing("r2"), key="k1")
+        assert not store.runs.create(preparing("r1"), key="k2")  # the id is taken
+        assert store.launches.launch("k2") is None
+        store.runs.transition("r1", RunState.FAILED, message="run directory taken")
+        assert store.runs.create(preparing("r1-2"), key="k1", replaces="r1")
+        assert store.runs.create(preparing("r1-2"), key="k1", replaces="r1")  # a retry
+        assert store.launches.launch("k1") == "r1-2"
+        assert store.launches.preparing(now) == [("r1-2", "k1")]
+        record, changed = store.launches.start("r1-2", JobId(dir="/w/r1-2", pid=4242))
         assert changed
         assert record.state is RunState.RUNNING
-        assert store.followed("t") == ["r1-2"]
-        assert store.preparing_runs(now) == []
+        assert store.follow.runs("t") == ["r1-2"]
+        assert store.launches.preparing(now) == []
         client = server.client()
         try:
             assert client.zcard(store.keys.preparing) == 0
@@ -304,13 +304,13 @@ def test_the_same_key_through_the_api_and_the_cli_is_one_run(tmp_path: Path) -> 
             keyless = LaunchSpec(target="local", command="true")
             one, two = api.launch(keyless, wait_s=60), api.launch(keyless, wait_s=60)
             assert one.id != two.id
-            assert api.store.launch_run(first.id) is None  # a run id is no key
+            assert api.store.launches.launch(first.id) is None  # a run id is no key
             raw = api.app.send_task(
                 "runwarden.launch",
                 kwargs=signed(api.settings, "runwarden.launch", keyless.model_dump(mode="json")),
             )
             made = raw.get(timeout=60)
-            assert api.store.launch_run(f"task-{raw.id}") == made["run_id"]
+            assert api.store.launches.launch(f"task-{raw.id}") == made["run_id"]
 
             for bad in ("a b", "$(touch x)", "k" * 129, "-k"):
                 words = ["launch", "--target", "local", "--key", bad, "--", "true"]

@@ -51,10 +51,10 @@ def test_stop_ends_with_a_snapshot(pipeline: Pipeline) -> None:
     assert run.snapshot.checkpoint == f"output/checkpoint-{run.snapshot.step}"
     assert (Path(run.remote_dir) / run.snapshot.checkpoint).is_dir()
     assert pipeline.api.get_stop(run_id) is None
-    history = pipeline.api.store.stop_history(run_id)
+    history = pipeline.api.store.stops.history(run_id)
     assert history
     assert all("cancel" not in (h.note or "") for h in history)
-    assert pipeline.api.store.read_log(run_id)  # the log was followed
+    assert pipeline.api.store.follow.read_log(run_id)  # the log was followed
 
 
 def test_a_job_that_ignores_requests_is_cancelled_at_the_proof_timeout(pipeline: Pipeline) -> None:

@@ -67,7 +67,7 @@ def wait_artifacts(pipeline: Pipeline, run_id: str, timeout_s: float = 60.0) -> 
 
 
 def first_stop(pipeline: Pipeline, run_id: str) -> tuple[str, str]:
-    history = pipeline.api.store.stop_history(run_id)
+    history = pipeline.api.store.stops.history(run_id)
     assert history, pipeline.logs()
     oldest = history[-1]
     return str(oldest.reason), oldest.asked_by
@@ -142,7 +142,7 @@ def _fill_and_stop(pipeline: Pipeline, small_disk: Path) -> None:
     assert ended.snapshot is not None
     assert ended.snapshot.reason is SnapshotReason.DISK
     assert first_stop(pipeline, run.id) == ("disk", "policy:disk")
-    stop = pipeline.api.store.stop_history(run.id)[-1]
+    stop = pipeline.api.store.stops.history(run.id)[-1]
     assert stop.asked_by == "policy:disk"
 
 
@@ -276,7 +276,7 @@ def test_stop_resume_stop_resume_continues_the_steps(pipeline: Pipeline) -> None
         assert run.upload == str(upload)
         pipeline.wait_step(run.id, steps[-1] + 4)
         assert pipeline.api.get_run(run.id).state is RunState.RUNNING  # no stale request
-        metrics = pipeline.api.store.read_metrics(run.id)
+        metrics = pipeline.api.store.follow.read_metrics(run.id)
         begin = next(e.record for e in metrics if e.record.get("event") == "begin")
         assert begin["first_step"] == steps[-1] + 1
         pipeline.api.stop(run.id)

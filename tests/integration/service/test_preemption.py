@@ -146,7 +146,7 @@ def check_preempted(pipeline: Pipeline, run: RunRecord, cloud: str | None) -> No
     assert json.loads((run_dir / SNAPSHOT_FILE).read_text())["reason"] == "preempted"
     assert (run_dir / SNAPSHOT_REQUEST).read_text() == "preempted"
     assert (run_dir / "exit_code").read_text().strip() == "0"
-    history = pipeline.api.store.stop_history(run.id)
+    history = pipeline.api.store.stops.history(run.id)
     assert [stop.reason for stop in history] == [SnapshotReason.PREEMPTED], history
     assert run.preemption is not None
     if cloud is None:
@@ -207,10 +207,10 @@ def test_a_notice_becomes_a_checkpoint(
     ended = pipeline.wait_state(run.id)
     check_preempted(pipeline, ended, cloud)
     # The stop was opened at once: within the watcher's poll and a follow tick.
-    (stop,) = pipeline.api.store.stop_history(run.id)
+    (stop,) = pipeline.api.store.stops.history(run.id)
     assert (stop.asked_at - switched).total_seconds() < 5, stop
     # It taught its save time, counted from the notice (its request's time).
-    samples = [s for s in pipeline.api.store.saves(run.id) if s.kind == "stop"]
+    samples = [s for s in pipeline.api.store.budgets.saves(run.id) if s.kind == "stop"]
     assert samples, (stop, pipeline.logs())
     assert all(0 < s.seconds < 30 for s in samples), samples
     # What people read.
@@ -350,7 +350,7 @@ def test_runwarden_s_cancel_still_cancels(
     assert not (Path(run.remote_dir) / SNAPSHOT_REQUEST).exists()
     assert not (Path(run.remote_dir) / NOTICE_FILE).exists()
     wait_for(lambda: not process_alive(pid), timeout_s=POLL_S + 3)
-    assert pipeline.api.store.stop_history(run.id) == []
+    assert pipeline.api.store.stops.history(run.id) == []
 
 
 # --- a target without curl or wget -----------------------------------------------------

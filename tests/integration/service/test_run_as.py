@@ -227,7 +227,7 @@ def test_a_job_run_as_its_user_cannot_read_what_the_worker_holds(service: Servic
     # The secret passed to its launch still reached it.
     assert denied["own secret"] == hashlib.sha256(TOKEN.encode()).hexdigest()
     # Its log was followed into the store like any job's.
-    lines = [entry.line for entry in service.pipeline.api.store.read_log(run.id)]
+    lines = [entry.line for entry in service.pipeline.api.store.follow.read_log(run.id)]
     assert any(line.startswith("PROBE ") for line in lines), lines
 
     # The same job as the worker's user reads every one of them.
@@ -271,7 +271,7 @@ def test_status_follow_stop_retrieval_and_resume_as_the_user(service: Service) -
     assert run.job is not None
     assert Path(f"/proc/{run.job.pid}").stat().st_uid == service.uid
     pipeline.wait_step(run.id, 5)  # metrics followed
-    assert pipeline.api.store.read_log(run.id)  # the log followed
+    assert pipeline.api.store.follow.read_log(run.id)  # the log followed
 
     pipeline.api.stop(run.id, asked_by="test")
     ended = pipeline.wait_state(run.id)

@@ -70,7 +70,7 @@ def test_a_signal_to_the_group_of_a_shell_script_stops_and_continues_the_run(
     assert ended.snapshot is not None
     assert ended.snapshot.reason is SnapshotReason.PREEMPTED
     assert "trained" in (Path(run.remote_dir) / JOB_LOG).read_text()
-    found = wait_for(lambda: pipeline.api.store.launch_run(continuation_key(run.id)), 60)
+    found = wait_for(lambda: pipeline.api.store.launches.launch(continuation_key(run.id)), 60)
     following = pipeline.api.get_run(str(found))
     assert following.resumed_from == run.id
     started = wait_for(lambda: pipeline.api.get_run(following.id).job is not None, 60)

@@ -36,23 +36,23 @@ def own_server(tmp_path: Path) -> Iterator[RedisServer]:
 def test_data_survives_a_restart(own_server: RedisServer, how: str) -> None:
     client = own_server.client()
     store = RunStore(client)
-    store.put_target("local", {"kind": "local", "workdir": "/w"})
+    store.targets.put("local", {"kind": "local", "workdir": "/w"})
     running(store)
-    store.follow("r1")
-    store.set_offsets("r1", 10, 20)
-    stop, _ = store.open_stop("r1", SnapshotReason.COST, "policy:cost", T0, 30)
+    store.follow.add("r1")
+    store.follow.set_offsets("r1", 10, 20)
+    stop, _ = store.stops.open("r1", SnapshotReason.COST, "policy:cost", T0, 30)
     end = T0 + timedelta(minutes=10)
-    store.advance_stop(
+    store.stops.advance(
         "r1", stop.stop_id, StopPhase.WAITING_PROOF, StopPhase.WAITING_END, end_deadline=end
     )
-    store.append_log("r1", ["a", "b"])
-    store.append_metrics("r1", [{"event": "begin", "max_steps": 7}])
+    store.follow.append_log("r1", ["a", "b"])
+    store.follow.append_metrics("r1", [{"event": "begin", "max_steps": 7}])
     before = (
-        store.get_run("r1"),
-        store.get_stop("r1"),
-        store.pending_deadlines(),
-        store.read_log("r1"),
-        store.last_metrics("r1"),
+        store.runs.get("r1"),
+        store.stops.get("r1"),
+        store.stops.pending_deadlines(),
+        store.follow.read_log("r1"),
+        store.follow.last_metrics("r1"),
     )
 
     if how == "restart":
@@ -64,20 +64,20 @@ def test_data_survives_a_restart(own_server: RedisServer, how: str) -> None:
     # The same client and store carry on: a broken pooled connection is replaced, and
     # the Lua scripts, gone from the server's cache, are loaded again.
     after = (
-        store.get_run("r1"),
-        store.get_stop("r1"),
-        store.pending_deadlines(),
-        store.read_log("r1"),
-        store.last_metrics("r1"),
+        store.runs.get("r1"),
+        store.stops.get("r1"),
+        store.stops.pending_deadlines(),
+        store.follow.read_log("r1"),
+        store.follow.last_metrics("r1"),
     )
     assert after == before
-    assert store.get_target("local") == {"kind": "local", "workdir": "/w"}
-    assert store.followed("local") == ["r1"]
-    assert store.get_offsets("r1") == (10, 20)
-    closed = store.close_stop("r1", stop.stop_id, "done")
+    assert store.targets.get("local") == {"kind": "local", "workdir": "/w"}
+    assert store.follow.runs("local") == ["r1"]
+    assert store.follow.offsets("r1") == (10, 20)
+    closed = store.stops.close("r1", stop.stop_id, "done")
     assert closed is not None
-    assert store.pending_deadlines() == []
-    assert store.transition("r1", RunState.STOPPED).state is RunState.STOPPED
+    assert store.stops.pending_deadlines() == []
+    assert store.runs.transition("r1", RunState.STOPPED).state is RunState.STOPPED
     client.close()
 
 
@@ -87,11 +87,11 @@ def test_store_error_when_the_server_is_down(own_server: RedisServer) -> None:
     running(store)
     own_server.terminate()
     calls = [
-        lambda: store.get_run("r1"),
-        lambda: store.transition("r1", RunState.CANCELLED),
-        lambda: store.open_stop("r1", SnapshotReason.REQUESTED, "cli", T0, 30),
-        lambda: store.due_deadlines(T0),
-        lambda: store.append_log("r1", ["x"]),
+        lambda: store.runs.get("r1"),
+        lambda: store.runs.transition("r1", RunState.CANCELLED),
+        lambda: store.stops.open("r1", SnapshotReason.REQUESTED, "cli", T0, 30),
+        lambda: store.stops.due_deadlines(T0),
+        lambda: store.follow.append_log("r1", ["x"]),
         lambda: store.locks.once("k", 10),
         store.ping,
     ]
@@ -102,7 +102,7 @@ def test_store_error_when_the_server_is_down(own_server: RedisServer) -> None:
         assert time.monotonic() - started < 2.0
         assert isinstance(info.value.__cause__, redis.ConnectionError)
     own_server.start()
-    assert store.get_run("r1").state is RunState.RUNNING
+    assert store.runs.get("r1").state is RunState.RUNNING
     client.close()
 
 
@@ -118,7 +118,7 @@ def test_store_error_when_the_server_hangs(own_server: RedisServer) -> None:
     try:
         started = time.monotonic()
         with pytest.raises(StoreError, match="did not answer in time"):
-            store.get_stop("r1")
+            store.stops.get("r1")
         assert time.monotonic() - started < 2.0
     finally:
         os.kill(own_server.pid, signal.SIGCONT)

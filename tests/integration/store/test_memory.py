@@ -52,7 +52,7 @@ def test_at_the_limit_redis_refuses_writes_and_the_store_says_so(
     client.config_set("maxmemory-policy", "noeviction")
     def fill() -> None:
         for _ in range(1000):
-            store.append_log("r1", ["x" * 7000] * 50)
+            store.follow.append_log("r1", ["x" * 7000] * 50)
 
     with pytest.raises(StoreError, match="maxmemory"):
         fill()

@@ -27,6 +27,6 @@ def test_a_resume_keeps_the_runs_own_timeouts() -> None:
         limits=RunLimits(max_hours=2),
         timeouts=own,
     )
-    assert api.store.create_run(source)
+    assert api.store.runs.create(source)
     spec = api.resume_spec("s1")
     assert (spec.resume_from, spec.timeouts, spec.limits) == ("s1", own, source.limits)

@@ -40,9 +40,9 @@ def scrape(store: RunStore) -> dict[tuple[str, tuple[tuple[str, str], ...]], flo
 
 
 def running(store: RunStore, run_id: str) -> None:
-    assert store.create_run(RunRecord(id=run_id, target="local", created=NOW,
+    assert store.runs.create(RunRecord(id=run_id, target="local", created=NOW,
                                       remote_dir=f"/w/{run_id}"))  # fmt: skip
-    store.transition(run_id, RunState.RUNNING, job=JobId(dir=f"/w/{run_id}", pid=4242))
+    store.runs.transition(run_id, RunState.RUNNING, job=JobId(dir=f"/w/{run_id}", pid=4242))
 
 
 @pytest.fixture
@@ -59,11 +59,11 @@ def test_the_gauges_are_read_from_the_state_at_scrape_time(store: RunStore) -> N
     assert before[("runwarden_runs", (("state", "running"),))] == 0.0
     for run_id in ("a", "b", "c"):
         running(store, run_id)
-    store.open_stop("a", SnapshotReason.REQUESTED, "cli", NOW, 60)
-    stop, _ = store.open_stop("b", SnapshotReason.DISK, "policy:disk", NOW, 60)
-    store.advance_stop("b", stop.stop_id, StopPhase.WAITING_PROOF, StopPhase.WAITING_END,
+    store.stops.open("a", SnapshotReason.REQUESTED, "cli", NOW, 60)
+    stop, _ = store.stops.open("b", SnapshotReason.DISK, "policy:disk", NOW, 60)
+    store.stops.advance("b", stop.stop_id, StopPhase.WAITING_PROOF, StopPhase.WAITING_END,
                        end_deadline=NOW + timedelta(seconds=30))  # fmt: skip
-    store.transition("c", RunState.FAILED)
+    store.runs.transition("c", RunState.FAILED)
     after = scrape(store)
     assert after[("runwarden_stops_in_flight", (("phase", "waiting_proof"),))] == 1.0
     assert after[("runwarden_stops_in_flight", (("phase", "waiting_end"),))] == 1.0
@@ -74,7 +74,7 @@ def test_the_gauges_are_read_from_the_state_at_scrape_time(store: RunStore) -> N
 
 def test_counters_and_histograms_are_the_stored_ones(store: RunStore) -> None:
     running(store, "a")
-    stop, _ = store.open_stop("a", SnapshotReason.REQUESTED, "cli", NOW, 60)
+    stop, _ = store.stops.open("a", SnapshotReason.REQUESTED, "cli", NOW, 60)
     late = NOW + timedelta(seconds=62)
     for event in (
         StopOpened.of(stop),

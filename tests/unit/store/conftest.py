@@ -77,8 +77,8 @@ def record(
 
 
 def running(store: RunStore, run_id: str = "r1", **fields: Any) -> RunRecord:
-    assert store.create_run(record(run_id, **fields))
-    return store.transition(run_id, RunState.RUNNING, job=JOB, expect={RunState.PREPARING})
+    assert store.runs.create(record(run_id, **fields))
+    return store.runs.transition(run_id, RunState.RUNNING, job=JOB, expect={RunState.PREPARING})
 
 
 def xlen(store: RunStore, key: str) -> int:

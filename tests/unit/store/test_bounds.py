@@ -1,4 +1,4 @@
-"""Redis stays bounded (`store.streams`, `store/lua/append_stream.lua`, `end_run`): each
+"""Redis stays bounded (`store.streams`, `store/lua/append_stream.lua`, `steps.end_run`): each
 run's log and metrics streams keep at most their byte budget, the oldest entries
 dropped first, exactly, with the offsets still exact; lines are cut to the line cap
 at a character boundary; an ended run's follow data expires after the retention
@@ -15,6 +15,7 @@ import pytest
 
 from schemas import RunState, SnapshotReason
 from store import Offsets, RunStore
+from store.steps import end_run
 from store.streams import CUT_MARK, ENTRY_OVERHEAD_BYTES, cut_line
 
 from ...conftest import wait_for
@@ -25,7 +26,7 @@ KIB = 1024
 
 def held(store: RunStore, run_id: str, name: str) -> int:
     """The bytes the store says a stream holds."""
-    return int(getattr(store.stream_bytes(run_id), name))
+    return int(getattr(store.follow.stream_bytes(run_id), name))
 
 
 def counted(store: RunStore, key: str) -> int:
@@ -60,8 +61,8 @@ def test_a_long_line_is_cut_at_a_character_boundary_and_marked(char: str) -> Non
 
 def test_a_line_above_the_cap_is_stored_cut(make_store: Callable[..., RunStore]) -> None:
     store = make_store(line_bytes=1000, log_bytes=64 * KIB)
-    store.append_log("r1", ["é" * 5000, "ok"])
-    long, short = (e.line for e in store.read_log("r1"))
+    store.follow.append_log("r1", ["é" * 5000, "ok"])
+    long, short = (e.line for e in store.follow.read_log("r1"))
     assert len(long.encode()) <= 1000
     assert long.startswith("é" * 100)
     assert long.endswith(CUT_MARK.format(10_000))
@@ -85,9 +86,11 @@ def test_a_run_writing_far_more_than_its_budget_keeps_at_most_its_budget(
         ]
         size = sum(len(line.encode()) + 1 for line in lines)
         to = Offsets(offset.log + size, 0)
-        assert store.record_tail("r1", lines=lines, records=[], from_offsets=offset, to_offsets=to)
+        assert store.follow.record_tail(
+            "r1", lines=lines, records=[], from_offsets=offset, to_offsets=to
+        )
         # The same bytes again (a second follower): never appended twice.
-        assert not store.record_tail(
+        assert not store.follow.record_tail(
             "r1", lines=lines, records=[], from_offsets=offset, to_offsets=to
         )
         offset, sent = to, sent + size
@@ -95,9 +98,9 @@ def test_a_run_writing_far_more_than_its_budget_keeps_at_most_its_budget(
         assert counted(store, "rw:log:r1") <= budget
         assert held(store, "r1", "log") == counted(store, "rw:log:r1")
     assert sent > 20 * budget
-    assert store.get_offsets("r1") == offset  # exact, whatever was trimmed
+    assert store.follow.offsets("r1") == offset  # exact, whatever was trimmed
 
-    kept = [e.line for e in store.read_log("r1", count=100_000)]
+    kept = [e.line for e in store.follow.read_log("r1", count=100_000)]
     expected = [cut_line(line, line_bytes).decode() for line in written]
     # The newest lines, in order, the oldest dropped first ...
     assert kept == expected[len(expected) - len(kept) :]
@@ -111,9 +114,9 @@ def test_the_metrics_stream_keeps_its_budget_and_leaves_out_oversized_records(
 ) -> None:
     budget = 64 * KIB
     store = make_store(metrics_bytes=budget, line_bytes=1000)
-    store.append_metrics("r1", [{"event": "begin", "time": 0.0, "max_steps": 10_000}])
+    store.follow.append_metrics("r1", [{"event": "begin", "time": 0.0, "max_steps": 10_000}])
     for step in range(0, 2000, 50):
-        store.append_metrics(
+        store.follow.append_metrics(
             "r1",
             [
                 {"event": "log", "time": float(s), "step": s, "loss": 1.0, "note": "n" * 200}
@@ -122,13 +125,15 @@ def test_the_metrics_stream_keeps_its_budget_and_leaves_out_oversized_records(
         )
         assert counted(store, "rw:metrics:r1") <= budget
         assert held(store, "r1", "metrics") == counted(store, "rw:metrics:r1")
-    records = [m.record for m in store.read_metrics("r1", count=10_000)]
+    records = [m.record for m in store.follow.read_metrics("r1", count=10_000)]
     assert records[-1]["step"] == 1999
     assert [r["step"] for r in records] == list(range(2000 - len(records), 2000))
     # A record longer than the line cap is left out of the stream; its progress counts.
-    assert store.append_metrics("r1", [{"event": "log", "step": 5000, "x": "y" * 2000}]) is None
-    assert store.read_metrics("r1", count=10_000)[-1].record["step"] == 1999
-    progress = store.last_metrics("r1")
+    assert (
+        store.follow.append_metrics("r1", [{"event": "log", "step": 5000, "x": "y" * 2000}]) is None
+    )
+    assert store.follow.read_metrics("r1", count=10_000)[-1].record["step"] == 1999
+    progress = store.follow.last_metrics("r1")
     assert progress is not None
     assert (progress.step, progress.max_steps) == (5000, 10_000)
 
@@ -142,28 +147,28 @@ def test_a_stream_written_before_bytes_were_counted_goes_on_and_ages_out(
     store = make_store(log_bytes=budget, line_bytes=1000)
     for i in range(5):
         store.client.xadd("rw:log:r1", {"l": f"old {i}"})
-    store.append_log("r1", ["new"])
-    assert [e.line for e in store.read_log("r1")] == [f"old {i}" for i in range(5)] + ["new"]
+    store.follow.append_log("r1", ["new"])
+    assert [e.line for e in store.follow.read_log("r1")] == [f"old {i}" for i in range(5)] + ["new"]
     for i in range(200):
-        store.append_log("r1", [f"{i:03d} " + "x" * 500])
-    lines = [e.line for e in store.read_log("r1", count=1000)]
+        store.follow.append_log("r1", [f"{i:03d} " + "x" * 500])
+    lines = [e.line for e in store.follow.read_log("r1", count=1000)]
     assert not any(line.startswith("old") for line in lines)
     assert held(store, "r1", "log") == counted(store, "rw:log:r1") <= budget
 
 
 def test_a_counter_that_is_gone_or_behind_never_moves_ids_back(store: RunStore) -> None:
     """The stream and its counter expire together, but not in the same instant."""
-    store.append_log("r1", ["a", "b"])
+    store.follow.append_log("r1", ["a", "b"])
     store.client.delete(store.keys.stream_bytes("r1"))
-    store.append_log("r1", ["c"])
+    store.follow.append_log("r1", ["c"])
     store.client.delete("rw:log:r1")
-    store.append_log("r1", ["d"])  # the counter goes on alone
+    store.follow.append_log("r1", ["d"])  # the counter goes on alone
     store.client.hset(store.keys.stream_bytes("r2"), "log", 10**12)
-    store.append_log("r2", ["e", "f"])
-    assert [e.line for e in store.read_log("r1")] == ["d"]
-    assert [e.line for e in store.read_log("r2")] == ["e", "f"]
+    store.follow.append_log("r2", ["e", "f"])
+    assert [e.line for e in store.follow.read_log("r1")] == ["d"]
+    assert [e.line for e in store.follow.read_log("r2")] == ["e", "f"]
     assert held(store, "r2", "log") == counted(store, "rw:log:r2")
-    assert store.stream_bytes("r9") == (0, 0)
+    assert store.follow.stream_bytes("r9") == (0, 0)
 
 
 def test_the_store_refuses_bounds_that_cannot_hold_two_lines(
@@ -188,35 +193,35 @@ def test_an_ended_run_s_follow_data_expires_and_its_record_stays(
 ) -> None:
     store = make_store(retention_s=1.5)
     running(store)
-    store.follow("r1")
-    assert store.record_tail(
+    store.follow.add("r1")
+    assert store.follow.record_tail(
         "r1",
         lines=["step 1"],
         records=[{"event": "log", "step": 1, "loss": 0.5}],
         from_offsets=Offsets(0, 0),
         to_offsets=Offsets(7, 30),
     )
-    store.open_stop("r1", SnapshotReason.REQUESTED, "test", T0, 60)
+    store.stops.open("r1", SnapshotReason.REQUESTED, "test", T0, 60)
     data = store.keys.follow_data("r1")
     assert all(ttl_ms(store, key) == -1 for key in data)  # nothing expires while running
 
-    store.end_run("r1", RunState.STOPPED, snapshot=SNAP, note="ended")
+    end_run(store, "r1", RunState.STOPPED, snapshot=SNAP, note="ended")
     for key in data:
         assert 0 < ttl_ms(store, key) <= 1500, key
     kept = [store.keys.run("r1"), store.keys.runs, store.keys.stop_history("r1")]
     assert all(ttl_ms(store, key) == -1 for key in kept)
 
     # A follow tick that read before the end records late: its writes expire too.
-    assert store.record_tail(
+    assert store.follow.record_tail(
         "r1", lines=["late"], records=[], from_offsets=Offsets(7, 30), to_offsets=Offsets(12, 30)
     )
     assert all(0 < ttl_ms(store, key) <= 1500 for key in data)
 
     wait_for(lambda: not any(store.client.exists(key) for key in data), timeout_s=10)
-    assert store.read_log("r1") == []
-    assert store.last_metrics("r1") is None
-    assert store.get_run("r1").state is RunState.STOPPED
-    (closed,) = store.stop_history("r1")
+    assert store.follow.read_log("r1") == []
+    assert store.follow.last_metrics("r1") is None
+    assert store.runs.get("r1").state is RunState.STOPPED
+    (closed,) = store.stops.history("r1")
     assert closed.note == "ended"
 
 
@@ -225,12 +230,12 @@ def test_a_run_without_follow_data_gets_none_made_to_last(
 ) -> None:
     store = make_store(retention_s=3600)
     running(store)
-    store.end_run("r1", RunState.FAILED, message="x")
+    end_run(store, "r1", RunState.FAILED, message="x")
     offsets = store.keys.offsets("r1")
     assert 0 < ttl_ms(store, offsets) <= 3_600_000
-    assert store.get_offsets("r1") == Offsets(0, 0)
+    assert store.follow.offsets("r1") == Offsets(0, 0)
     # The first late write of a run that wrote nothing while it ran expires too.
-    assert store.record_tail(
+    assert store.follow.record_tail(
         "r1", lines=["a"], records=[{"event": "log", "step": 1}], from_offsets=Offsets(0, 0),
         to_offsets=Offsets(2, 10),
     )  # fmt: skip
@@ -240,8 +245,8 @@ def test_a_run_without_follow_data_gets_none_made_to_last(
 
 def test_the_default_retention_is_thirty_days(store: RunStore) -> None:
     running(store)
-    store.append_log("r1", ["a"])
+    store.follow.append_log("r1", ["a"])
     started = time.time()
-    store.end_run("r1", RunState.SUCCEEDED)
+    end_run(store, "r1", RunState.SUCCEEDED)
     left_s = ttl_ms(store, store.keys.log("r1")) / 1000
     assert 30 * 86400 - (time.time() - started) - 5 <= left_s <= 30 * 86400

@@ -3,6 +3,7 @@ step with their records in the transaction that writes them."""
 
 from __future__ import annotations
 
+import functools
 from datetime import timedelta
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from schemas import RunState, Snapshot, SnapshotReason
 from schemas.chain import ContinuationPhase, OnPreempt
 from store import RunStore
+from store.steps import end_run
 
 from .conftest import T0, running
 
@@ -22,32 +24,32 @@ def test_a_preempted_run_with_a_plan_is_queued_by_its_end(store: RunStore, how: 
     running(store, "a", on_preempt=OnPreempt())
     running(store, "b")  # no plan
     running(store, "c", on_preempt=OnPreempt())
-    end = store.end_run if how == "end_run" else store.apply_transition
+    end = functools.partial(end_run, store) if how == "end_run" else store.runs.apply_transition
     end("a", RunState.STOPPED, snapshot=PREEMPTED)
     end("b", RunState.STOPPED, snapshot=PREEMPTED)
     end("c", RunState.CANCELLED)
-    assert store.due_continuations(LATER) == ["a"]
-    waiting = store.get_run("a").continuation
+    assert store.continuations.due(LATER) == ["a"]
+    waiting = store.runs.get("a").continuation
     assert waiting is not None
     assert waiting.phase is ContinuationPhase.WAITING
 
 
 def test_the_queue_follows_the_record_and_moves_only_waiting_entries(store: RunStore) -> None:
     running(store, "a", on_preempt=OnPreempt())
-    store.end_run("a", RunState.STOPPED, snapshot=PREEMPTED)
-    assert store.schedule_continuation("a", LATER)  # moved ahead
-    assert store.due_continuations(LATER - timedelta(seconds=1)) == []
-    assert store.due_continuations(LATER) == ["a"]
+    end_run(store, "a", RunState.STOPPED, snapshot=PREEMPTED)
+    assert store.continuations.schedule("a", LATER)  # moved ahead
+    assert store.continuations.due(LATER - timedelta(seconds=1)) == []
+    assert store.continuations.due(LATER) == ["a"]
 
     def launched(run):  # type: ignore[no-untyped-def]
         assert run.continuation is not None
         done = run.continuation.model_copy(update={"phase": ContinuationPhase.LAUNCHED})
         return run.model_copy(update={"continuation": done})
 
-    store.update_run("a", launched)
-    assert store.due_continuations(LATER) == []
+    store.runs.update("a", launched)
+    assert store.continuations.due(LATER) == []
     # An entry that left the queue is not put back by a late move.
-    assert not store.schedule_continuation("a", T0)
-    assert store.due_continuations(LATER) == []
+    assert not store.continuations.schedule("a", T0)
+    assert store.continuations.due(LATER) == []
     with pytest.raises(ValueError, match="run id"):
-        store.schedule_continuation("../evil", T0)
+        store.continuations.schedule("../evil", T0)

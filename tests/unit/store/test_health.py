@@ -161,7 +161,7 @@ def test_the_deadline_table_pending_overdue_and_next(store: RunStore) -> None:
     for run_id, age in (("r1", 100.0), ("r2", -1000.0)):
         running(store, run_id)
         asked = datetime.fromtimestamp(now - age, UTC)
-        store.open_stop(run_id, SnapshotReason.REQUESTED, "api", asked, proof_timeout_s=50)
+        store.stops.open(run_id, SnapshotReason.REQUESTED, "api", asked, proof_timeout_s=50)
     reading = store.health.read_health(QUEUES, TASKS)
     assert (reading.deadlines.pending, reading.deadlines.overdue) == (2, 1)
     first = reading.deadlines.next

@@ -13,7 +13,7 @@ from .conftest import record
 
 def test_prefix_isolates_stores(redis_client: redis.Redis) -> None:
     a, b = RunStore(redis_client, prefix="a:"), RunStore(redis_client, prefix="b:")
-    a.create_run(record("r1"))
-    assert b.list_runs() == []
+    a.runs.create(record("r1"))
+    assert b.runs.find() == []
     with pytest.raises(NotFound):
-        b.get_run("r1")
+        b.runs.get("r1")

@@ -12,14 +12,14 @@ from ..conftest import T0
 
 
 def test_the_retrieval_queue_returns_due_runs_until_dropped(store: RunStore) -> None:
-    store.schedule_retrieval("a", T0)
-    store.schedule_retrieval("b", T0 + timedelta(seconds=30))
-    assert store.due_retrievals(T0) == ["a"]
-    assert store.due_retrievals(T0 + timedelta(minutes=1)) == ["a", "b"]
-    store.schedule_retrieval("a", T0 + timedelta(hours=1))  # moved on, not added twice
-    assert store.due_retrievals(T0 + timedelta(minutes=1)) == ["b"]
-    assert [r for r, _ in store.pending_retrievals()] == ["b", "a"]
-    assert store.drop_retrieval("b")
-    assert not store.drop_retrieval("b")
+    store.retrievals.schedule("a", T0)
+    store.retrievals.schedule("b", T0 + timedelta(seconds=30))
+    assert store.retrievals.due(T0) == ["a"]
+    assert store.retrievals.due(T0 + timedelta(minutes=1)) == ["a", "b"]
+    store.retrievals.schedule("a", T0 + timedelta(hours=1))  # moved on, not added twice
+    assert store.retrievals.due(T0 + timedelta(minutes=1)) == ["b"]
+    assert [r for r, _ in store.retrievals.pending()] == ["b", "a"]
+    assert store.retrievals.drop("b")
+    assert not store.retrievals.drop("b")
     with pytest.raises(ValueError, match="run id"):
-        store.schedule_retrieval("../evil", T0)
+        store.retrievals.schedule("../evil", T0)

@@ -23,16 +23,16 @@ def test_store_over_a_decoding_client(redis_client: redis.Redis) -> None:
     )
     store = RunStore(decoding, prefix="dec:")
     running(store)
-    store.put_target("t", {"kind": "local", "workdir": "/w"})
-    assert list(store.list_targets()) == ["t"]
-    store.follow("r1")
-    assert store.followed("local") == ["r1"]
-    stop, _ = store.open_stop("r1", SnapshotReason.REQUESTED, "cli", T0, 30)
-    assert store.get_stop("r1") == stop
-    assert [d.run_id for d in store.due_deadlines(T0 + timedelta(hours=1))] == ["r1"]
-    store.append_log("r1", ["a"])
-    store.append_metrics("r1", [{"event": "begin", "max_steps": 3}])
-    assert [e.line for e in store.read_log("r1")] == ["a"]
-    assert store.last_metrics("r1") == Progress(max_steps=3)
-    assert store.close_stop("r1") is not None
+    store.targets.put("t", {"kind": "local", "workdir": "/w"})
+    assert list(store.targets.all()) == ["t"]
+    store.follow.add("r1")
+    assert store.follow.runs("local") == ["r1"]
+    stop, _ = store.stops.open("r1", SnapshotReason.REQUESTED, "cli", T0, 30)
+    assert store.stops.get("r1") == stop
+    assert [d.run_id for d in store.stops.due_deadlines(T0 + timedelta(hours=1))] == ["r1"]
+    store.follow.append_log("r1", ["a"])
+    store.follow.append_metrics("r1", [{"event": "begin", "max_steps": 3}])
+    assert [e.line for e in store.follow.read_log("r1")] == ["a"]
+    assert store.follow.last_metrics("r1") == Progress(max_steps=3)
+    assert store.stops.close("r1") is not None
     decoding.close()

@@ -11,21 +11,21 @@ from store import RunStore
 
 
 def test_targets_round_trip(store: RunStore) -> None:
-    store.put_target("gpu1", {"kind": "ssh", "workdir": "/srv/runs", "host": "gpu1", "port": 22})
-    store.put_target("here", {"kind": "local", "workdir": "/tmp/runs"})
-    assert store.get_target("gpu1") == {
+    store.targets.put("gpu1", {"kind": "ssh", "workdir": "/srv/runs", "host": "gpu1", "port": 22})
+    store.targets.put("here", {"kind": "local", "workdir": "/tmp/runs"})
+    assert store.targets.get("gpu1") == {
         "kind": "ssh",
         "workdir": "/srv/runs",
         "host": "gpu1",
         "port": 22,
     }
-    assert list(store.list_targets()) == ["gpu1", "here"]
-    store.put_target("here", {"kind": "local", "workdir": "/other"})
-    assert store.get_target("here")["workdir"] == "/other"
-    assert store.remove_target("here")
-    assert not store.remove_target("here")
+    assert list(store.targets.all()) == ["gpu1", "here"]
+    store.targets.put("here", {"kind": "local", "workdir": "/other"})
+    assert store.targets.get("here")["workdir"] == "/other"
+    assert store.targets.remove("here")
+    assert not store.targets.remove("here")
     with pytest.raises(UnknownTarget, match="here"):
-        store.get_target("here")
+        store.targets.get("here")
 
 
 @pytest.mark.parametrize(
@@ -41,11 +41,11 @@ def test_targets_round_trip(store: RunStore) -> None:
 )
 def test_target_config_refused(store: RunStore, config: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match=r"secret|kind|JSON"):
-        store.put_target("t", config)
-    assert store.list_targets() == {}
+        store.targets.put("t", config)
+    assert store.targets.all() == {}
 
 
 @pytest.mark.parametrize("name", ["", "a b", "x" * 65, "tab\there"])
 def test_target_name_refused(store: RunStore, name: str) -> None:
     with pytest.raises(ValueError, match="target name"):
-        store.put_target(name, {"kind": "local", "workdir": "/w"})
+        store.targets.put(name, {"kind": "local", "workdir": "/w"})

@@ -56,8 +56,8 @@ def running_run(store: RunStore, tmp_path: Path, run_id: str, **changes: Any) ->
     }
     base.update(changes)
     run = record(**base)
-    assert store.create_run(run)
-    store.follow(run_id)
+    assert store.runs.create(run)
+    store.follow.add(run_id)
     return run
 
 
@@ -69,5 +69,5 @@ def ended_run(store: RunStore, tmp_path: Path, run_id: str = "e1") -> RunRecord:
     snap = {"checkpoint": "output/checkpoint-3", "step": 3, "time": 1.0, "reason": "requested"}
     (run_dir / "snapshot.json").write_text(json.dumps(snap))
     run = record(id=run_id, remote_dir=str(run_dir), job=JobId(dir=str(run_dir), pid=4242))
-    assert store.create_run(run)
+    assert store.runs.create(run)
     return run

@@ -43,15 +43,15 @@ def test_a_finished_run_queues_its_retrieval_and_retries_with_backoff(tmp_path: 
             assert result.phase is ArtifactsPhase.PENDING
             assert result.next_attempt is not None
             waits.append(round((result.next_attempt - now).total_seconds()))
-            assert store.due_retrievals(now) == []
-            assert store.due_retrievals(result.next_attempt) == ["e1"]
+            assert store.retrievals.due(now) == []
+            assert store.retrievals.due(result.next_attempt) == ["e1"]
             now = result.next_attempt
         else:
             assert result.phase is ArtifactsPhase.FAILED  # given up, and shown
-            assert store.pending_retrievals() == []
+            assert store.retrievals.pending() == []
     # A store that is not a directory needs a person: retried, but seldom.
     assert waits == [25, 25, 25]
-    assert store.get_run("e1").artifacts == result
+    assert store.runs.get("e1").artifacts == result
     # A person's retry, once the store is fixed, brings them home verified.
     blocked.unlink()
     done = retrieve(worker, "e1", now, force=True)
@@ -64,7 +64,7 @@ def test_a_finished_run_queues_its_retrieval_and_retries_with_backoff(tmp_path: 
 
 def test_reconcile_sends_due_retrievals_once_per_lease(tmp_path: Path) -> None:
     worker, store, sent = policy_worker(tmp_path)
-    store.schedule_retrieval("x1", datetime.now(UTC) - timedelta(seconds=1))
+    store.retrievals.schedule("x1", datetime.now(UTC) - timedelta(seconds=1))
     reconcile.reconcile(worker, datetime.now(UTC))
     reconcile.reconcile(worker, datetime.now(UTC))
     assert [b["run_id"] for b in sent.named(TASK_RETRIEVE)] == ["x1"]
@@ -77,7 +77,7 @@ def test_a_retryable_failure_backs_off_doubling(
         tmp_path, retrieve_backoff_s=10, retrieve_backoff_max_s=35, retrieve_attempts=9
     )
     ended_run(store, tmp_path)
-    store.transition("e1", RunState.FAILED, message="x")
+    store.runs.transition("e1", RunState.FAILED, message="x")
 
     def broken(*args: object, **kwargs: object) -> None:
         raise RetrievalError("the connection dropped", retryable=True)
@@ -91,8 +91,8 @@ def test_a_retryable_failure_backs_off_doubling(
         waits.append(round((result.next_attempt - now).total_seconds()))
         now = result.next_attempt
     assert waits == [10, 20, 35, 35]
-    assert store.get_run("e1").artifacts.error == "the connection dropped"  # type: ignore[union-attr]
-    assert store.get_run("e1").artifacts.attempts == 4  # type: ignore[union-attr]
+    assert store.runs.get("e1").artifacts.error == "the connection dropped"  # type: ignore[union-attr]
+    assert store.runs.get("e1").artifacts.attempts == 4  # type: ignore[union-attr]
 
 
 def test_a_killed_retrieval_still_counts_its_attempt(
@@ -100,7 +100,7 @@ def test_a_killed_retrieval_still_counts_its_attempt(
 ) -> None:
     worker, store, _ = policy_worker(tmp_path)
     ended_run(store, tmp_path)
-    store.transition("e1", RunState.FAILED, message="x")
+    store.runs.transition("e1", RunState.FAILED, message="x")
 
     def killed(*args: object, **kwargs: object) -> None:
         raise SystemExit("the worker is going away")  # not an Exception: not recorded
@@ -108,7 +108,7 @@ def test_a_killed_retrieval_still_counts_its_attempt(
     monkeypatch.setattr("workers.artifacts.retrieve", killed)
     with pytest.raises(SystemExit):
         retrieve(worker, "e1", datetime.now(UTC))
-    artifacts = store.get_run("e1").artifacts
+    artifacts = store.runs.get("e1").artifacts
     assert artifacts is not None
     assert artifacts.attempts == 1
     assert artifacts.phase is ArtifactsPhase.PENDING
@@ -121,9 +121,9 @@ def test_a_retrieval_held_by_another_is_left_alone_and_a_forced_one_says_so(
 ) -> None:
     worker, store, _ = policy_worker(tmp_path)
     ended_run(store, tmp_path)
-    store.transition("e1", RunState.FAILED, message="x")
+    store.runs.transition("e1", RunState.FAILED, message="x")
     assert store.locks.lock("retrieve:e1", "someone-else", 60)
-    before = store.get_run("e1").artifacts
+    before = store.runs.get("e1").artifacts
     assert retrieve(worker, "e1", datetime.now(UTC)) == before
     with pytest.raises(Conflict, match="running now"):
         retrieve(worker, "e1", datetime.now(UTC), force=True)
@@ -134,7 +134,7 @@ def test_a_retrieval_held_by_another_is_left_alone_and_a_forced_one_says_so(
 def test_a_forced_retrieval_replaces_a_damaged_copy_and_keeps_it_aside(tmp_path: Path) -> None:
     worker, store, _ = policy_worker(tmp_path)
     ended_run(store, tmp_path)
-    store.transition("e1", RunState.SUCCEEDED)
+    store.runs.transition("e1", RunState.SUCCEEDED)
     assert retrieve(worker, "e1", datetime.now(UTC)).phase is ArtifactsPhase.DONE
     home = worker.settings.artifacts_root / "e1"
     (home / "job.log").write_text("changed size")
@@ -149,9 +149,9 @@ def test_a_forced_retrieval_replaces_a_damaged_copy_and_keeps_it_aside(tmp_path:
 def test_a_done_retrieval_needs_no_target_to_be_recorded_again(tmp_path: Path) -> None:
     worker, store, _ = policy_worker(tmp_path)
     ended_run(store, tmp_path)
-    store.transition("e1", RunState.SUCCEEDED)
+    store.runs.transition("e1", RunState.SUCCEEDED)
     assert retrieve(worker, "e1", datetime.now(UTC)).phase is ArtifactsPhase.DONE
-    store.remove_target("local")
+    store.targets.remove("local")
     assert retrieve(worker, "e1", datetime.now(UTC), force=True).phase is ArtifactsPhase.DONE
 
 
@@ -173,7 +173,7 @@ def test_a_retrieval_without_the_snapshot_s_checkpoint_is_failed_never_done(
     assert result.phase is ArtifactsPhase.FAILED
     assert result.error is not None
     assert "the checkpoint output/checkpoint-3 did not come home" in result.error
-    assert store.get_run("e1").artifacts == result
+    assert store.runs.get("e1").artifacts == result
     kinds = [e.kind for e in store.ledger.events("e1")]
     assert kinds[-1] == "retrieval_failed"
     assert "retrieval_done" not in kinds

@@ -32,10 +32,10 @@ def test_past_the_reserve_the_retrieval_fails_at_once_and_a_person_retries(
     assert result.error is not None
     assert "RUNWARDEN_ARTIFACT_RESERVE_BYTES" in result.error
     assert "runwarden retrieve e1" in result.error
-    assert store.get_run("e1").artifacts == result
+    assert store.runs.get("e1").artifacts == result
     # Not tried again by itself: out of the retrieval queue; a duplicate task or a
     # reconcile much later changes nothing.
-    assert store.pending_retrievals() == []
+    assert store.retrievals.pending() == []
     later = now + timedelta(days=1)
     reconcile.reconcile(worker, later)
     assert retrieve(worker, "e1", later) == result

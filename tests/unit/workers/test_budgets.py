@@ -56,7 +56,7 @@ def worker(tmp_path: Path, **settings: Any) -> tuple[Context, RunStore, Sent]:
 
 def learn(store: RunStore, run_id: str, *seconds: float) -> None:
     for s in seconds:
-        store.record_save(run_id, SaveSample(kind="save", seconds=s, at=datetime.now(UTC)))
+        store.budgets.record_save(run_id, SaveSample(kind="save", seconds=s, at=datetime.now(UTC)))
 
 
 def countdowns(sent: Sent, task: str) -> list[float]:
@@ -96,7 +96,7 @@ def test_a_stop_of_a_run_with_2_second_saves_gets_seconds(tmp_path: Path) -> Non
     assert stop.budget.proof_timeout_s == 3 * 2.0 + 1
     assert stop.proof_deadline - stop.asked_at == timedelta(seconds=7)
     assert countdowns(sent, TASK_PROOF_TIMEOUT) == [7]
-    assert store.get_stop("r1") == stop
+    assert store.stops.get("r1") == stop
 
 
 def test_the_runs_own_timeouts_win(tmp_path: Path) -> None:
@@ -111,9 +111,9 @@ def test_the_runs_own_timeouts_win(tmp_path: Path) -> None:
     # Its proof seen at the deadline, the job still running: the run's end timeout.
     proof = ProofSaved(snapshot=Snapshot(checkpoint="output/checkpoint-3", step=3,
                                          reason=SnapshotReason.REQUESTED))  # fmt: skip
-    run = store.get_run("r1")
+    run = store.runs.get("r1")
     assert cancels._proof_deadline(ctx, stop, run, proof, stop.proof_deadline) == "proved"
-    moved = store.get_stop("r1")
+    moved = store.stops.get("r1")
     assert moved is not None
     assert moved.phase is StopPhase.WAITING_END
     assert moved.end_deadline == stop.proof_deadline + timedelta(seconds=5)
@@ -125,7 +125,7 @@ def test_a_request_found_in_the_run_directory_gets_the_learned_timeout(tmp_path:
     run = running_run(store, tmp_path, "r1")
     learn(store, "r1", 4)
     stops.notice_request(ctx, run, "deadline", datetime.now(UTC))
-    stop = store.get_stop("r1")
+    stop = store.stops.get("r1")
     assert stop is not None
     assert stop.asked_by == budgets.FOUND_BY
     assert stop.budget is not None
@@ -158,7 +158,7 @@ def test_a_countdown_longer_than_the_broker_keeps_a_message_is_left_to_reconcile
     now = datetime.now(UTC)
     stop = stops.request_snapshot(ctx, "r1", SnapshotReason.REQUESTED, "cli", now)
     assert countdowns(sent, TASK_PROOF_TIMEOUT) == []
-    [deadline] = store.pending_deadlines()
+    [deadline] = store.stops.pending_deadlines()
     assert (deadline.stop_id, deadline.due) == (stop.stop_id, stop.proof_deadline)
     # reconcile fires it when it is due.
     assert reconcile.reconcile(ctx, stop.proof_deadline + timedelta(seconds=1)) == 1
@@ -176,12 +176,12 @@ def test_a_stop_that_proved_leaves_its_request_to_proof_time(tmp_path: Path) -> 
     proved(tmp_path / "r1")
     record = finish(ctx, run, JobStatus.exited(0), ctx.executor("local"))
     assert record.state is RunState.STOPPED
-    [sample] = store.saves("r1")
+    [sample] = store.budgets.saves("r1")
     assert sample.kind == "stop"
     assert 4 <= sample.seconds < 10
     # The same end recorded again (another worker) leaves no second sample.
     finish(ctx, run, JobStatus.exited(0), ctx.executor("local"))
-    assert len(store.saves("r1")) == 1
+    assert len(store.budgets.saves("r1")) == 1
     # The next run resumed from it starts with that sample.
     resumed = running_run(store, tmp_path, "r2", resumed_from="r1")
     budget = budgets.next_budget(ctx, resumed)
@@ -201,12 +201,12 @@ def test_a_stop_that_says_nothing_of_the_save_time_leaves_no_sample(
     elif case != "no stop":
         stop = stops.request_snapshot(ctx, "r1", SnapshotReason.REQUESTED, "cli", now)
         if case == "proof at the deadline":
-            store.advance_stop("r1", stop.stop_id, StopPhase.WAITING_PROOF,
+            store.stops.advance("r1", stop.stop_id, StopPhase.WAITING_PROOF,
                                StopPhase.WAITING_END, end_deadline=now)  # fmt: skip
     if case != "no proof":
         proved(tmp_path / "r1")
     finish(ctx, run, JobStatus.exited(0), ctx.executor("local"))
-    assert store.saves("r1") == []
+    assert store.budgets.saves("r1") == []
 
 
 def notice_tick(ctx: Context, run: RunRecord, seen: float | None, at: datetime) -> None:
@@ -232,16 +232,16 @@ def test_a_stop_opened_by_a_notice_leaves_its_save_time_from_the_notice(
     run = running_run(store, tmp_path, "r1")
     seen = None if seen_ago_s is None else (now - timedelta(seconds=seen_ago_s)).timestamp()
     notice_tick(ctx, run, seen, now - timedelta(seconds=2))  # the tick that saw it
-    stop = store.get_stop("r1")
+    stop = store.stops.get("r1")
     assert stop is not None
     assert stop.asked_by == "notice:aws-spot"
     proved(tmp_path / "r1")
     (tmp_path / "r1" / "output" / "checkpoint-3" / "weights").write_bytes(b"w")
     finish(ctx, run, JobStatus.exited(0), ctx.executor("local"))
     if learned is None:
-        assert store.saves("r1") == []  # the request's time is unknown
+        assert store.budgets.saves("r1") == []  # the request's time is unknown
         return
-    [sample] = store.saves("r1")
+    [sample] = store.budgets.saves("r1")
     assert sample.kind == "stop"
     # From the notice; a target clock ahead counts from when a worker saw it (2 s
     # ago), one behind from a follow period (5 s) plus 5 s before that at the earliest.
@@ -298,6 +298,6 @@ def test_a_launch_keeps_the_runs_own_timeouts() -> None:
     spec = LaunchSpec(target="local", command="train", key="k9", timeouts=own)
     record = launching.launch(ctx, spec, T0)
     assert record.timeouts == own
-    assert ctx.store.get_run(record.id).timeouts == own
+    assert ctx.store.runs.get(record.id).timeouts == own
     plain = launching.launch(ctx, LaunchSpec(target="local", command="train", key="k8"), T0)
     assert plain.timeouts == StopTimeouts()

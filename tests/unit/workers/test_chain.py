@@ -45,7 +45,7 @@ def preempted_run(
     }
     base.update(fields)
     run = record(**base)
-    assert store.create_run(run)
+    assert store.runs.create(run)
     return finish.finish(ctx, run, JobStatus.exited(0), ctx.executor("local"))
 
 
@@ -85,7 +85,7 @@ def test_continued_on_the_next_target_once_its_checkpoint_is_verified(tmp_path: 
     assert spec.command == run.command
     assert spec.on_preempt == run.on_preempt
     assert spec.key == continuation_key(run.id)
-    assert store.due_continuations(now + timedelta(days=1)) == []
+    assert store.continuations.due(now + timedelta(days=1)) == []
     # Sent again (a duplicate, reconcile): nothing more.
     assert continue_run(ctx, run.id, now) == done
     assert len(sent.named(TASK_LAUNCH)) == 1
@@ -137,19 +137,19 @@ def test_with_no_target_available_it_waits_then_gives_up(tmp_path: Path) -> None
     assert "HF_TOKEN" in waiting.reason, waiting.reason
     assert sent.named(TASK_LAUNCH) == []
     # Tried again after the retry wait, from reconcile.
-    assert store.due_continuations(now) == []
+    assert store.continuations.due(now) == []
     later = now + timedelta(seconds=CONTINUE_RETRY_S + 1)
     sent.calls.clear()
     assert continue_due(ctx, later) == 1
     assert sent.named(TASK_CONTINUE) == [{"run_id": run.id}]
-    assert store.due_continuations(later) == []  # moved ahead while the task waits
+    assert store.continuations.due(later) == []  # moved ahead while the task waits
     # Given up a day after the run ended.
-    ended = store.get_run(run.id).ended
+    ended = store.runs.get(run.id).ended
     assert ended is not None
     final = continue_run(ctx, run.id, ended + timedelta(seconds=CONTINUE_GIVE_UP_S))
     assert final is not None
     assert final.phase is ContinuationPhase.DECLINED
-    assert store.due_continuations(later + timedelta(days=2)) == []
+    assert store.continuations.due(later + timedelta(days=2)) == []
 
 
 def test_a_run_without_a_plan_or_not_preempted_is_never_continued(tmp_path: Path) -> None:

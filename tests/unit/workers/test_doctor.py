@@ -59,7 +59,7 @@ def test_an_unknown_target_is_refused(tmp_path: Path) -> None:
 
 def test_a_target_not_signed_by_the_operator_is_never_used(tmp_path: Path) -> None:
     ctx, store, _ = policy_worker(tmp_path)
-    store.put_target("forged", {"name": "forged", "kind": "local", "workdir": "/"}, "00" * 32)
+    store.targets.put("forged", {"name": "forged", "kind": "local", "workdir": "/"}, "00" * 32)
     with pytest.raises(Unauthenticated):
         doctor(ctx, "forged", NOW)
 

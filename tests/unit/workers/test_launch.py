@@ -16,6 +16,7 @@ import pytest
 from schemas import JobStatus, RunRecord, RunState, StoreError
 from schemas.events import LaunchSpec
 from schemas.protocol import CLAIM_FILE, MARK_ENV, PID_FILE, RUN_ID_ENV
+from store.steps import end_run
 from workers import launch as launching
 from workers import reconcile
 from workers.errors import LaunchError
@@ -40,7 +41,7 @@ def dead_workers_lock(ctx: launching.Context, key: str = "k1", ttl_s: float = 0.
 
 
 def only_run(ctx: launching.Context) -> RunRecord:
-    (run,) = ctx.store.list_runs()
+    (run,) = ctx.store.runs.find()
     return run
 
 
@@ -50,9 +51,9 @@ def assert_running_with_one_job(ctx: launching.Context, ex: FakeExecutor) -> Run
     assert len(ex.spawned) == 1
     assert run.job is not None
     assert run.job.pid == ex.pid_of(run.remote_dir)
-    assert ctx.store.followed("local") == [run.id]
-    assert ctx.store.preparing_runs(T0 + timedelta(days=1)) == []
-    assert ctx.store.launch_run("k1") == run.id
+    assert ctx.store.follow.runs("local") == [run.id]
+    assert ctx.store.launches.preparing(T0 + timedelta(days=1)) == []
+    assert ctx.store.launches.launch("k1") == run.id
     return run
 
 
@@ -96,12 +97,12 @@ def test_the_same_key_again_returns_its_run_and_starts_nothing() -> None:
     first = launching.launch(ctx, SPEC, T0)
     again = launching.launch(ctx, SPEC, T0 + timedelta(seconds=5))
     assert again == first
-    ctx.store.end_run(first.id, RunState.CANCELLED)
+    end_run(ctx.store, first.id, RunState.CANCELLED)
     ended = launching.launch(ctx, SPEC, T0 + timedelta(hours=5))
     assert ended.id == first.id
     assert ended.state is RunState.CANCELLED
     assert len(ex.spawned) == 1
-    assert len(ctx.store.list_runs()) == 1
+    assert len(ctx.store.runs.find()) == 1
 
 
 def test_the_key_of_the_spec_wins_and_a_keyless_spec_takes_the_derived_one() -> None:
@@ -113,8 +114,8 @@ def test_the_key_of_the_spec_wins_and_a_keyless_spec_takes_the_derived_one() -> 
     assert one.id == two.id
     three = launching.launch(ctx, SPEC, T0 + timedelta(seconds=2), "task-abc")
     assert three.id != one.id  # its own key, k1
-    assert ctx.store.launch_run("task-abc") == one.id
-    assert ctx.store.launch_run("k1") == three.id
+    assert ctx.store.launches.launch("task-abc") == one.id
+    assert ctx.store.launches.launch("k1") == three.id
     assert len(ex.spawned) == 2
 
 
@@ -150,13 +151,13 @@ def test_a_launch_delivered_again_after_a_kill_starts_one_job(
     elif point == "after_job":
         ex.after_spawn = kill
     else:
-        real_start = ctx.store.start_run
+        real_start = ctx.store.launches.start
 
         def start_then_die(run_id: str, job: object) -> object:
             kill()
             return real_start(run_id, job)  # type: ignore[arg-type]
 
-        monkeypatch.setattr(ctx.store, "start_run", start_then_die)
+        monkeypatch.setattr(ctx.store.launches, "start", start_then_die)
 
     with pytest.raises(Killed):
         launching.launch(ctx, SPEC, T0)
@@ -209,7 +210,7 @@ def test_a_duplicate_before_the_first_created_its_run_is_refused(
     assert ctx.store.locks.lock("launch:k1", "a-live-worker", 30.0)
     with pytest.raises(LaunchError, match="at work on another worker"):
         launching.launch(ctx, SPEC, T0)
-    assert ctx.store.list_runs() == []
+    assert ctx.store.runs.find() == []
 
 
 # --- a spawn that broke ---------------------------------------------------------------
@@ -290,7 +291,7 @@ def test_a_launch_abandoned_in_the_spawn_cancels_the_job_it_started() -> None:
     assert run.job is not None
     assert ex.cancelled == [run.job]
     assert run.message == f"launch failed: SoftTimeLimit; its job (pid {run.job.pid}) was cancelled"
-    assert ctx.store.followed("local") == []
+    assert ctx.store.follow.runs("local") == []
 
 
 def test_a_job_that_cannot_be_recorded_is_cancelled(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -300,7 +301,7 @@ def test_a_job_that_cannot_be_recorded_is_cancelled(monkeypatch: pytest.MonkeyPa
     def down(run_id: str, job: object) -> object:
         raise StoreError("run store: cannot reach Redis")
 
-    monkeypatch.setattr(ctx.store, "start_run", down)
+    monkeypatch.setattr(ctx.store.launches, "start", down)
     with pytest.raises(StoreError):
         launching.launch(ctx, SPEC, T0)
     assert len(ex.cancelled) == 1
@@ -323,7 +324,7 @@ def died(ctx: launching.Context, ex: FakeExecutor, point: str, key: str = "k1") 
     with pytest.raises(Killed):
         launching.launch(ctx, SPEC.model_copy(update={"key": key}), T0)
     ex.on_upload = ex.after_spawn = None
-    return ctx.store.get_run(ctx.store.launch_run(key) or "")
+    return ctx.store.runs.get(ctx.store.launches.launch(key) or "")
 
 
 def test_reconcile_follows_a_job_started_by_a_worker_that_died() -> None:
@@ -334,11 +335,11 @@ def test_reconcile_follows_a_job_started_by_a_worker_that_died() -> None:
     assert reconcile.settle_launches(ctx, due - timedelta(seconds=2)) == 0  # too young
     assert only_run(ctx).state is RunState.PREPARING
     assert reconcile.reconcile(ctx, due) == 0  # the one call in reconcile (no deadline)
-    record = ctx.store.get_run(run.id)
+    record = ctx.store.runs.get(run.id)
     assert record.state is RunState.RUNNING
     assert record.job is not None
     assert record.job.pid == ex.pid_of(run.remote_dir)
-    assert ctx.store.followed("local") == [run.id]
+    assert ctx.store.follow.runs("local") == [run.id]
     assert reconcile.settle_launches(ctx, due) == 0  # settled once
     # The message delivered again much later: the run, as it is.
     assert launching.launch(ctx, SPEC, due) == record
@@ -350,11 +351,11 @@ def test_reconcile_fails_a_run_whose_worker_died_before_its_job() -> None:
     ctx = fake_context(ex)
     run = died(ctx, ex, "upload")
     assert reconcile.settle_launches(ctx, T0 + timedelta(minutes=2)) == 1
-    record = ctx.store.get_run(run.id)
+    record = ctx.store.runs.get(run.id)
     assert record.state is RunState.FAILED
     assert record.message == DIED_MESSAGE == "the worker died during the launch; no job started"
     assert record.job is None
-    assert ctx.store.followed("local") == []
+    assert ctx.store.follow.runs("local") == []
     assert launching.launch(ctx, SPEC, T0 + timedelta(minutes=3)) == record
     assert ex.spawned == []
 
@@ -365,7 +366,7 @@ def test_reconcile_leaves_a_run_whose_launch_holds_its_lock() -> None:
     run = died(ctx, ex, "upload")
     assert ctx.store.locks.lock("launch:k1", "a-redelivered-launch", 30.0)
     assert reconcile.settle_launches(ctx, T0 + timedelta(hours=2)) == 0
-    assert ctx.store.get_run(run.id).state is RunState.PREPARING
+    assert ctx.store.runs.get(run.id).state is RunState.PREPARING
 
 
 def test_reconcile_trusts_no_job_pid_in_a_directory_claimed_by_another() -> None:
@@ -374,8 +375,8 @@ def test_reconcile_trusts_no_job_pid_in_a_directory_claimed_by_another() -> None
     run = died(ctx, ex, "spawn")
     ex.files[f"{run.remote_dir}/{CLAIM_FILE}"] = b"someone-else xyz\n"
     assert reconcile.settle_launches(ctx, T0 + timedelta(hours=2)) == 1
-    assert ctx.store.get_run(run.id).state is RunState.FAILED
-    assert ctx.store.followed("local") == []
+    assert ctx.store.runs.get(run.id).state is RunState.FAILED
+    assert ctx.store.follow.runs("local") == []
 
 
 def test_reconcile_settles_a_keyless_run_and_one_of_a_gone_target() -> None:
@@ -383,18 +384,18 @@ def test_reconcile_settles_a_keyless_run_and_one_of_a_gone_target() -> None:
     ctx = fake_context(ex)
     keyless = RunRecord(id="old", target="local", created=T0, remote_dir="/w/old")
     gone = RunRecord(id="gone", target="elsewhere", created=T0, remote_dir="/x/gone")
-    assert ctx.store.create_run(keyless)
-    assert ctx.store.create_run(gone, key="kg")
+    assert ctx.store.runs.create(keyless)
+    assert ctx.store.runs.create(gone, key="kg")
     ex.files["/w/old/.claim"] = b"old 0123abcd\n"
     ex.files[f"/w/old/{PID_FILE}"] = b"4242\n"
     ex.statuses[4242] = JobStatus.exited(0)  # ended since: the watch records its end
     assert reconcile.settle_launches(ctx, T0 + timedelta(hours=2)) == 2
-    old = ctx.store.get_run("old")
+    old = ctx.store.runs.get("old")
     assert old.state is RunState.RUNNING
     assert old.job is not None
     assert old.job.pid == 4242
-    assert ctx.store.followed("local") == ["old"]
-    failed = ctx.store.get_run("gone")
+    assert ctx.store.follow.runs("local") == ["old"]
+    failed = ctx.store.runs.get("gone")
     assert failed.state is RunState.FAILED
     assert failed.message == f"{DIED_MESSAGE} (its target 'elsewhere' no longer exists)"
 
@@ -408,4 +409,4 @@ def test_reconcile_tries_an_unreachable_target_once_per_pass() -> None:
     ex.calls.clear()
     assert reconcile.settle_launches(ctx, T0 + timedelta(hours=2)) == 0
     assert len(ex.calls) == 1
-    assert {r.state for r in ctx.store.list_runs()} == {RunState.PREPARING}
+    assert {r.state for r in ctx.store.runs.find()} == {RunState.PREPARING}

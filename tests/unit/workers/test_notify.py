@@ -129,7 +129,7 @@ def test_an_event_that_cannot_be_recorded_never_breaks_the_stop(
     with caplog.at_level(logging.ERROR, logger="runwarden"):
         stop = stops.request_snapshot(worker, run.id, SnapshotReason.REQUESTED, "cli",
                                       datetime.now(UTC))  # fmt: skip
-    assert store.get_stop(run.id) == stop
+    assert store.stops.get(run.id) == stop
     assert sent.named("runwarden.proof_timeout")
     assert "the ledger could not record an event (StopOpened.of)" in caplog.text
 
@@ -165,7 +165,7 @@ def test_a_job_cancelled_after_its_run_s_end_belongs_to_the_stop_it_ended(
     run = running_run(store, tmp_path, "r1")
     stop = stops.request_snapshot(worker, run.id, SnapshotReason.REQUESTED, "cli",
                                   datetime.now(UTC))  # fmt: skip
-    ended = store.transition(run.id, RunState.CANCELLED)
+    ended = store.runs.transition(run.id, RunState.CANCELLED)
     notify.emit(worker, RunEnded.of, ended, datetime.now(UTC))  # a follow tick saw it first
     notify.emit(worker, JobCancelled.of, run.id, datetime.now(UTC))  # then the cancel returns
     assert kinds(store.ledger.events(run.id)) == ["stop_opened", "run_ended", "job_cancelled"]

@@ -41,7 +41,7 @@ def test_the_policy_tick_publishes_one_request_per_run_as_a_producer(tmp_path: P
 def test_a_run_with_an_open_stop_is_never_asked_by_a_policy(tmp_path: Path) -> None:
     worker, store, sent = policy_worker(tmp_path)
     running_run(store, tmp_path, "asked", limits=RunLimits(max_hours=0.5, disk=False))
-    store.open_stop("asked", SnapshotReason.REQUESTED, "cli", datetime.now(UTC), 60)
+    store.stops.open("asked", SnapshotReason.REQUESTED, "cli", datetime.now(UTC), 60)
     policies.policy_target(worker, "local", datetime.now(UTC))
     assert sent.named(TASK_SNAPSHOT_REQUEST) == []
 

@@ -125,18 +125,18 @@ def tick_worker(tmp_path: Path, **settings: Any) -> tuple[Context, Any, Sent, Ru
 def test_the_watcher_s_request_opens_the_stop_asked_by_the_notice(tmp_path: Path) -> None:
     worker, store, sent, run = tick_worker(tmp_path, proof_timeout_s=60)
     observe_notices(worker, run, update(notice=aws_notice(), request="preempted"), NOW)
-    stop = store.get_stop("r1")
+    stop = store.stops.get("r1")
     assert stop is not None
     assert (stop.reason, stop.asked_by) == (SnapshotReason.PREEMPTED, "notice:aws-spot")
     assert len(sent.named("runwarden.proof_timeout")) == 1
-    recorded = store.get_run("r1").preemption
+    recorded = store.runs.get("r1").preemption
     assert recorded is not None
     assert recorded.cloud == "aws"
     notice = recorded.notice
     assert notice is not None
     assert (notice.source, notice.detail, notice.seen_at) == ("aws-spot", "terminate", NOW)
     assert (notice.left_s, notice.short, notice.note) == (120, False, None)  # 120 s >= 60 s
-    assert store.get_run("r1").message is None
+    assert store.runs.get("r1").message is None
 
 
 def test_a_notice_shorter_than_the_proof_timeout_is_told_and_asked_at_once(
@@ -144,7 +144,7 @@ def test_a_notice_shorter_than_the_proof_timeout_is_told_and_asked_at_once(
 ) -> None:
     worker, store, _, run = tick_worker(tmp_path, proof_timeout_s=1800)
     observe_notices(worker, run, update(notice=aws_notice(), request="preempted"), NOW)
-    record = store.get_run("r1")
+    record = store.runs.get("r1")
     assert record.preemption is not None
     notice = record.preemption.notice
     assert notice is not None
@@ -154,14 +154,14 @@ def test_a_notice_shorter_than_the_proof_timeout_is_told_and_asked_at_once(
         " was asked at once"
     )
     assert record.message == notice.note
-    assert store.get_stop("r1") is not None
+    assert store.stops.get("r1") is not None
 
 
 def test_the_notice_before_its_request_is_asked_here(tmp_path: Path) -> None:
     worker, store, sent, run = tick_worker(tmp_path)
     observe_notices(worker, run, update(notice=GCP_NOTICE), NOW)
     assert (Path(run.remote_dir) / "snapshot.request").read_text() == "preempted"
-    stop = store.get_stop("r1")
+    stop = store.stops.get("r1")
     assert stop is not None
     assert (stop.reason, stop.asked_by) == (SnapshotReason.PREEMPTED, "notice:gcp-preempted")
     assert len(sent.named("runwarden.proof_timeout")) == 1
@@ -175,7 +175,7 @@ def test_the_watcher_s_request_written_after_the_tick_read_is_the_notice_s(
     worker, store, _, run = tick_worker(tmp_path)
     (Path(run.remote_dir) / "snapshot.request").write_text("preempted")
     observe_notices(worker, run, update(notice=GCP_NOTICE), NOW)
-    stop = store.get_stop("r1")
+    stop = store.stops.get("r1")
     assert stop is not None
     assert (stop.reason, stop.asked_by) == (SnapshotReason.PREEMPTED, "notice:gcp-preempted")
 
@@ -194,7 +194,7 @@ def test_a_gcp_notice_gets_the_not_after_gcp_documents(
     worker, store, _, run = tick_worker(tmp_path, proof_timeout_s=1800)
     seen = NOW - timedelta(seconds=2.25)
     observe_notices(worker, run, update(notice=gcp_notice(source, seen)), NOW)
-    record = store.get_run("r1")
+    record = store.runs.get("r1")
     assert record.preemption is not None
     notice = record.preemption.notice
     assert notice is not None
@@ -214,7 +214,7 @@ def test_azure_s_http_date_is_recorded_as_iso(tmp_path: Path) -> None:
         "detail": "Preempt Scheduled",
     }
     observe_notices(worker, run, update(notice=json.dumps(body).encode()), NOW)
-    notice = store.get_run("r1").preemption.notice  # type: ignore[union-attr]
+    notice = store.runs.get("r1").preemption.notice  # type: ignore[union-attr]
     assert notice is not None
     assert (notice.not_after, notice.not_after_derived) == ("2026-03-04T05:06:37Z", False)
     assert (notice.left_s, notice.short) == (30, False)  # 30 s >= 10 s
@@ -227,25 +227,25 @@ def test_a_job_that_ended_is_not_asked(tmp_path: Path) -> None:
     worker, store, _, run = tick_worker(tmp_path)
     observe_notices(worker, run, update(notice=GCP_NOTICE, status=JobStatus.exited(0)), NOW)
     assert not (Path(run.remote_dir) / "snapshot.request").exists()
-    assert store.get_stop("r1") is None
-    assert store.get_run("r1").preemption.notice is not None  # type: ignore[union-attr]
+    assert store.stops.get("r1") is None
+    assert store.runs.get("r1").preemption.notice is not None  # type: ignore[union-attr]
 
 
 def test_another_request_keeps_its_reason_and_asker(tmp_path: Path) -> None:
     worker, store, _, run = tick_worker(tmp_path)
     observe_notices(worker, run, update(notice=GCP_NOTICE, request="deadline"), NOW)
-    assert store.get_stop("r1") is None  # the follow opens it as any request's
-    assert store.get_run("r1").preemption.notice is not None  # type: ignore[union-attr]
+    assert store.stops.get("r1") is None  # the follow opens it as any request's
+    assert store.runs.get("r1").preemption.notice is not None  # type: ignore[union-attr]
 
 
 def test_a_stop_already_open_stays_and_its_proof_timeout_counts(tmp_path: Path) -> None:
     worker, store, _, run = tick_worker(tmp_path, proof_timeout_s=1800)
-    store.open_stop("r1", SnapshotReason.COST, "policy:cost", NOW, 100.0)
+    store.stops.open("r1", SnapshotReason.COST, "policy:cost", NOW, 100.0)
     observe_notices(worker, run, update(notice=aws_notice(), request="cost"), NOW)
-    stop = store.get_stop("r1")
+    stop = store.stops.get("r1")
     assert stop is not None
     assert (stop.reason, stop.asked_by) == (SnapshotReason.COST, "policy:cost")
-    notice = store.get_run("r1").preemption.notice  # type: ignore[union-attr]
+    notice = store.runs.get("r1").preemption.notice  # type: ignore[union-attr]
     assert notice is not None
     assert not notice.short  # 120 s left, the open stop's proof timeout is 100 s
 
@@ -253,9 +253,9 @@ def test_a_stop_already_open_stays_and_its_proof_timeout_counts(tmp_path: Path) 
 def test_the_first_notice_stays(tmp_path: Path) -> None:
     worker, store, _, run = tick_worker(tmp_path)
     observe_notices(worker, run, update(notice=GCP_NOTICE, request="preempted"), NOW)
-    later = store.get_run("r1")
+    later = store.runs.get("r1")
     observe_notices(worker, later, update(notice=aws_notice(), request="preempted"), NOW)
-    notice = store.get_run("r1").preemption.notice  # type: ignore[union-attr]
+    notice = store.runs.get("r1").preemption.notice  # type: ignore[union-attr]
     assert notice is not None
     assert notice.source == "gcp-preempted"
 
@@ -263,19 +263,19 @@ def test_the_first_notice_stays(tmp_path: Path) -> None:
 def test_the_watcher_s_state_is_recorded_when_it_changes(tmp_path: Path) -> None:
     worker, store, _, run = tick_worker(tmp_path)
     observe_notices(worker, run, update(notice_state=b"watching aws with curl\n"), NOW)
-    first = store.get_run("r1")
+    first = store.runs.get("r1")
     assert first.preemption is not None
     assert first.preemption.said() == "aws: watching aws with curl"
     observe_notices(worker, first, update(notice_state=b"watching aws with curl\n"), NOW)
-    assert store.get_run("r1") == first  # nothing written
+    assert store.runs.get("r1") == first  # nothing written
     hostile = b"unavailable: \x1b]8;;http://x\x07neither curl nor wget is installed\r\n"
     observe_notices(worker, first, update(notice_state=hostile), NOW)
-    watch = store.get_run("r1").preemption
+    watch = store.runs.get("r1").preemption
     assert watch is not None
     assert watch.watcher is not None
     assert watch.watcher.text == "neither curl nor wget is installed"
     assert watch.said() == f"aws: {NO_CLIENT}"
-    assert store.get_stop("r1") is None
+    assert store.stops.get("r1") is None
 
 
 @pytest.mark.parametrize(
@@ -290,10 +290,10 @@ def test_the_watcher_s_state_is_recorded_when_it_changes(tmp_path: Path) -> None
 )
 def test_a_garbage_notice_is_ignored(tmp_path: Path, garbage: bytes) -> None:
     worker, store, _, run = tick_worker(tmp_path)
-    before = store.get_run("r1")
+    before = store.runs.get("r1")
     observe_notices(worker, run, update(notice=garbage, notice_state=b"what?\n"), NOW)
-    assert store.get_run("r1") == before
-    assert store.get_stop("r1") is None
+    assert store.runs.get("r1") == before
+    assert store.stops.get("r1") is None
 
 
 def test_a_notice_s_strange_clock_is_unknown() -> None:
@@ -313,9 +313,9 @@ def test_a_notice_s_strange_clock_is_unknown() -> None:
 
 def test_a_run_that_ended_keeps_its_outcome_message(tmp_path: Path) -> None:
     worker, store, _, run = tick_worker(tmp_path, proof_timeout_s=1800)
-    store.transition("r1", RunState.STOPPED, message="stopped with a snapshot at step 3")
+    store.runs.transition("r1", RunState.STOPPED, message="stopped with a snapshot at step 3")
     observe_notices(worker, run, update(notice=aws_notice(), request="preempted"), NOW)
-    record = store.get_run("r1")
+    record = store.runs.get("r1")
     assert record.message == "stopped with a snapshot at step 3"
     assert record.preemption is not None
     assert record.preemption.notice is not None

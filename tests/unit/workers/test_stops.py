@@ -55,7 +55,7 @@ def test_a_policy_never_writes_over_a_request_already_in_the_run_directory(
 # a run that ended meanwhile (finished by another worker).
 def test_a_request_seen_by_a_stale_tick_opens_no_stop_for_an_ended_run(tmp_path: Path) -> None:
     store = RunStore(fakeredis.FakeRedis(server=fakeredis.FakeServer()))
-    store.put_target("local", {"kind": "local", "workdir": str(tmp_path)})
+    store.targets.put("local", {"kind": "local", "workdir": str(tmp_path)})
     now = datetime.now(UTC)
     run = RunRecord(
         id="r1",
@@ -66,16 +66,16 @@ def test_a_request_seen_by_a_stale_tick_opens_no_stop_for_an_ended_run(tmp_path:
         state=RunState.RUNNING,
         command="true",
     )
-    assert store.create_run(run)
+    assert store.runs.create(run)
     scheduled: list[tuple[str, object, float]] = []
     worker = Context(store, Settings(), lambda n, k, c: scheduled.append((n, k, c)), "w")
 
-    stale = store.get_run("r1")  # what a watch tick read at its start
-    store.transition("r1", RunState.CANCELLED)  # another worker recorded the end meanwhile
+    stale = store.runs.get("r1")  # what a watch tick read at its start
+    store.runs.transition("r1", RunState.CANCELLED)  # another worker recorded the end meanwhile
     stops.notice_request(worker, stale, "requested", now)  # the tick saw snapshot.request
 
-    assert store.get_stop("r1") is None
-    assert store.stop_history("r1") == []
+    assert store.stops.get("r1") is None
+    assert store.stops.history("r1") == []
     assert scheduled == []
 
 
@@ -103,10 +103,10 @@ def test_a_cancel_past_its_deadline_holds_no_process_and_is_left_to_reconcile(
             cancels.cancel(worker, "r1", asked_by="operator/cli")
         assert time.monotonic() - started < 4.0  # the deadline, not the script's 10 s wait
         assert job.poll() is None  # alive: the cut cancel is not the end of it
-        assert store.get_run("r1").state is RunState.RUNNING
+        assert store.runs.get("r1").state is RunState.RUNNING
         assert not cancel_mark.cancelling_now(worker, "r1")  # the next cancel may signal it
 
-        stop = store.get_stop("r1")
+        stop = store.stops.get("r1")
         assert stop is not None
         assert (stop.phase, stop.cancels, stop.asked_by) == (
             StopPhase.CANCELLING, 1, "operator/cli"
@@ -114,7 +114,8 @@ def test_a_cancel_past_its_deadline_holds_no_process_and_is_left_to_reconcile(
         assert stop.end_deadline is not None
         retry_s = (stop.end_deadline - stop.asked_at).total_seconds()
         assert retry_s == pytest.approx(cancel_mark.CANCEL_RETRY_S, abs=1.0)
-        assert [(d.stop_id, d.kind) for d in store.pending_deadlines()] == [(stop.stop_id, "end")]
+        pending = store.stops.pending_deadlines()
+        assert [(d.stop_id, d.kind) for d in pending] == [(stop.stop_id, "end")]
         assert "the cancel failed" in (stop.note or "")
 
         # Reconcile fires the retry deadline when it comes: that cancel ends the job.
@@ -123,8 +124,8 @@ def test_a_cancel_past_its_deadline_holds_no_process_and_is_left_to_reconcile(
         assert reconcile.reconcile(worker, later) == 1
         assert sent.calls[-1][0] == "runwarden.end_timeout"
         assert cancels.on_deadline(worker, "r1", stop.stop_id, later) == "cancelled"
-        assert store.get_run("r1").state is RunState.CANCELLED
-        assert store.get_stop("r1") is None
+        assert store.runs.get("r1").state is RunState.CANCELLED
+        assert store.stops.get("r1") is None
     finally:
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)

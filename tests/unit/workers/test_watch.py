@@ -56,16 +56,16 @@ def test_an_exit_code_during_a_cancel_is_left_to_the_cancel(
     if cancelling:
         assert store.locks.once(cancel_key(run.id), ttl_s=CANCEL_RETRY_S)
     found = watch_target(ctx, "local", datetime.now(UTC))
-    after = store.get_run(run.id)
+    after = store.runs.get(run.id)
     if cancelling:
         assert found["ended"] == 0
         assert after.state is RunState.RUNNING
-        assert store.followed("local") == [run.id]
+        assert store.follow.runs("local") == [run.id]
         # The cancel's own reading: `cancelled` wins over any `exit_code`.
         (tmp_path / "r1" / "cancelled").touch()
         store.locks.forget(cancel_key(run.id))
         watch_target(ctx, "local", datetime.now(UTC))
-        assert store.get_run(run.id).state is RunState.CANCELLED
+        assert store.runs.get(run.id).state is RunState.CANCELLED
     else:
         assert found["ended"] == 1
         assert after.state is RunState.SUCCEEDED
@@ -124,11 +124,11 @@ def test_a_tick_sees_the_proof_and_the_end_deadline_counts_from_it(
     asked = datetime.now(UTC) - timedelta(seconds=10)
     stop = stops.request_snapshot(ctx, "r1", SnapshotReason.REQUESTED, "cli", asked)
     watch_target(ctx, "local", datetime.now(UTC))  # no proof yet: nothing moves
-    assert store.get_stop("r1") == stop
+    assert store.stops.get("r1") == stop
     written = asked + timedelta(seconds=3)
     prove(tmp_path / "r1", written.timestamp())
     watch_target(ctx, "local", datetime.now(UTC))
-    moved = store.get_stop("r1")
+    moved = store.stops.get("r1")
     assert moved is not None
     assert moved.phase is StopPhase.WAITING_END
     assert moved.end_deadline == written + timedelta(seconds=60)
@@ -139,19 +139,19 @@ def test_a_tick_sees_the_proof_and_the_end_deadline_counts_from_it(
     assert seen.seen_at is not None
     assert seen.at < seen.seen_at
     assert seen.end_deadline == moved.end_deadline
-    assert [s.kind for s in store.saves("r1")] == ["stop"]  # a save time learned
+    assert [s.kind for s in store.budgets.saves("r1")] == ["stop"]  # a save time learned
     # The proof deadline's task, racing with the tick on the stop it read, moves nothing.
     monkeypatch.setattr(cancels, "_escalate", lambda *a: pytest.fail("no cancel"))
     proof = finishing.read_proof(ctx.executor("local"), run)
     assert isinstance(proof, ProofSaved)
     assert cancels._proof_deadline(ctx, stop, run, proof, stop.proof_deadline) == "proved"
     assert stops.proof_seen(ctx, stop, proof, datetime.now(UTC), "follow") is None
-    assert store.get_stop("r1") == moved
+    assert store.stops.get("r1") == moved
     assert [e.kind for e in store.ledger.events("r1")].count("proof_seen") == 1
     assert len([n for n, _, _ in sent.calls if n == TASK_END_TIMEOUT]) == 1
     # The next ticks read no proof: the stop waits for the end now.
     watch_target(ctx, "local", datetime.now(UTC))
-    assert store.get_stop("r1") == moved
+    assert store.stops.get("r1") == moved
 
 
 @pytest.mark.parametrize(
@@ -177,7 +177,7 @@ def test_a_proof_with_a_linked_checkpoint_is_never_seen_and_its_deadline_says_wh
         )
     for _ in range(2):
         watch_target(ctx, "local", datetime.now(UTC))
-        assert store.get_stop("r1") == stop
+        assert store.stops.get("r1") == stop
     assert not [e for e in store.ledger.events("r1") if isinstance(e, ProofSeen)]
     assert finishing.read_proof(ctx.executor("local"), run) == ProofInvalid(why=why)
     notes: list[str] = []
@@ -232,7 +232,7 @@ def test_a_proof_not_valid_yet_is_judged_again_only_when_it_changed_or_has_aged(
     monkeypatch.setattr(watching, "PROOF_REREAD_S", 0.0)  # ... until it has aged
     watch_target(ctx, "local", datetime.now(UTC))
     assert judged == [1, 1, 1, 1]
-    moved = store.get_stop("r1")
+    moved = store.stops.get("r1")
     assert moved is not None
     assert moved.phase is StopPhase.WAITING_END
 
@@ -259,7 +259,7 @@ def test_the_tick_that_sees_an_end_records_it_from_what_it_read(
     )
     found = watch_target(ctx, "local", datetime.now(UTC))
     assert found["ended"] == 1
-    ended = store.get_run(run.id)
+    ended = store.runs.get(run.id)
     assert ended.state is RunState.STOPPED, ended
     assert ended.snapshot is not None
     assert ended.snapshot.step == 21
@@ -284,8 +284,8 @@ def test_an_end_the_follow_reports_is_recorded_only_when_the_status_path_confirm
     monkeypatch.setattr(type(executor), "follow", forged)
     found = watch_target(ctx, "local", datetime.now(UTC))
     assert found["ended"] == 0
-    assert store.get_run(run.id).state is RunState.RUNNING
-    assert run.id in store.followed("local")
+    assert store.runs.get(run.id).state is RunState.RUNNING
+    assert run.id in store.follow.runs("local")
 
 
 # --- the order of a tick's work -------------------------------------------------------
@@ -310,8 +310,8 @@ def test_a_tick_takes_ends_and_lines_before_it_opens_the_stops_of_requests(
     opened = watching.notice_request
 
     def noticing(ctx_: Any, run: Any, reason: str, now: datetime, **kw: Any) -> None:
-        logs = [store.get_offsets(r.id).log for r in asking]
-        seen.append((run.id, store.get_run(ended.id).state.is_terminal, logs))
+        logs = [store.follow.offsets(r.id).log for r in asking]
+        seen.append((run.id, store.runs.get(ended.id).state.is_terminal, logs))
         opened(ctx_, run, reason, now, **kw)
 
     monkeypatch.setattr(watching, "notice_request", noticing)
@@ -319,5 +319,5 @@ def test_a_tick_takes_ends_and_lines_before_it_opens_the_stops_of_requests(
     assert found == {"runs": 3, "ended": 1}
     assert [run_id for run_id, _, _ in seen] == ["r0", "r2"]
     assert all(ended_first and all(logs) for _, ended_first, logs in seen), seen
-    assert store.get_run("r1").state is RunState.SUCCEEDED
-    assert all(store.get_stop(run.id) is not None for run in asking)
+    assert store.runs.get("r1").state is RunState.SUCCEEDED
+    assert all(store.stops.get(run.id) is not None for run in asking)

@@ -284,7 +284,7 @@ def test_a_preempted_job_that_hangs_is_seen_and_cancelled(pipeline: Pipeline) ->
     assert run.state is RunState.STOPPED, run  # the proof wins over the cancel
     assert run.snapshot is not None
     assert run.snapshot.reason is SnapshotReason.PREEMPTED
-    history = pipeline.api.store.stop_history(run_id)
+    history = pipeline.api.store.stops.history(run_id)
     assert [stop.reason for stop in history] == [SnapshotReason.PREEMPTED], history
     # The cancel's own marker comes once the group is gone, maybe after the record.
     wait_for((Path(run.remote_dir) / "cancelled").exists)

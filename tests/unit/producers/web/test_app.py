@@ -57,12 +57,12 @@ class RecordingRunwarden(Runwarden):
         data = body.model_dump(mode="json")
         self.sent.append((task, data))
         if task == TASK_SNAPSHOT_REQUEST:
-            stop, _ = self.store.open_stop(
+            stop, _ = self.store.stops.open(
                 data["run_id"], SnapshotReason(data["reason"]), data["asked_by"], NOW, 60
             )
             return stop.model_dump(mode="json")
         if task == TASK_CANCEL:
-            self.store.transition(data["run_id"], RunState.CANCELLED)
+            self.store.runs.transition(data["run_id"], RunState.CANCELLED)
             return None
         raise AssertionError(f"unexpected task {task}")
 
@@ -98,9 +98,9 @@ def make_run(
     record = RunRecord(
         id=run_id, target="local", created=created, remote_dir=f"/work/{run_id}", **fields
     )
-    assert api.store.create_run(record)
+    assert api.store.runs.create(record)
     if running:
-        return api.store.transition(run_id, RunState.RUNNING, job=JOB)
+        return api.store.runs.transition(run_id, RunState.RUNNING, job=JOB)
     return record
 
 
@@ -177,7 +177,7 @@ def test_runs_page_lists_runs_newest_first_with_progress(
 ) -> None:
     make_run(api, "old", created=NOW - timedelta(hours=1))
     make_run(api, "new", created=NOW)
-    api.store.append_metrics("new", [{"event": "begin", "max_steps": 200},
+    api.store.follow.append_metrics("new", [{"event": "begin", "max_steps": 200},
                                      {"event": "log", "step": 37, "loss": 1.25}])  # fmt: skip
     page = client.get("/").text
     assert page.index('data-run="new"') < page.index('data-run="old"')
@@ -192,8 +192,8 @@ def test_job_written_text_is_escaped_and_cleaned(
     api: RecordingRunwarden, client: TestClient
 ) -> None:
     make_run(api, "r1", name=HOSTILE, command=f"echo '{HOSTILE}'")
-    api.store.update_run("r1", lambda r: r.model_copy(update={"message": HOSTILE}))
-    api.store.append_log("r1", ["plain line", HOSTILE])
+    api.store.runs.update("r1", lambda r: r.model_copy(update={"message": HOSTILE}))
+    api.store.follow.append_log("r1", ["plain line", HOSTILE])
     for path in ("/", "/runs/r1"):
         page = client.get(path).text
         assert "<script>alert" not in page
@@ -218,9 +218,9 @@ def test_run_page_shows_the_record_the_open_stop_and_the_history(
     assert 'id="stop-button"' in before
     for reason in SnapshotReason:
         assert f'<option value="{reason}">' in before
-    first, _ = api.store.open_stop("r1", SnapshotReason.DISK, "policy:disk", NOW, 60)
-    api.store.close_stop("r1", first.stop_id, note="given up <b>now</b>", now=NOW)
-    stop, _ = api.store.open_stop("r1", SnapshotReason.COST, "policy:cost", NOW, 600)
+    first, _ = api.store.stops.open("r1", SnapshotReason.DISK, "policy:disk", NOW, 60)
+    api.store.stops.close("r1", first.stop_id, note="given up <b>now</b>", now=NOW)
+    stop, _ = api.store.stops.open("r1", SnapshotReason.COST, "policy:cost", NOW, 600)
     page = client.get("/runs/r1").text
     assert 'data-phase="waiting_proof"' in page
     assert f'data-deadline="{stop.proof_deadline.timestamp()}"' in page
@@ -260,7 +260,7 @@ def test_run_page_shows_the_preemption_watch_and_its_notice(
     assert "&lt;script&gt;" in page
     assert "<script>alert" not in page
     assert "lost-after-notice" not in page
-    api.store.transition("r1", RunState.FAILED)  # no snapshot: lost after its notice
+    api.store.runs.transition("r1", RunState.FAILED)  # no snapshot: lost after its notice
     page = client.get("/runs/r1").text
     assert "watched azure with curl until the run ended" in page
     assert (
@@ -272,8 +272,8 @@ def test_run_page_shows_the_preemption_watch_and_its_notice(
 
 def test_stops_page_has_live_countdowns(api: RecordingRunwarden, client: TestClient) -> None:
     make_run(api, "r1")
-    stop, _ = api.store.open_stop("r1", SnapshotReason.REQUESTED, "cli", NOW, 90)
-    ended = api.store.advance_stop(
+    stop, _ = api.store.stops.open("r1", SnapshotReason.REQUESTED, "cli", NOW, 90)
+    ended = api.store.stops.advance(
         "r1", stop.stop_id, stop.phase, stop.phase.WAITING_END,
         end_deadline=NOW + timedelta(seconds=30), note="proof at step 4",
     )  # fmt: skip
@@ -284,7 +284,7 @@ def test_stops_page_has_live_countdowns(api: RecordingRunwarden, client: TestCli
     assert "proof seen" in page
     assert "proof at step 4" in page
     assert client.get("/api/stops").json() == [ended.model_dump(mode="json")]
-    api.store.close_stop("r1")
+    api.store.stops.close("r1")
     assert "No stop in flight." in client.get("/stops").text
 
 
@@ -294,11 +294,11 @@ def test_pages_say_which_proof_timeout_a_stop_got_and_why(
     make_run(api, "r1")
     learned = StopBudget(proof_timeout_s=8.46, end_timeout_s=30, source=TimeoutSource.LEARNED,
                          why="3 x 2.5 s (the longest of 2 saves) + 1 s")  # fmt: skip
-    first, _ = api.store.open_stop("r1", SnapshotReason.DISK, "cli", NOW, 8.46, budget=learned)
-    api.store.close_stop("r1", first.stop_id, note="stopped", now=NOW)
+    first, _ = api.store.stops.open("r1", SnapshotReason.DISK, "cli", NOW, 8.46, budget=learned)
+    api.store.stops.close("r1", first.stop_id, note="stopped", now=NOW)
     explicit = StopBudget(proof_timeout_s=30, end_timeout_s=30, source=TimeoutSource.EXPLICIT,
                           why="the run's own, 30 s (--proof-timeout)")  # fmt: skip
-    api.store.open_stop("r1", SnapshotReason.COST, "cli", NOW, 30, budget=explicit)
+    api.store.stops.open("r1", SnapshotReason.COST, "cli", NOW, 30, budget=explicit)
     page = client.get("/runs/r1").text
     assert "proof timeout 30 s (explicit): the run&#39;s own, 30 s (--proof-timeout)" in page
     assert "8.5 s, learned" in page  # the history's
@@ -310,7 +310,7 @@ def test_the_confirmation_says_the_timeouts_the_stop_would_get(
     api: RecordingRunwarden, client: TestClient
 ) -> None:
     make_run(api, "quick")
-    api.store.record_save("quick", SaveSample(kind="stop", seconds=4, at=NOW))
+    api.store.budgets.record_save("quick", SaveSample(kind="stop", seconds=4, at=NOW))
     make_run(api, "own", timeouts=StopTimeouts(proof_timeout_s=5400, end_timeout_s=90))
     make_run(api, "new")
     token = csrf_of(client.get("/runs/quick").text)
@@ -465,7 +465,7 @@ def test_refusals_are_shown_on_the_run_page(
     make_run(api, "r1", running=prepare != "preparing", snapshots=prepare != "no-snapshots")
     token = csrf_of(client.get("/runs/r1").text)  # an open page, then the run ends
     if prepare == "ended":
-        api.store.transition("r1", RunState.SUCCEEDED)
+        api.store.runs.transition("r1", RunState.SUCCEEDED)
     response = post(client, "/runs/r1/stop", {"csrf": token, "confirmed": "yes"})
     assert response.status_code == 409
     assert expected in response.text.replace("&#39;", "'")

@@ -20,9 +20,9 @@ def test_the_run_page_shows_the_ledger_newest_first(
 ) -> None:
     make_run(api, "r1")
     assert "Nothing in the ledger yet." in client.get("/runs/r1").text
-    stop, _ = api.store.open_stop("r1", SnapshotReason.COST, "policy:cost", NOW, 60)
+    stop, _ = api.store.stops.open("r1", SnapshotReason.COST, "policy:cost", NOW, 60)
     late = NOW + timedelta(seconds=61)
-    ended = api.store.transition("r1", RunState.CANCELLED, message=HOSTILE)
+    ended = api.store.runs.transition("r1", RunState.CANCELLED, message=HOSTILE)
     for event in (StopOpened.of(stop), CancelDecided.of(stop, "no proof", late),
                   RunEnded.of(ended, late)):  # fmt: skip
         api.store.ledger.record(event)

@@ -107,7 +107,7 @@ def test_the_worker_never_takes_another_runs_copy(tmp_path: Path) -> None:
         run = ended_run(store, tmp_path, run_id)
         (Path(run.remote_dir) / "job.log").write_text(f"{run_id}\n")
         finish.finish(worker, run, JobStatus.CANCELLED, worker.executor("local"))
-        assert store.get_run(run_id).state is RunState.STOPPED
+        assert store.runs.get(run_id).state is RunState.STOPPED
     root = worker.settings.artifacts_root
     assert retrieve_artifacts(worker, "e1", datetime.now(UTC)).phase is ArtifactsPhase.DONE
     shutil.copytree(root / "e1", root / "e2", symlinks=True)
@@ -139,7 +139,7 @@ def test_links_leading_outside_are_counted_in_the_record(tmp_path: Path) -> None
     done = retrieve_artifacts(worker, "e3", datetime.now(UTC))
     assert done.phase is ArtifactsPhase.DONE, done
     assert done.skipped_links == 2
-    assert store.get_run("e3").artifacts == done
+    assert store.runs.get("e3").artifacts == done
     assert "2 link(s) leading outside the run left out" in artifacts_line(done)
     document = json.loads((worker.settings.artifacts_root / "e3" / MANIFEST_FILE).read_text())
     assert document["skipped_links"] == [
