@@ -141,7 +141,7 @@ def test_an_ssh_spawn_whose_answer_is_lost_after_the_job_started_is_followed(
                 },
             },
         )
-        ctx.executor = lambda target: executor  # type: ignore[method-assign,assignment,return-value]
+        ctx.executor_for = lambda config: executor  # type: ignore[method-assign,assignment,return-value]
         run_script(executor, "true")  # the connection the launch will use
         sessions = sshd_sessions(server)
         assert sessions
@@ -168,9 +168,10 @@ def test_an_ssh_spawn_whose_answer_is_lost_after_the_job_started_is_followed(
             assert record.state is RunState.RUNNING
             assert record.message is None
             assert record.job is not None
-            assert assert_one_followed_job(store, record.id) == record
+            # The job found may not have exec'd its trainer yet.
             run_dir = Path(record.remote_dir)
             wait_for((run_dir / "metrics.jsonl").exists, timeout_s=20)
+            assert assert_one_followed_job(store, record.id) == record
             assert len(trainers(record.id)) == 1
             assert [p.name for p in workdir.iterdir()] == [record.id]
             executor.cancel(record.job)

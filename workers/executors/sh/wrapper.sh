@@ -91,22 +91,27 @@ exec 5<&0 </dev/null 3>&2 2>/dev/null
 "$rw_sh" -c "$9" "$rw_sh" "${10}" "${11}" <&5 5<&- 2>&3 3>&- &
 rw_job=$!
 exec 5<&-
-# Until the job's shell has exec'd (its command line is no longer this wrapper's), at
-# most 2 s: a signal that reaches the forked copy of this shell before its exec runs
-# this shell's handler, which only marks it, and is lost with the exec; a cancel's
-# SIGTERM to a one-command job (which gets no second one) would then wait for
-# SIGKILL. job.pid, and with it the launcher's `go` and its answer, come after.
-# Without /proc it cannot be told. Builtins only: `read` drops the NULs.
-if { IFS= read -r rw_me < "/proc/$$/cmdline"; } 2>/dev/null || [ -n "$rw_me" ]; then
-  rw_i=0
-  while [ "$rw_i" -lt 40 ]; do
-    rw_them=; { IFS= read -r rw_them < "/proc/$rw_job/cmdline"; } 2>/dev/null || :
-    [ "$rw_them" = "$rw_me" ] || break
-    rw_i=$((rw_i + 1))
-    sleep 0.05 2>/dev/null || sleep 1
-  done
-  rw_me='' rw_them=''
-fi
+# Until the job's shell has exec'd, at most 2 s: a signal that reaches the forked copy
+# of this shell before its exec runs this shell's handler, which only marks it, and is
+# lost with the exec; a cancel's SIGTERM to a one-command job (which gets no second
+# one) would then wait for SIGKILL. The copy still catches SIGTERM (this shell's
+# trap, bit 15 of SigCgt in /proc/PID/status); the job's shell, freshly exec'd, does
+# not before its `go`. job.pid, and with it the launcher's `go` and its answer, come
+# after. Without /proc it cannot be told. Builtins only.
+rw_i=0
+while [ "$rw_i" -lt 200 ]; do
+  rw_c=
+  { while IFS= read -r rw_l; do
+      case $rw_l in SigCgt:*) rw_c=${rw_l#SigCgt:}; break ;; esac
+    done < "/proc/$rw_job/status"; } 2>/dev/null || :
+  rw_c=${rw_c#"${rw_c%%[!	 ]*}"}
+  rw_c=${rw_c#"${rw_c%????????}"}
+  case $rw_c in ''|*[!0-9a-fA-F]*) break ;; esac
+  [ $((0x$rw_c & 16384)) -ne 0 ] || break
+  rw_i=$((rw_i + 1))
+  sleep 0.01 2>/dev/null || sleep 1
+done
+rw_c='' rw_l=''
 rw_all=$5 rw_kill=$6 rw_give_up=$7 rw_poll=$8
 # The wrapper's helpers never count as the run's.
 unset RUNWARDEN_RUN_ID
