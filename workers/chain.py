@@ -84,8 +84,7 @@ def _pick_target(ctx: Context, run: RunRecord) -> tuple[str | None, list[str]]:
     for target in candidate_targets(run.on_preempt, run.target):
         try:
             spec = _next_spec(run, target)
-            check_launch(ctx, spec)
-            executor = ctx.executor(target)
+            executor = ctx.executor_for(check_launch(ctx, spec).target)
             executor.disk_usage([executor.workdir])  # answers, and has a filesystem
         except RunwardenError as error:
             passed.append(f"{target}: {str(error)[:200]}")

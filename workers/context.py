@@ -73,13 +73,22 @@ class Context:
         Raises:
             UnknownTarget, Unauthenticated, StoreError, InvalidArgument.
         """
-        config = self.target(target)
+        return self.executor_for(self.target(target))
+
+    def executor_for(self, config: TargetConfig) -> Executor:
+        """The executor of the target `config` (already read and checked, as
+        [`target`] returns it) for this process: built once, rebuilt when the
+        configuration changes.
+
+        Raises:
+            InvalidArgument: the configuration cannot make an executor here.
+        """
         with self._lock:
-            cached = self._executors.get(target)
+            cached = self._executors.get(config.name)
             if cached is not None and cached[0] == config:
                 return cached[1]
             executor = build_executor(config)
-            self._executors[target] = (config, executor)
+            self._executors[config.name] = (config, executor)
             return executor
 
     def target(self, name: str) -> TargetConfig:

@@ -30,6 +30,7 @@ from schemas import (
     RunRecord,
     RunState,
     RunwardenError,
+    TargetConfig,
     new_run_id,
     next_run_id,
     validate_run_id,
@@ -118,6 +119,7 @@ def _claim(
     now: datetime,
     source: RunRecord | None,
     key: str,
+    target: TargetConfig,
 ) -> RunRecord:
     """Records a new run `preparing`, its key mapped to it, and claims its run
     directory; a directory already taken fails that run and tries the next id (the
@@ -149,7 +151,7 @@ def _claim(
             chain_preemptions=0
             if source is None
             else source.chain_preemptions + is_preempted(source.snapshot),
-            preemption=watched(ctx, spec),
+            preemption=watched(spec, target),
             preemption_mode=spec.preemption,
             wait_for_all=spec.wait_for_all,
             mark=new_mark(),
@@ -216,9 +218,9 @@ def _launch(ctx: Context, spec: LaunchSpec, now: datetime, key: str, lease: Leas
     if run_id is None:
         resume = None if spec.resume_from is None else resumable(ctx, spec.resume_from)
         permit = check_launch(ctx, spec)
-        executor = ctx.executor(spec.target)
+        executor = ctx.executor_for(permit.target)
         source = None if resume is None else resume[0]
-        run = _claim(ctx, executor, spec, now=now, source=source, key=key)
+        run = _claim(ctx, executor, spec, now=now, source=source, key=key, target=permit.target)
     else:
         run = ctx.store.runs.get(run_id)
         if run.state is not RunState.PREPARING:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from schemas import Preemption, RunRecord
+from schemas import Preemption, RunRecord, TargetConfig
 from schemas.events import LaunchSpec
 from schemas.preemption import watched_cloud
 
@@ -16,18 +16,14 @@ from .context import Context
 __all__ = ["notice_command", "watched"]
 
 
-def watched(ctx: Context, spec: LaunchSpec) -> Preemption | None:
+def watched(spec: LaunchSpec, target: TargetConfig) -> Preemption | None:
     """The preemption watch `spec` asks for, to record with its run: the run's own
-    mode when it gave one, else its target's (`TargetConfig.preemption`); None for
+    mode when it gave one, else its `target`'s (`TargetConfig.preemption`); None for
     `off`, and for a job that does not read snapshot requests (nothing would answer
-    the watcher's request).
-
-    Raises:
-        UnknownTarget, Unauthenticated, StoreError: the target cannot be read.
-    """
+    the watcher's request)."""
     if not spec.snapshots:
         return None
-    cloud = watched_cloud(spec.preemption, ctx.target(spec.target).preemption)
+    cloud = watched_cloud(spec.preemption, target.preemption)
     return None if cloud is None else Preemption(cloud=cloud)
 
 

@@ -111,9 +111,9 @@ def fake_context(executor: FakeExecutor, **settings: float) -> Context:
     values = {"launch_max_runtime_s": 60.0, "launch_grace_s": 30.0, **settings}
     ctx = Context(store, Settings(**values), lambda name, kwargs, countdown: None, "w")  # type: ignore[arg-type]
 
-    def executor_for(target: str) -> FakeExecutor:
-        if target != "local":
-            raise UnknownTarget(target)
+    def executor_for(config: TargetConfig) -> FakeExecutor:
+        if config.name != "local":
+            raise UnknownTarget(config.name)
         return executor
 
     def target_for(target: str) -> TargetConfig:
@@ -122,6 +122,6 @@ def fake_context(executor: FakeExecutor, **settings: float) -> Context:
         # Its workdir is the fake executor's; every upload root is allowed here.
         return TargetConfig(name="local", kind="local", workdir="/w", upload_roots=("/",))
 
-    ctx.executor = executor_for  # type: ignore[method-assign,assignment]
+    ctx.executor_for = executor_for  # type: ignore[method-assign,assignment]
     ctx.target = target_for  # type: ignore[method-assign]
     return ctx

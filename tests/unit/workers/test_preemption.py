@@ -88,7 +88,7 @@ def test_the_launch_records_and_spawns_the_watch(
 def test_a_job_that_reads_no_requests_gets_no_watcher() -> None:
     ctx = with_target(fake_context(FakeExecutor()), "aws")
     spec = LaunchSpec(target="local", command="x", snapshots=False, preemption="gcp")
-    assert watched(ctx, spec) is None
+    assert watched(spec, ctx.target("local")) is None
     adopted = RunRecord(
         id="r1", target="local", created=T0, remote_dir="/w/r1", preemption=Preemption()
     )
