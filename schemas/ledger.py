@@ -55,6 +55,7 @@ __all__ = [
     "TEXT_MAX",
     "CancelCause",
     "CancelDecided",
+    "CancelFailed",
     "EventKind",
     "JobCancelled",
     "LedgerEvent",
@@ -79,6 +80,7 @@ EventKind = Literal[
     "stop_opened",
     "proof_seen",
     "cancel_decided",
+    "cancel_failed",
     "job_cancelled",
     "run_ended",
     "retrieval_done",
@@ -89,6 +91,7 @@ EVENT_KINDS: Final[tuple[EventKind, ...]] = (
     "stop_opened",
     "proof_seen",
     "cancel_decided",
+    "cancel_failed",
     "job_cancelled",
     "run_ended",
     "retrieval_done",
@@ -294,6 +297,40 @@ class CancelDecided(_Event):
         return text + (f"; {self.note}" if self.note else "")
 
 
+class CancelFailed(_Event):
+    """A cancel of the run's job did not complete (cut at its deadline, its target out
+    of reach, a process that survived SIGKILL): the job may still run, and the run's
+    stop waits in `cancelling` for the retry. The alert a webhook wants."""
+
+    kind: Literal["cancel_failed"] = "cancel_failed"
+    attempt: Annotated[int, Field(ge=1)]
+    """Cancels tried for this stop, the failed one included."""
+    error: _Text
+    retry_in_s: Annotated[float, Field(gt=0, allow_inf_nan=False)]
+    """Seconds until the retry deadline (`reconcile` tries the cancel again then)."""
+
+    @classmethod
+    def of(
+        cls, stop: StopState, error: str, retry_in_s: float, now: datetime
+    ) -> CancelFailed:
+        """The failed cancel of `stop` as it stands after the failure (its `cancels`
+        counts the failed one)."""
+        return cls(
+            run_id=stop.run_id,
+            stop_id=stop.stop_id,
+            at=now,
+            attempt=max(1, stop.cancels),
+            error=error[:TEXT_MAX] or "unknown error",
+            retry_in_s=retry_in_s,
+        )
+
+    def describe(self) -> str:
+        return (
+            f"cancel failed (attempt {self.attempt}): {self.error}; "
+            f"retried in {self.retry_in_s:g} s"
+        )
+
+
 class JobCancelled(_Event):
     """The run's job was cancelled: signalled, and its process group gone."""
 
@@ -387,6 +424,7 @@ LedgerEvent = Annotated[
     StopOpened
     | ProofSeen
     | CancelDecided
+    | CancelFailed
     | JobCancelled
     | RunEnded
     | RetrievalDone

@@ -1,8 +1,9 @@
 """Cancels: a producer's cancel of a run's job, and what a stop's proof and end
 deadlines do when they come (`on_deadline`): a job without a valid proof, or that did
-not end after it, is cancelled; a cancel that failed is retried with a doubling wait
-(`workers.cancel_mark.CANCEL_RETRY_S`). Whatever the cancel finds is recorded by
-`workers.finish`.
+not end after it, is cancelled; a cancel that failed is told (the ledger event
+`cancel_failed`, which a webhook may want: the job may still run) and retried with a
+doubling wait (`workers.cancel_mark.CANCEL_RETRY_S`). Whatever the cancel finds is
+recorded by `workers.finish`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from schemas import (
     StopPhase,
     StopState,
 )
-from schemas.ledger import CancelDecided, JobCancelled
+from schemas.ledger import CancelDecided, CancelFailed, JobCancelled
 from schemas.run import check_cancel
 from schemas.snapshot import Proof
 
@@ -132,6 +133,7 @@ def _escalate(ctx: Context, stop: StopState, note: str, now: datetime) -> str:
         log.warning(
             "run %s: cancel %d failed, retried in %g s: %s", run.id, cancels, retry_s, error
         )
+        emit(ctx, CancelFailed.of, moved, str(error), retry_s, utcnow())
         return "cancel failed"
     return "cancelled" if record.state.is_terminal else "cancelling"
 
@@ -190,8 +192,8 @@ def _leave_to_reconcile(ctx: Context, run_id: str, asked_by: str | None, error: 
     """A cancel asked for that failed (cut at its deadline, the target out of reach):
     the run's stop, opened for it when there is none, moves to `cancelling` with a
     retry deadline (`CANCEL_RETRY_S`, doubling with each try), so `reconcile` tries
-    the cancel again as it does a stop's. Never raises (logged): the producer gets
-    the cancel's own error."""
+    the cancel again as it does a stop's, and the failure is told (`cancel_failed`).
+    Never raises (logged): the producer gets the cancel's own error."""
     now = utcnow()
     try:
         stop, _ = ctx.store.stops.open(
@@ -206,7 +208,7 @@ def _leave_to_reconcile(ctx: Context, run_id: str, asked_by: str | None, error: 
             return  # a cancel of the stop's own is under way, with its retry deadline
         cancels = stop.cancels + 1
         retry_s = min(CANCEL_RETRY_S * 2 ** (cancels - 1), CANCEL_RETRY_MAX_S)
-        ctx.store.stops.advance(
+        moved = ctx.store.stops.advance(
             run_id,
             stop.stop_id,
             stop.phase,
@@ -216,6 +218,8 @@ def _leave_to_reconcile(ctx: Context, run_id: str, asked_by: str | None, error: 
             cancels=cancels,
         )
         log.warning("run %s: cancel failed, retried in %g s: %s", run_id, retry_s, error)
+        if moved is not None:
+            emit(ctx, CancelFailed.of, moved, str(error), retry_s, now)
     except NotRunning:
         return  # it ended meanwhile: nothing to retry
     except Exception:

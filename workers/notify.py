@@ -35,6 +35,7 @@ from typing import Final, ParamSpec
 from schemas import Artifacts, RunRecord
 from schemas.ledger import (
     CancelDecided,
+    CancelFailed,
     LedgerEvent,
     PolicyDecision,
     ProofSeen,
@@ -97,7 +98,7 @@ def _completed(ctx: Context, event: LedgerEvent) -> list[LedgerEvent]:
         # deadline told it meanwhile (they race the end by one read).
         found = open_stop_of(ctx.store.ledger.events(event.run_id, last=LEDGER_TAIL))
         return [] if found is not None and found.proved else [event]
-    if isinstance(event, StopOpened | PolicyDecision | ProofSeen):
+    if isinstance(event, StopOpened | PolicyDecision | ProofSeen | CancelFailed):
         return [event]
     if isinstance(event, CancelDecided) and event.stop_id is not None:
         return [event]

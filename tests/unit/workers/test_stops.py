@@ -4,17 +4,21 @@ requests noticed by a watch tick."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import fakeredis
 import pytest
 
+from bench.harness.webhook_receiver import Receiver, receiver
 from schemas import JobId, RunLimits, RunRecord, RunState, Settings, SnapshotReason, StopPhase
+from schemas.ledger import CancelFailed
 from store import RunStore
 from workers import cancel_mark, cancels, reconcile, stops
 from workers.context import Context
@@ -82,13 +86,24 @@ def test_a_request_seen_by_a_stale_tick_opens_no_stop_for_an_ended_run(tmp_path:
 # --- a cancel's deadline ------------------------------------------------------------
 
 
+@pytest.fixture
+def alerts() -> Iterator[Receiver]:
+    """A webhook receiver on loopback."""
+    with receiver() as got:
+        yield got
+
+
 def test_a_cancel_past_its_deadline_holds_no_process_and_is_left_to_reconcile(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, alerts: Receiver
 ) -> None:
     """A job deaf to its first SIGTERM keeps the cancel's script waiting: the script is
-    cut at its deadline (1 s here, 20 s in service), the producer gets the error, and
-    the run's stop waits in `cancelling` for `reconcile`, whose retry ends the job."""
-    worker, store, sent = policy_worker(tmp_path)
+    cut at its deadline (1 s here, 20 s in service), the producer gets the error, the
+    failure is told to a webhook that wants `cancel_failed` (a real receiver on
+    loopback), and the run's stop waits in `cancelling` for `reconcile`, whose retry
+    ends the job."""
+    hooks = [{"name": "ops", "url": alerts.url + "/alerts", "events": ["cancel_failed"]}]
+    worker, store, sent = policy_worker(tmp_path, webhooks=json.dumps(hooks))
+    worker.settings.secrets.ensure("webhook.ops.secret", "s3cret")
     run_dir = tmp_path / "r1"
     # The first SIGTERM is swallowed (the trap then resets itself), the second ends it.
     job = subprocess.Popen(
@@ -117,6 +132,15 @@ def test_a_cancel_past_its_deadline_holds_no_process_and_is_left_to_reconcile(
         pending = store.stops.pending_deadlines()
         assert [(d.stop_id, d.kind) for d in pending] == [(stop.stop_id, "end")]
         assert "the cancel failed" in (stop.note or "")
+        (alert,) = alerts.wait_for(1, timeout_s=10, path="/alerts")
+        assert alert.headers["x-runwarden-event"] == "cancel_failed"
+        assert alert.signature_ok(b"s3cret")
+        told = alert.json()
+        assert (told["run_id"], told["stop_id"], told["attempt"]) == ("r1", stop.stop_id, 1)
+        assert "timed out after 1 s" in told["error"]
+        assert told["retry_in_s"] == pytest.approx(cancel_mark.CANCEL_RETRY_S)
+        (failed,) = [e for e in store.ledger.events("r1") if e.kind == "cancel_failed"]
+        assert failed.describe().startswith("cancel failed (attempt 1): ")
 
         # Reconcile fires the retry deadline when it comes: that cancel ends the job.
         monkeypatch.undo()
@@ -143,3 +167,47 @@ def test_a_cancel_waits_for_another_tasks_cancel_no_longer_than_its_deadline(
     record = cancels.cancel(worker, "r1", asked_by="operator/cli")
     assert 0.5 <= time.monotonic() - started < 2.0
     assert record.state is RunState.RUNNING  # that cancel goes on; this task returns
+
+
+def test_a_deadline_s_cancel_that_fails_is_told_each_time_with_its_doubling_retry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A proof deadline passes and the cancel fails (the target cannot be reached): the
+    decision and the failure are in the ledger (`cancel_failed`: the attempt, the
+    error, the retry); the retry deadline's cancel fails again: attempt 2, twice the
+    wait."""
+    worker, store, _ = policy_worker(tmp_path)
+    job = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        running_run(store, tmp_path, "r1", job=JobId(dir=str(tmp_path / "r1"), pid=job.pid))
+        _fails_twice(worker, store, monkeypatch)
+    finally:
+        job.kill()
+        job.wait()
+
+
+def _fails_twice(worker: Context, store: RunStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    now = datetime.now(UTC)
+    stop, _ = store.stops.open("r1", SnapshotReason.REQUESTED, "operator/cli", now, 30.0)
+
+    def unreachable(self: object, job: JobId) -> None:
+        raise CommandError("cancel", "connection refused")
+
+    monkeypatch.setattr(type(worker.executor("local")), "cancel", unreachable)
+    first = now + timedelta(seconds=31)
+    assert cancels.on_deadline(worker, "r1", stop.stop_id, first) == "cancel failed"
+    retry = store.stops.get("r1")
+    assert retry is not None
+    assert retry.end_deadline is not None
+    second = retry.end_deadline + timedelta(seconds=1)
+    assert cancels.on_deadline(worker, "r1", stop.stop_id, second) == "cancel failed"
+    told = [e for e in store.ledger.events("r1") if e.kind in ("cancel_decided", "cancel_failed")]
+    assert [(e.kind, getattr(e, "attempt", None)) for e in told] == [
+        ("cancel_decided", 1), ("cancel_failed", 1), ("cancel_decided", 2), ("cancel_failed", 2)
+    ]  # fmt: skip
+    failed = [e for e in told if isinstance(e, CancelFailed)]
+    assert [e.retry_in_s for e in failed] == [
+        cancel_mark.CANCEL_RETRY_S, 2 * cancel_mark.CANCEL_RETRY_S
+    ]  # fmt: skip
+    assert all("connection refused" in e.error and e.stop_id == stop.stop_id for e in failed)
+    assert store.runs.get("r1").state is RunState.RUNNING
