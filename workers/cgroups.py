@@ -3,11 +3,13 @@ every process of the job is held whatever session or environment it makes itself
 (a `setsid env -i` daemon included), and a cancel or the run's end ends them all
 (`sh/cgroup.sh`: SIGTERM to each, `cgroup.kill` after the grace).
 
-Made today for a local target whose jobs run as the worker's user, with the worker
-root and a writable cgroup v2 hierarchy (`/sys/fs/cgroup`, or `/sys/fs/cgroup/unified`
-on a hybrid host): `<hierarchy>/runwarden/<run mark>`. Elsewhere (a target over SSH,
-one with `run_as`, a worker that is not root, no cgroup v2) a run is not contained:
-its process group and its mark are all a cancel has, and `show` and `doctor` say so.
+Made for a local target, its jobs run as the worker's user or as another
+(`run_as`: the worker makes the cgroup and enters it before the change of user,
+`executors.runas`), with the worker root and a writable cgroup v2 hierarchy
+(`/sys/fs/cgroup`, or `/sys/fs/cgroup/unified` on a hybrid host):
+`<hierarchy>/runwarden/<run mark>`. Elsewhere (a target over SSH, a worker that is
+not root, no cgroup v2) a run is not contained: its process group and its mark are
+all a cancel has, and `show` and `doctor` say so.
 """
 
 from __future__ import annotations
@@ -57,8 +59,6 @@ def containment(target: TargetConfig, settings: Settings) -> str | None:
         return "cgroups are turned off (RUNWARDEN_CGROUPS=0)"
     if target.kind != "local":
         return "a target over SSH gets no cgroup from runwarden yet"
-    if target.run_as is not None:
-        return "a target with run_as gets no cgroup from runwarden yet"
     if os.geteuid() != 0:
         return "the worker is not root: it cannot make cgroups"
     if hierarchy() is None:

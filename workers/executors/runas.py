@@ -38,12 +38,12 @@ import pwd
 import shutil
 import subprocess
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal
 
-from schemas import check_user_name
+from schemas import JobCommand, JobId, check_user_name
 
 from . import scripts
 from .doctor import DoctorOptions
@@ -186,13 +186,15 @@ class RunAsTransport(LocalTransport):
         """
         env = run_as_environment(user, os.environ if worker_env is None else worker_env)
         change, how = _change_of_user(user, worker_is_root, sudo)
-        env_program, sh = _program("env"), _program("sh")
-        if env_program is None or sh is None:
+        env_program, sh_program = _program("env"), _program("sh")
+        if env_program is None or sh_program is None:
             raise InvalidArgument("env and sh must be installed in /usr/bin or /bin")
         assignments = [f"{name}={value}" for name, value in env.items()]
-        command = [*change, env_program, "-i", *assignments, sh]
+        command = [*change, env_program, "-i", *assignments, sh_program]
         super().__init__(env=env, shell=command, cwd="/")
         self.user = user
+        self._sh = sh_program
+        self._entering = threading.local()
         self.how: How = how
         self._ready = False
         self._ready_lock = threading.Lock()
@@ -242,6 +244,18 @@ class RunAsTransport(LocalTransport):
                 raise self._refusal(f"a script ran as uid {answer[:20]!r}, not {self.user.uid}")
             self._ready = True
 
+    @contextlib.contextmanager
+    def entering(self, cgroup: str) -> Iterator[None]:
+        """Within it, a script this thread starts first enters the cgroup `cgroup`
+        (`sh/cgroup_enter.sh`, as this process: root) and only then changes to the
+        user, so every process it starts is born in the cgroup, and the user, who may
+        not move a process between cgroups, can take none out."""
+        self._entering.cgroup = cgroup
+        try:
+            yield
+        finally:
+            self._entering.cgroup = None
+
     def _popen(
         self,
         script: str,
@@ -249,9 +263,14 @@ class RunAsTransport(LocalTransport):
         stdin: int,
         env: Mapping[str, str] | None = None,
         args: Sequence[str] = (),
+        prefix: Sequence[str] = (),
     ) -> subprocess.Popen[bytes]:
         self._ensure_ready()
-        return super()._popen(script, stdin=stdin, env=env, args=args)
+        cgroup = getattr(self._entering, "cgroup", None)
+        if cgroup is not None:
+            enter = sh("cgroup_enter")
+            prefix = [*prefix, self._sh, "-c", enter, "rw-cgroup-enter", f"{cgroup}/cgroup.procs"]
+        return super()._popen(script, stdin=stdin, env=env, args=args, prefix=prefix)
 
     def _kill(self, proc: subprocess.Popen[bytes]) -> None:
         if proc.returncode is None and self.how == "sudo":
@@ -309,7 +328,8 @@ class RunAsExecutor(ScriptExecutor):
                 raise IoError(base, error) from error
         self._user = job
         self._hand_over = root and os.geteuid() != job.uid
-        super().__init__(RunAsTransport(job, worker_is_root=root, sudo=sudo), base)
+        self._runas = RunAsTransport(job, worker_is_root=root, sudo=sudo)
+        super().__init__(self._runas, base)
 
     @property
     def user(self) -> JobUser:
@@ -320,6 +340,38 @@ class RunAsExecutor(ScriptExecutor):
         # A worker that is root makes each run directory itself: the workdir need
         # not be the job's user's to write.
         return DoctorOptions(job_writes_workdir=not self._hand_over)
+
+    def spawn(self, job: JobCommand) -> JobId:
+        """As [`ScriptExecutor.spawn`]; a job with a cgroup (`JobCommand.cgroup`) is
+        contained as a local target's is, though it runs as the user: the worker,
+        root, makes the cgroup, gives the user its `cgroup.procs` and `cgroup.kill`
+        (the user's cancel and release end it; the user may still move no process in
+        or out), and the launcher enters it as root before it changes to the user
+        ([`RunAsTransport.entering`]).
+
+        Raises:
+            InvalidArgument: a cgroup for a worker that is not root.
+            IoError: the cgroup cannot be made or given.
+        """
+        if job.cgroup is None:
+            return super().spawn(job)
+        if not self._hand_over:
+            raise InvalidArgument("a run's cgroup under run_as needs a worker that is root")
+        self._make_cgroup(job.cgroup)
+        with self._runas.entering(job.cgroup):
+            return super().spawn(job)
+
+    def _make_cgroup(self, cgroup: str) -> None:
+        path = Path(cgroup)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            for name in ("cgroup.procs", "cgroup.kill"):
+                # No `cgroup.kill` before Linux 5.14: the cancel's SIGTERM and its
+                # mark sweep are then all it has.
+                with contextlib.suppress(FileNotFoundError):
+                    os.chown(path / name, self._user.uid, self._user.gid)
+        except OSError as error:
+            raise IoError(cgroup, error) from error
 
     def claim(self, dir: str, owner: str) -> bool:
         scripts.check_owner(owner)

@@ -184,11 +184,14 @@ class LocalTransport:
         stdin: int,
         env: Mapping[str, str] | None = None,
         args: Sequence[str] = (),
+        prefix: Sequence[str] = (),
     ) -> subprocess.Popen[bytes]:
+        """Starts `script` with this transport's shell, behind the command `prefix`
+        (which execs what follows it) when given."""
         check_size(script, args, "run")
         try:
             proc = subprocess.Popen(
-                [*self._shell, "-c", script, SCRIPT_NAME, *args],
+                [*prefix, *self._shell, "-c", script, SCRIPT_NAME, *args],
                 stdin=stdin,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,

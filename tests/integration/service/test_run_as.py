@@ -327,7 +327,12 @@ def test_cancel_as_the_user_sweeps_a_child_that_left_the_session(service: Servic
     escaped = [p for p in processes if p[1] != run.job.pid]
     assert escaped, processes  # the `setsid sleep`: in a session of its own
     assert all(uid == service.uid for _, _, uid in processes), processes
+    # Contained too (a root worker): every process of the run is in its cgroup.
+    assert run.job.cgroup is not None
+    procs = Path(run.job.cgroup, "cgroup.procs").read_text().split()
+    assert {str(pid) for pid, _, _ in processes} <= set(procs), (processes, procs)
 
     cancelled = pipeline.api.cancel(run.id)
     assert cancelled.state is RunState.CANCELLED, (cancelled, pipeline.logs())
     assert marked(run.id) == []
+    assert Path(run.job.cgroup, "cgroup.procs").read_text() == ""

@@ -3,9 +3,11 @@ hierarchy: the launcher enters it before the job starts, so a child that leaves 
 job's session and clears its environment (`setsid env -i`: out of reach of the group
 and of the mark) is still the run's; a cancel ends it (SIGTERM, `cgroup.kill` after
 the grace for one that ignores it), and so does the end of a job that left it behind
-(`release`); the emptied cgroup is removed. Local and shell executors (the SSH and
-`run_as` targets get no cgroup yet: `workers.cgroups.containment`); the hostile-job
-matrix runs its cases contained on its local target."""
+(`release`); the emptied cgroup is removed. Local and shell executors, and a target
+whose jobs run as another user (the worker makes the cgroup and enters it before the
+change of user; the user cannot take a process out). An SSH target gets no cgroup yet
+(`workers.cgroups.containment`); the hostile-job matrix runs its cases contained on
+its local target."""
 
 from __future__ import annotations
 
@@ -18,10 +20,18 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness.users import JOB_USER, as_user, ensure_user, shared_dir
 from schemas import JobCommand, JobStatus, Settings, TargetConfig
 from schemas.protocol import EXIT_FILE, MARK_ENV, new_mark
 from workers.cgroups import CGROUP_PARENT, EMPTY_AGE_S, containment, hierarchy, remove_empty
-from workers.executors import CommandError, Executor, LocalExecutor, LocalTransport, ScriptExecutor
+from workers.executors import (
+    CommandError,
+    Executor,
+    LocalExecutor,
+    LocalTransport,
+    RunAsExecutor,
+    ScriptExecutor,
+)
 from workers.executors.scripts import status as status_scripts
 
 from ....conftest import Target, process_alive, wait_for
@@ -133,7 +143,65 @@ def test_a_target_says_whether_its_runs_are_contained() -> None:
     local = TargetConfig(name="l", kind="local", workdir="/w")
     assert containment(local, settings) is None  # root, with this machine's hierarchy
     assert "turned off" in str(containment(local, settings.model_copy(update={"cgroups": False})))
-    assert "run_as" in str(containment(local.model_copy(update={"run_as": "nobody"}), settings))
+    assert containment(local.model_copy(update={"run_as": "nobody"}), settings) is None
+    ssh = {"destination": "u@h", "identity": "/k", "known_hosts": "/kh"}
+    over_ssh = TargetConfig(name="s", kind="ssh", workdir="/w", ssh=ssh)
+    assert "SSH" in str(containment(over_ssh, settings))
+
+
+# Out of the job's session and environment, and deaf to SIGTERM, as HIDDEN; also
+# tries to leave the run's cgroup for the hierarchy's root (refused: a user may not
+# move a process between cgroups) and says whether it could.
+ESCAPE = """PATH=/usr/bin:/bin
+setsid env -i /bin/sh -c 'trap "" TERM
+if { echo $$ > "$0/cgroup.procs"; } 2>/dev/null; then echo out > escaped; else echo in > escaped; fi
+while :; do sleep 1; done' "$ROOT" </dev/null >/dev/null 2>&1 &
+"""
+
+
+def test_a_run_as_job_is_contained_and_what_it_leaves_is_ended_by_the_user_s_release(
+    cgroup: Path,
+) -> None:
+    """A target whose jobs run as another user: every process of the job is in the
+    run's cgroup and the user's; a child that left the session, cleared its
+    environment and ignores SIGTERM cannot move itself out of the cgroup; once the job
+    ended, the user's release ends that child (`cgroup.kill`, the file given to the
+    user) and the cgroup is empty (the worker's `remove_empty` removes it later: the
+    user may not)."""
+    user = ensure_user(JOB_USER)
+    with shared_dir() as base:
+        executor = RunAsExecutor(base / "runs", JOB_USER)
+        root = cgroup.parent.parent
+        command = JobCommand(
+            dir=str(base / "runs" / "run"),
+            script=ESCAPE + "sleep 0.5\nexit 3\n",
+            env={MARK_ENV: cgroup.name, "ROOT": str(root)},
+            cgroup=str(cgroup),
+        )
+        assert executor.claim(command.dir, "this test")
+        job = executor.spawn(command)
+        assert job.cgroup == str(cgroup)
+        run = Path(command.dir)
+        wait_for((run / EXIT_FILE).exists, timeout_s=20)
+        assert executor.status(job) == JobStatus.exited(3)
+        hidden = _the_hidden(cgroup)
+        wait_for((run / "escaped").exists)
+        assert (run / "escaped").read_text() == "in\n"
+        assert all(os.stat(f"/proc/{pid}").st_uid == user.pw_uid for pid in _procs(cgroup))
+        assert hidden not in [int(p) for p in (root / "cgroup.procs").read_text().split()]
+        # Nor can the user's scripts take a process out.
+        moved = subprocess.run(
+            [*as_user(JOB_USER), "/bin/sh", "-c", 'echo "$1" > "$2"', "sh", str(hidden),
+             str(root / "cgroup.procs")],
+            capture_output=True, check=False, cwd="/", timeout=30,
+        )  # fmt: skip
+        assert moved.returncode != 0
+        assert hidden in _procs(cgroup)
+
+        executor.release(job)
+        assert not process_alive(hidden)
+        assert _procs(cgroup) == []
+        assert (cgroup / "cgroup.events").read_text().splitlines()[0] == "populated 0"
 
 
 def test_a_job_that_cannot_enter_its_cgroup_is_never_started(tmp_path: Path) -> None:
