@@ -65,7 +65,10 @@ _BUILTINS: Final = frozenset(
 """Words that a shell may run itself (builtins, keywords, across dash, bash, busybox
 and ksh): a command starting with one is never `exec`ed (`exec cd` is not `cd`)."""
 _FIRST = r"[A-Za-z0-9_./+][A-Za-z0-9_./+-]*"
-_WORD = r"""(?:[A-Za-z0-9_./:,+@%=-]+|'[^']*'|"[^"$`\\!]*")+"""
+# One character or one quoted part per repetition, never a run of them: a quantified
+# group of quantified runs backtracks exponentially on a command that does not match
+# (a long word before a `<` took minutes).
+_WORD = r"""(?:[A-Za-z0-9_./:,+@%=-]|'[^']*'|"[^"$`\\!]*")+"""
 _SINGLE_COMMAND: Final = re.compile(rf"[ \t]*{_FIRST}(?:[ \t]+{_WORD})*[ \t]*")
 
 

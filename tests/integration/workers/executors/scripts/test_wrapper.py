@@ -85,6 +85,15 @@ def test_only_a_plain_command_is_execed(script: str, single: bool) -> None:
     assert single_command(script) is single
 
 
+@pytest.mark.timeout(20)
+def test_a_long_command_is_told_at_once_whatever_it_holds() -> None:
+    """No command makes the check backtrack: a word of 40 letters before a `<` took
+    about 2^40 steps (a launch's worker held for days)."""
+    assert not single_command("python " + "a" * 40 + " < in")
+    assert not single_command("python " + "--opt='v a l' " * 5000 + "|")
+    assert single_command("python " + '--opt="v a l" ' * 5000)
+
+
 def test_the_shell_files_trap_every_preemption_signal() -> None:
     wrapper, job = sh("wrapper"), sh("job_shell")
     assert re.findall(r"^trap 'rw_caught (\w+)' (\w+)$", wrapper, re.M) == [
