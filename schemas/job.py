@@ -24,6 +24,7 @@ from pydantic import (
 
 from .ids import Pid
 from .preemption import WatchedCloud, check_metadata_url
+from .protocol import check_run_cgroup
 
 __all__ = [
     "ENV_NAME",
@@ -160,7 +161,7 @@ class JobId(BaseModel):
     @field_validator("cgroup")
     @classmethod
     def _cgroup(cls, value: str | None) -> str | None:
-        return None if value is None else check_absolute_path(value)
+        return None if value is None else check_run_cgroup(value)
 
     @model_serializer(mode="wrap")
     def _compact(self, handler: Any) -> Any:

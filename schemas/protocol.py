@@ -15,6 +15,7 @@ from typing import Final
 __all__ = [
     "CANCELLING_FILE",
     "CANCEL_FILE",
+    "CGROUP_PARENT",
     "CLAIM_FILE",
     "END_FILE",
     "END_LIMIT",
@@ -39,6 +40,7 @@ __all__ = [
     "SECRET_ENV_PREFIX",
     "SNAPSHOT_FILE",
     "SNAPSHOT_REQUEST",
+    "check_run_cgroup",
     "mark_entry",
     "new_mark",
 ]
@@ -102,6 +104,23 @@ _TOKEN: Final = re.compile(r"[0-9a-f]{32}")
 def new_mark() -> str:
     """A fresh run mark: 32 random hexadecimal digits (128 bits)."""
     return secrets.token_hex(16)
+
+
+CGROUP_PARENT: Final = "runwarden"
+"""The directory of a cgroup v2 hierarchy that holds one cgroup per run, named by the
+run's mark (`workers.cgroups`)."""
+_RUN_CGROUP: Final = re.compile(r"(?:/[^/\0]+)*/" + CGROUP_PARENT + r"/[0-9a-f]{32}")
+
+
+def check_run_cgroup(path: str) -> str:
+    """`path` when it is a run's cgroup, `<hierarchy>/runwarden/<mark>` (a mark of
+    [`new_mark`]), absolute, with no `.` or `..` part; else `ValueError`. A cancel
+    ends every process of the cgroup it is given (SIGTERM to each, `cgroup.kill`), as
+    root: never any other directory, whatever a record in Redis says."""
+    parts = path.split("/")
+    if not _RUN_CGROUP.fullmatch(path) or "." in parts or ".." in parts:
+        raise ValueError(f"not a run's cgroup (<hierarchy>/{CGROUP_PARENT}/<mark>): {path[:200]!r}")
+    return path
 
 
 def mark_entry(mark: str) -> str:

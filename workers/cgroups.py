@@ -22,11 +22,10 @@ from pathlib import Path
 from typing import Final
 
 from schemas import RunRecord, Settings, TargetConfig
+from schemas.protocol import CGROUP_PARENT
 
 __all__ = ["CGROUP_PARENT", "EMPTY_AGE_S", "containment", "hierarchy", "remove_empty", "run_cgroup"]
 
-CGROUP_PARENT: Final = "runwarden"
-"""The directory under the hierarchy that holds one cgroup per run."""
 EMPTY_AGE_S: Final = 60.0
 """How old an empty run cgroup must be before `remove_empty` takes it, in seconds: a
 launcher enters its cgroup within milliseconds of making it, so one empty for this

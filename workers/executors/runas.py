@@ -38,16 +38,18 @@ import pwd
 import shutil
 import subprocess
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal
 
 from schemas import JobCommand, JobId, check_user_name
+from schemas.protocol import check_run_cgroup
 
 from . import scripts
 from .doctor import DoctorOptions
-from .errors import CommandError, InvalidArgument, IoError
+from .errors import CommandError, ExecError, InvalidArgument, IoError
 from .scripts.common import sh
 from .shell import ScriptExecutor, check_remote
 from .transport import SCRIPT_NAME, LocalTransport, error_line
@@ -70,6 +72,8 @@ RUN_AS_KEPT: Final = ("LANG", "LANGUAGE", "TZ")
 _SYSTEM_PATH: Final = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 """Where the programs that change user are looked for: never the worker's `PATH`."""
 _READY_TIMEOUT_S: Final = 30.0
+_KILL_WAIT_S: Final = 5.0
+"""How long a cgroup killed by the worker may take to empty, in seconds."""
 
 How = Literal["setpriv", "runuser", "sudo", "self"]
 
@@ -361,6 +365,26 @@ class RunAsExecutor(ScriptExecutor):
         with self._runas.entering(job.cgroup):
             return super().spawn(job)
 
+    def cancel(self, job: JobId) -> None:
+        """As [`ScriptExecutor.cancel`], as the user. For a contained job of a root
+        worker, a cancel script cut short (a job of the user's may find it in /proc,
+        pause it or kill it) does not end the cancel: the worker, as root, kills the
+        run's cgroup at once (`cgroup.kill`: everything of the job, what fought the
+        script included) and runs the user's script again, which records the cancel.
+
+        Raises:
+            ExecError: as [`ScriptExecutor.cancel`], when the job has no cgroup or the
+                worker is not root; `CommandError` when the cgroup still holds a
+                process 5 s after its kill.
+        """
+        try:
+            super().cancel(job)
+        except ExecError:
+            if job.cgroup is None or not self._hand_over:
+                raise
+            _kill_cgroup(job.cgroup)
+            super().cancel(job)
+
     def _make_cgroup(self, cgroup: str) -> None:
         path = Path(cgroup)
         try:
@@ -403,3 +427,37 @@ class RunAsExecutor(ScriptExecutor):
             raise IoError(path, error) from error
         finally:
             os.close(fd)
+
+
+def _kill_cgroup(cgroup: str) -> None:
+    """Kills every process of the run's cgroup `cgroup` at once (`cgroup.kill`, as
+    this process: root) and waits, at most [`_KILL_WAIT_S`], until it is empty. A
+    cgroup that is gone is no error.
+
+    Raises:
+        CommandError: the cgroup cannot be killed, or still holds a process after the
+            wait.
+    """
+    path = Path(check_run_cgroup(cgroup))
+    try:
+        fd = os.open(path / "cgroup.kill", os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.write(fd, b"1")
+        finally:
+            os.close(fd)
+    except FileNotFoundError:
+        return
+    except OSError as error:
+        why = f"cannot kill the cgroup {cgroup}: {error.strerror}"
+        raise CommandError("cancel", why) from error
+    deadline = time.monotonic() + _KILL_WAIT_S
+    while True:
+        try:
+            events = (path / "cgroup.events").read_text("ascii").splitlines()
+        except OSError:
+            return
+        if "populated 0" in events:
+            return
+        if time.monotonic() > deadline:
+            raise CommandError("cancel", f"processes of the cgroup {cgroup} survived cgroup.kill")
+        time.sleep(0.05)

@@ -64,6 +64,31 @@ def test_job_id_dir_may_hold_any_other_character() -> None:
     assert JobId.model_validate_json(job.model_dump_json()) == job
 
 
+MARK = "0123456789abcdef" * 2
+
+
+@pytest.mark.parametrize(
+    "cgroup",
+    [
+        "/sys/fs/cgroup/unified",  # the hierarchy itself
+        "/sys/fs/cgroup/unified/system.slice",  # every service of the machine
+        f"/sys/fs/cgroup/system.slice/{MARK}",
+        f"/sys/fs/cgroup/runwarden/{MARK[:31]}",
+        f"/sys/fs/cgroup/runwarden/{MARK}/child",
+        f"/sys/fs/cgroup/runwarden/../system.slice/runwarden/{MARK}/..",
+        f"/sys/fs/cgroup/x/../runwarden/{MARK}",
+        f"sys/fs/cgroup/runwarden/{MARK}",
+    ],
+)
+def test_job_id_takes_no_cgroup_but_a_run_s(cgroup: str) -> None:
+    """A cancel ends every process of the job's cgroup as root: a record written into
+    Redis by anyone else can never make it another directory."""
+    with pytest.raises(ValidationError, match="not a run's cgroup"):
+        JobId(dir="/w/r", pid=4242, cgroup=cgroup)
+    ok = f"/sys/fs/cgroup/unified/runwarden/{MARK}"
+    assert JobId(dir="/w/r", pid=4242, cgroup=ok).cgroup == ok
+
+
 @pytest.mark.parametrize(
     "container",
     [

@@ -29,6 +29,7 @@ from schemas import (
 )
 from schemas.events import TASK_END_TIMEOUT
 from schemas.ledger import ProofSeen
+from schemas.protocol import new_mark
 from workers import cancels, stops
 from workers import finish as finishing
 from workers import watch as watching
@@ -79,7 +80,8 @@ def test_the_end_of_a_contained_job_empties_its_cgroup_unless_a_cancel_does(
     (`Executor.release`); not while a cancel is under way, which ends the cgroup with
     each process's SIGTERM and grace (an end recorded meanwhile must not cut it)."""
     ctx, store, _ = policy_worker(tmp_path)
-    job = JobId(dir=str(tmp_path / "r1"), pid=dead_pid(), cgroup="/sys/fs/cgroup/x/runwarden/m")
+    cgroup = f"/sys/fs/cgroup/x/runwarden/{new_mark()}"
+    job = JobId(dir=str(tmp_path / "r1"), pid=dead_pid(), cgroup=cgroup)
     run = running_run(store, tmp_path, "r1", job=job)
     released: list[JobId] = []
     monkeypatch.setattr(type(ctx.executor("local")), "release", lambda self, j: released.append(j))

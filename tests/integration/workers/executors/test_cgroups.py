@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness.users import JOB_USER, as_user, ensure_user, shared_dir
+from bench.harness.users import JOB_USER, as_user, ensure_user, job_python, shared_dir
 from schemas import JobCommand, JobStatus, Settings, TargetConfig
 from schemas.protocol import EXIT_FILE, MARK_ENV, new_mark
 from workers.cgroups import CGROUP_PARENT, EMPTY_AGE_S, containment, hierarchy, remove_empty
@@ -31,6 +31,8 @@ from workers.executors import (
     LocalTransport,
     RunAsExecutor,
     ScriptExecutor,
+    runas,
+    shell,
 )
 from workers.executors.scripts import status as status_scripts
 
@@ -268,3 +270,60 @@ def test_the_grace_of_a_cgroup_goes_by_the_clock_not_the_naps(
     took = time.monotonic() - started
     assert not cgroup.exists()
     assert took < 8, took  # by the naps alone: 10 x 1 s, then more
+
+
+# A daemon a hostile job leaves behind (its own session, an empty environment): once
+# armed, it sends SIGNAL to every process of its user whose command line names the
+# worker's scripts (`sh -c SCRIPT rw ...`), 50 times a second.
+FIGHTER = r"""
+import os, signal, sys, time
+sig, me, uid = getattr(signal, sys.argv[1]), os.getpid(), os.getuid()
+open("armed", "w").close()
+while True:
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == me:
+            continue
+        try:
+            if os.stat("/proc/" + pid).st_uid != uid:
+                continue
+            words = open("/proc/" + pid + "/cmdline", "rb").read().split(b"\0")
+            if b"rw" in words[3:4]:
+                os.kill(int(pid), sig)
+        except OSError:
+            pass
+    time.sleep(0.02)
+"""
+
+
+@pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGSTOP"])
+def test_a_run_as_job_that_kills_or_pauses_its_cancel_is_cancelled_by_its_cgroup(
+    cgroup: Path, signal_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job's daemon kills (or pauses) every script the worker runs as the job's
+    user, the cancel's too: the worker, root, kills the run's cgroup (the daemon with
+    it) and runs the cancel again, which records it. A paused script is cut at the
+    cancel's deadline (2 s here, 20 s in service)."""
+    ensure_user(JOB_USER)
+    monkeypatch.setattr(shell, "CANCEL_DEADLINE_S", 2.0)
+    with shared_dir() as base:
+        (base / "fighter.py").write_text(FIGHTER)
+        executor = RunAsExecutor(base / "runs", JOB_USER)
+        command = JobCommand(
+            dir=str(base / "runs" / "run"),
+            script=(
+                f"setsid env -i {job_python()} {base / 'fighter.py'} {signal_name}"
+                " </dev/null >/dev/null 2>&1 &\nexec sleep 600\n"
+            ),
+            env={MARK_ENV: cgroup.name},
+            cgroup=str(cgroup),
+        )
+        assert executor.claim(command.dir, "this test")
+        job = executor.spawn(command)
+        wait_for((Path(command.dir) / "armed").exists)
+        killed: list[str] = []
+        kill = runas._kill_cgroup
+        monkeypatch.setattr(runas, "_kill_cgroup", lambda c: (killed.append(c), kill(c)))
+        executor.cancel(job)
+        assert killed == [str(cgroup)]  # the user's first cancel was cut short
+        assert _procs(cgroup) == []
+        assert executor.status(job) is JobStatus.CANCELLED
