@@ -37,9 +37,7 @@ class Launches(StorePart):
         return None if raw is None else text(raw)
 
     @translated
-    def preparing(
-        self, created_before: datetime, limit: int = 100
-    ) -> list[tuple[str, str | None]]:
+    def preparing(self, created_before: datetime, limit: int = 100) -> list[tuple[str, str | None]]:
         """The runs in `preparing` created at or before `created_before`, oldest
         first, at most `limit`, each with its launch key (None for a run created
         without one)."""

@@ -37,6 +37,7 @@ def index_preparing(keys: Keys, pipe: Any, current: RunRecord, new: RunRecord) -
         pipe.zrem(keys.preparing, new.id)
         pipe.hdel(keys.preparing_keys, new.id)
 
+
 def index_continuation(keys: Keys, pipe: Any, record: RunRecord) -> None:
     """Keeps the queue of waiting continuations in step with the record's
     `continuation`, in the same transaction: waiting -> queued; else not."""
@@ -46,6 +47,7 @@ def index_continuation(keys: Keys, pipe: Any, record: RunRecord) -> None:
         pipe.zadd(keys.continuations, {record.id: score(aware(since))})
     else:
         pipe.zrem(keys.continuations, record.id)
+
 
 def index_retrieval(keys: Keys, pipe: Any, record: RunRecord) -> None:
     """Keeps the retrieval queue in step with the record's `artifacts`, in the

@@ -379,4 +379,3 @@ class Stops(StorePart):
         """Removes `deadline` from the pending ones; whether it was pending. The stop's
         own state is not changed (use [`advance`] / [`close`] for that)."""
         return bool(self._r.zrem(self.keys.deadlines, deadline.member))
-
