@@ -279,8 +279,9 @@ def _phases(run: RunRecord, stop: StopState) -> dict[str, float]:
 
 def _judge(pipeline: Pipeline, outcome: Outcome, alive: list[int], shadow_lines: list[str]) -> None:
     """Notes in `outcome` every way its run went wrong: not ended, ended with no stop or
-    before it, its stop over budget, not cancelled, processes `alive` after it, the
-    case's own point missed, /etc/shadow in the store."""
+    before it, its stop over budget, not cancelled, processes `alive` after it (by
+    `/proc`, and in its cgroup when it has one), the case's own point missed,
+    /etc/shadow in the store."""
     api = pipeline.api
     run = api.get_run(outcome.run_id)
     outcome.state = run.state
@@ -303,8 +304,7 @@ def _judge(pipeline: Pipeline, outcome: Outcome, alive: list[int], shadow_lines:
             )
     if run.state is not RunState.CANCELLED:
         outcome.problems.append(f"ended {run.state} ({run.message}), not cancelled")
-    if alive:
-        outcome.problems.append(f"processes alive afterwards: {alive}")
+    outcome.problems += _leftovers(run, alive)
     if outcome.case.expect_step is not None:
         progress = api.store.follow.last_metrics(outcome.run_id)
         step = progress.step if progress is not None else None
@@ -318,6 +318,21 @@ def _judge(pipeline: Pipeline, outcome: Outcome, alive: list[int], shadow_lines:
             outcome.problems.append(f"the follow read only {read} bytes of metrics.jsonl")
     if "shadow" in outcome.case.name and _leaked(pipeline, outcome.run_id, shadow_lines):
         outcome.problems.append("a line of /etc/shadow reached the store")
+
+
+def _leftovers(run: RunRecord, alive: list[int]) -> list[str]:
+    """What is left of the run's job: the processes `alive` found by `/proc`, and what
+    its cgroup still holds (a process that left the session and cleared its
+    environment included), when it has one."""
+    problems = [f"processes alive afterwards: {alive}"] if alive else []
+    if run.job is not None and run.job.cgroup is not None:
+        try:
+            held = Path(run.job.cgroup, "cgroup.procs").read_text().split()
+        except FileNotFoundError:
+            held = []  # emptied and removed
+        if held:
+            problems.append(f"processes left in its cgroup: {held}")
+    return problems
 
 
 def _processes(outcomes: Iterable[Outcome]) -> dict[str, list[int]]:
