@@ -19,6 +19,7 @@ its workdir, as the first operation on that target would anyway.
 
 from __future__ import annotations
 
+import os
 from datetime import datetime
 
 from schemas import TargetConfig
@@ -54,6 +55,30 @@ def _containment_check(config: TargetConfig, ctx: Context) -> DoctorCheck:
     )
 
 
+def _job_user_check(config: TargetConfig) -> DoctorCheck:
+    """Whether the target's jobs run as a user of their own (`run_as`), out of reach
+    of the worker's files and environment; what is left open when not
+    (docs/security.md)."""
+    if config.run_as is not None:
+        found = f"jobs run as {config.run_as}, not as the worker's user"
+        return DoctorCheck(name="job-user", status="ok", found=found, breaks="")
+    if config.kind == "ssh":
+        found = "none: jobs run as the SSH login user, as the worker's scripts there do"
+        breaks = (
+            "protection against a hostile job: it can pause, kill or write into the "
+            "scripts the worker runs on the target, and read what the login user can"
+        )
+    else:
+        root = " (root)" if os.geteuid() == 0 else ""
+        found = f"none: jobs run as the worker's user{root}"
+        breaks = (
+            "protection against a hostile job: it can read the worker's environment and "
+            "files (the Redis password, the producers' keys, the secrets) and pause or kill "
+            "the scripts the worker runs; give the target `--run-as USER`"
+        )
+    return DoctorCheck(name="job-user", status="warn", found=found, breaks=breaks)
+
+
 def doctor(ctx: Context, target: str, now: datetime) -> DoctorReport:
     """The report on `target` (checked at `now`): every check of `Executor.doctor`,
     or, when the target cannot be reached (its executor cannot be built: a `run_as`
@@ -71,7 +96,7 @@ def doctor(ctx: Context, target: str, now: datetime) -> DoctorReport:
             disk_used_fraction=ctx.settings.disk_used_fraction
         )
         checks, clock = findings.checks, findings.clock
-        checks = (*checks, _containment_check(config, ctx))
+        checks = (*checks, _containment_check(config, ctx), _job_user_check(config))
     except ExecError as error:
         found = " ".join(str(error).split())[:500] or type(error).__name__
         checks = (

@@ -551,6 +551,7 @@ def test_show(pipeline: Pipeline, running: Launched) -> None:
     assert "/100000 loss " in fields["progress"]
     assert "stop" not in fields  # none in flight
     assert fields["contained"].startswith("yes: every process of its job is in the cgroup ")
+    assert fields["job-user"].startswith("the worker's own user: not protected against a hostile")
 
 
 @pytest.mark.parametrize("command", ["show", "logs", "stop", "cancel", "follow", "resume"])

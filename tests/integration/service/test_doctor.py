@@ -121,10 +121,11 @@ def test_this_machine_through_the_workers_path(pipeline: Pipeline) -> None:
     assert table["sh"][3] == ""  # what breaks is shown for what is not ok only
     lines = result.stdout.splitlines()
     assert lines[0].startswith(f"target local (local, {pipeline.workdir}), checked by worker ")
-    assert lines[-1] == "usable, with 2 warning(s)"
+    assert lines[-1] == "usable, with 3 warning(s)"
 
     report = report_of(pipeline, "local", 0)
-    assert {c.name: c.status for c in report.warnings} == {"http-client": "warn", "python": "warn"}
+    warned = {c.name: c.status for c in report.warnings}
+    assert warned == {"http-client": "warn", "python": "warn", "job-user": "warn"}
     assert report.missing == ()
     # The worker answered, not this process: the report names one of its pool processes.
     host, pid = report.worker.rsplit(":", 1)
@@ -138,9 +139,12 @@ def test_a_complete_ssh_target(pipeline: Pipeline, sshd: SshServer, tmp_path: Pa
     add_ssh_target(pipeline, sshd, "remote", str(tmp_path / "runs"))
     result = rw(pipeline, "doctor", "remote")
     assert result.returncode == 0, show(result)
-    # All there, but its runs are not contained: said plainly.
-    assert result.stdout.splitlines()[-1] == "usable, with 1 warning(s)"
+    # All there, but its runs are not contained, nor their user a separate one: said
+    # plainly.
+    assert result.stdout.splitlines()[-1] == "usable, with 2 warning(s)"
     table = rows(result.stdout)
+    user = "none: jobs run as the SSH login user, as the worker's scripts there do"
+    assert table["job-user"][1:3] == ["warn", user]
     found = "none: a target over SSH gets no cgroup from runwarden yet"
     assert table["cgroup"][1:3] == ["warn", found]
     assert table["cgroup"][3].startswith("containment: a process of a run that leaves")
@@ -156,7 +160,8 @@ def test_an_ssh_workdir_nobody_can_make(pipeline: Pipeline, sshd: SshServer) -> 
     assert table["workdir"][1] == "missing"
     assert "cannot make it in /proc" in table["workdir"][2]
     assert "every launch" in table["workdir"][3]
-    assert result.stdout.splitlines()[-1].startswith("1 missing, 1 warning(s)")  # cgroup
+    # cgroup, job-user
+    assert result.stdout.splitlines()[-1].startswith("1 missing, 2 warning(s)")
     report = report_of(pipeline, "proc", 1)
     assert [c.name for c in report.missing] == ["workdir"]
 

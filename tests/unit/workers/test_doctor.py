@@ -34,9 +34,14 @@ def test_a_local_target_as_this_worker_sees_it(tmp_path: Path) -> None:
     assert report.worker == "w"
     assert report.checked_at == NOW
     assert [c.name for c in report.checks][:3] == ["sh", "setsid", "tar"]
-    assert [c.name for c in report.checks][-2:] == ["clock", "cgroup"]
+    assert [c.name for c in report.checks][-3:] == ["clock", "cgroup", "job-user"]
     # Root, on this machine's cgroup v2 hierarchy: each run in a cgroup of its own.
-    assert report.checks[-1].status == "ok", report.checks[-1]
+    assert report.checks[-2].status == "ok", report.checks[-2]
+    # Its jobs run as the worker's user, root here: said plainly.
+    job_user = report.checks[-1]
+    assert job_user.status == "warn"
+    assert job_user.found == "none: jobs run as the worker's user (root)"
+    assert "`--run-as USER`" in job_user.breaks
     assert report.clock is not None
     assert report.clock.worst_s < 2.0  # the same machine's clock
     assert report.missing == ()
