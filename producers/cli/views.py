@@ -12,6 +12,7 @@ from rich.table import Column, Table
 
 from schemas.text import clean_text
 
+from ..boundary import boundary_lines
 from .common import (
     RunIdArgument,
     app,
@@ -133,8 +134,7 @@ def show(
     if run.artifacts is not None:
         line = artifacts_line(run.artifacts)
         out.print(f"[bold]{'artifacts':12}[/] {escape(line)}", highlight=False, soft_wrap=True)
-    lines = [*_containment_lines(run), *_job_user_lines(api, run), *_preemption_lines(run)]
-    for label, text in lines:
+    for label, text in [*boundary_lines(api, run), *_preemption_lines(run)]:
         out.print(f"[bold]{label:12}[/] {escape(text)}", highlight=False, soft_wrap=True)
     progress = run_op(lambda: api.store.follow.last_metrics(run.id))
     if progress is not None:
@@ -160,34 +160,6 @@ def show(
 
         out.print("[bold]ledger[/]")
         out.print(ledger_table(ledger, with_run=False))
-
-
-def _containment_lines(run: RunRecord) -> list[tuple[str, str]]:
-    """Whether every process of the run's job is held by a cgroup (`JobId.cgroup`),
-    with its label; nothing for a run without a job."""
-    if run.job is None:
-        return []
-    if run.job.cgroup is not None:
-        return [("contained", f"yes: every process of its job is in the cgroup {run.job.cgroup}")]
-    why = f"`runwarden doctor {run.target}` says why"
-    return [("contained", f"no: its processes are known by their group and mark only ({why})")]
-
-
-def _job_user_lines(api: Runwarden, run: RunRecord) -> list[tuple[str, str]]:
-    """Whether the run's target runs its jobs as a user of their own (`run_as`), from
-    the target as it is now; nothing when it cannot be read (removed meanwhile)."""
-    from schemas import RunwardenError
-
-    try:
-        config = api.store.targets.get(run.target)
-    except RunwardenError:
-        return []
-    run_as = config.get("run_as")
-    if run_as:
-        return [("job-user", f"{run_as}: out of reach of the worker's files and environment")]
-    who = "the SSH login user" if config.get("kind") == "ssh" else "the worker's own user"
-    text = f"{who}: not protected against a hostile job (docs/security.md; `--run-as`)"
-    return [("job-user", text)]
 
 
 def _preemption_lines(run: RunRecord) -> list[tuple[str, str]]:

@@ -16,6 +16,7 @@ from schemas.run import lost_after_notice
 from schemas.text import clean_text
 
 from ..api import Runwarden
+from ..boundary import boundary_lines
 from .text import cut
 
 __all__ = [
@@ -77,6 +78,9 @@ class RunView:
     lost: list[tuple[str, str]] = field(default_factory=list)
     """What is said of a run lost after a preemption notice, labelled
     (`schemas.run.lost_after_notice`); empty for any other run."""
+    boundary: list[tuple[str, str]] = field(default_factory=list)
+    """What holds the run's job, labelled (`contained`, `job-user`:
+    `producers.boundary`); empty for a run without a job."""
 
 
 def check_entry_id(entry_id: str) -> str:
@@ -139,4 +143,5 @@ def run_view(api: Runwarden, run_id: str) -> RunView:
         log_last=last,
         ledger=api.store.ledger.history(run.id, LEDGER_SHOWN),
         lost=lost_after_notice(run),
+        boundary=boundary_lines(api, run),
     )

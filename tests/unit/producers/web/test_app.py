@@ -235,6 +235,26 @@ def test_run_page_shows_the_record_the_open_stop_and_the_history(
     assert 'id="cancel-button"' in page
 
 
+def test_run_page_says_what_holds_the_job(api: RecordingRunwarden, client: TestClient) -> None:
+    """Whether the job is contained by a cgroup, and whether its target runs it as a
+    user of its own, as `show` says it (`producers.boundary`)."""
+    api.store.targets.put("local", {"kind": "local", "workdir": "/work"})
+    api.store.targets.put("guarded", {"kind": "local", "workdir": "/work", "run_as": "trainer"})
+    make_run(api, "plain")
+    cgroup = f"/sys/fs/cgroup/runwarden/{'ab' * 16}"
+    held_run = RunRecord(id="held", target="guarded", created=NOW, remote_dir="/work/held")
+    assert api.store.runs.create(held_run)
+    contained = JOB.model_copy(update={"cgroup": cgroup})
+    api.store.runs.transition("held", RunState.RUNNING, job=contained)
+    plain, held = client.get("/runs/plain").text, client.get("/runs/held").text
+    assert re.search(r'id="boundary-contained">no: its processes are known by their group', plain)
+    assert "the worker&#39;s own user: not protected against a hostile job" in plain
+    yes = f'id="boundary-contained">yes: every process of its job is in the cgroup {cgroup}'
+    assert yes in held
+    assert 'id="boundary-job-user">trainer: out of reach of the worker' in held
+    assert 'id="boundary-' not in client.get("/runs/" + make_run(api, "new", running=False).id).text
+
+
 def test_run_page_shows_the_preemption_watch_and_its_notice(
     api: RecordingRunwarden, client: TestClient
 ) -> None:
