@@ -38,7 +38,9 @@ def boundary_lines(api: Runwarden, run: RunRecord) -> list[tuple[str, str]]:
     except RunwardenError:
         return lines
     run_as = config.get("run_as")
-    if run_as:
+    if run_as == "root":
+        lines.append(("job-user", "root (`--run-as root`): not protected against a hostile job"))
+    elif run_as:
         lines.append(("job-user", f"{run_as}: out of reach of the worker's files and environment"))
     else:
         who = "the SSH login user" if config.get("kind") == "ssh" else "the worker's own user"

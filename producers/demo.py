@@ -127,7 +127,10 @@ def run_demo(console: Console) -> int:
             time.sleep(0.1)
         api = Runwarden(settings)
         workdir = state_dir / "work"
-        api.add_target(TargetConfig(name="local", kind="local", workdir=str(workdir)))
+        # Its job runs as this user; as root, that is said (a root worker refuses a
+        # local target that does not say it).
+        as_root = {"run_as": "root"} if os.geteuid() == 0 else {}
+        api.add_target(TargetConfig(name="local", kind="local", workdir=str(workdir), **as_root))
         command = shlex.join([sys.executable, "-u", str(TOY_TRAINER), "--steps", "1000",
                               "--step-time", "0.1"])  # fmt: skip
         console.print("service up (embedded Redis, worker, beat); launching the toy trainer")

@@ -13,7 +13,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from .job import check_absolute_path, check_env_name
 from .preemption import PreemptionMode
 
-__all__ = ["SshOptions", "TargetConfig", "TargetName", "check_user_name"]
+__all__ = ["RUN_AS_ROOT", "SshOptions", "TargetConfig", "TargetName", "check_user_name"]
+
+RUN_AS_ROOT: Final = "root"
+"""`run_as` of a local target whose jobs a worker that is root runs as root: said
+explicitly, never the default (`workers.permits.check_launch`)."""
 
 TargetName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
 
@@ -58,7 +62,9 @@ class TargetConfig(BaseModel):
 
     `run_as` (local targets only) names the user this machine runs the target's jobs
     as, so a job cannot read the worker's environment, files or Redis socket
-    (`workers/executors/runas.py`). An SSH target's jobs already run as its login
+    (`workers/executors/runas.py`); `root` says the operator accepts that a worker
+    that is root runs them as root, which it refuses otherwise
+    (`workers.permits.check_launch`). An SSH target's jobs already run as its login
     user."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -74,7 +80,8 @@ class TargetConfig(BaseModel):
     """Directories of the worker a launch may upload from (the upload path, resolved,
     must be one of them or below one); none: no upload is allowed."""
     run_as: str | None = None
-    """Local targets only: the user this machine runs the target's jobs as."""
+    """Local targets only: the user this machine runs the target's jobs as; `root`: as
+    the worker, which must be root, accepted explicitly (`RUN_AS_ROOT`)."""
     preemption: PreemptionMode = "off"
     """Whose preemption notices the target's runs watch by default (a run's own
     `LaunchSpec.preemption` wins): the machine's cloud, `auto`, or `off`."""
@@ -103,7 +110,15 @@ class TargetConfig(BaseModel):
     @field_validator("run_as")
     @classmethod
     def _run_as(cls, value: str | None) -> str | None:
-        return None if value is None else check_user_name(value)
+        if value is None or value == RUN_AS_ROOT:
+            return value
+        return check_user_name(value)
+
+    @property
+    def jobs_as_root(self) -> bool:
+        """Whether the operator accepted that a worker that is root runs this local
+        target's jobs as root (`run_as: root`)."""
+        return self.run_as == RUN_AS_ROOT
 
     @model_validator(mode="after")
     def _ssh(self) -> TargetConfig:

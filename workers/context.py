@@ -25,7 +25,7 @@ from typing import Any
 from schemas import NotFound, RunRecord, Settings, StoreError, TargetConfig
 from store import RunStore
 
-from .executors import Executor, LocalExecutor, RunAsExecutor
+from .executors import Executor, InvalidArgument, LocalExecutor, RunAsExecutor
 from .identity import Identities
 from .webhooks import WebhookDelivery
 
@@ -131,13 +131,18 @@ class Context:
 
 def build_executor(config: TargetConfig) -> Executor:
     """A new executor for `config` (nothing is opened yet): a local target with
-    `run_as` runs its jobs as that user (`RunAsExecutor`).
+    `run_as` runs its jobs as that user (`RunAsExecutor`), but `run_as: root` as this
+    process, which must be root.
 
     Raises:
         InvalidArgument: for an SSH destination or config that cannot be used, or a
             `run_as` user this machine does not have or cannot change to.
     """
     if config.kind == "local" or config.ssh is None:
+        if config.jobs_as_root:
+            if os.geteuid() != 0:
+                raise InvalidArgument("run_as root needs a worker that is root")
+            return LocalExecutor(config.workdir)
         if config.run_as is not None:
             return RunAsExecutor(config.workdir, config.run_as)
         return LocalExecutor(config.workdir)

@@ -59,6 +59,16 @@ def _job_user_check(config: TargetConfig) -> DoctorCheck:
     """Whether the target's jobs run as a user of their own (`run_as`), out of reach
     of the worker's files and environment; what is left open when not
     (docs/security.md)."""
+    if config.jobs_as_root:
+        return DoctorCheck(
+            name="job-user",
+            status="warn",
+            found="jobs run as root, as the target says (`--run-as root`)",
+            breaks=(
+                "protection against a hostile job: it can read and do anything the "
+                "worker can; give the target `--run-as USER`"
+            ),
+        )
     if config.run_as is not None:
         found = f"jobs run as {config.run_as}, not as the worker's user"
         return DoctorCheck(name="job-user", status="ok", found=found, breaks="")
@@ -68,9 +78,18 @@ def _job_user_check(config: TargetConfig) -> DoctorCheck:
             "protection against a hostile job: it can pause, kill or write into the "
             "scripts the worker runs on the target, and read what the login user can"
         )
+    elif os.geteuid() == 0:
+        return DoctorCheck(
+            name="job-user",
+            status="missing",
+            found="none: jobs would run as root, and the target does not say so",
+            breaks=(
+                "every launch on this target (refused): give it `--run-as USER`, a user "
+                "of their own, or `--run-as root` to accept that"
+            ),
+        )
     else:
-        root = " (root)" if os.geteuid() == 0 else ""
-        found = f"none: jobs run as the worker's user{root}"
+        found = "none: jobs run as the worker's user"
         breaks = (
             "protection against a hostile job: it can read the worker's environment and "
             "files (the Redis password, the producers' keys, the secrets) and pause or kill "

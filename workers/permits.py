@@ -74,10 +74,18 @@ def check_launch(ctx: Context, spec: LaunchSpec) -> Permit:
 
     Raises:
         UnknownTarget, Unauthenticated: no usable target.
-        NotAllowed: a secret or the upload is not allowed on the target.
+        NotAllowed: a secret or the upload is not allowed on the target; a local
+            target without `run_as` on a worker that is root (its jobs would run as
+            root without the operator having said so: `run_as: root` says it).
         SecretMissing: an allowed secret has no value here.
     """
     target = ctx.target(spec.target)
+    if target.kind == "local" and target.run_as is None and os.geteuid() == 0:
+        raise NotAllowed(
+            f"target {target.name!r} would run its jobs as root (this worker is root, and "
+            "the target names no other user): give it `--run-as USER`, a user of their "
+            "own, or `--run-as root` to accept that (docs/security.md)"
+        )
     refused = target.refused_secrets(spec.secrets)
     if refused:
         raise NotAllowed(

@@ -30,6 +30,7 @@ from . import warm
 from .paths import ROOT, TOY_TRAINER
 from .redis_server import RedisServer
 from .sshd import SshServer
+from .users import as_the_worker
 from .warm import Warm
 
 CLOCKS = {
@@ -346,7 +347,13 @@ def running_pipeline(
     # As an operator would: uploads from the test's own directory only (the state
     # directory is beside it: a root holding it is refused).
     api.add_target(
-        TargetConfig(name="local", kind="local", workdir=str(workdir), upload_roots=(str(tmp),))
+        TargetConfig(
+            name="local",
+            kind="local",
+            workdir=str(workdir),
+            upload_roots=(str(tmp),),
+            **as_the_worker(),
+        )
     )
     pipeline = Pipeline(tmp, redis, env, api, workdir, exec_start=exec_start)
     done = threading.Event()

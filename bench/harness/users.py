@@ -43,6 +43,18 @@ WORKER_USER: Final = "rwtestworker"
 SUDOERS_FILE: Final = Path("/etc/sudoers.d/runwarden-tests")
 
 
+def as_the_worker() -> dict[str, str]:
+    """The fields of a local target whose jobs run as the worker's own user: `run_as:
+    root` said explicitly when this process is root (a worker that is root refuses a
+    local target that does not say it), none otherwise."""
+    return {"run_as": "root"} if os.geteuid() == 0 else {}
+
+
+def as_the_worker_args() -> list[str]:
+    """[`as_the_worker`] as the options of `runwarden targets add`."""
+    return ["--run-as", "root"] if os.geteuid() == 0 else []
+
+
 def ensure_user(name: str) -> pwd.struct_passwd:
     """The user `name`, created when missing (`useradd`: a home, a group of its own,
     `/bin/sh`). Two test processes creating it at once both succeed."""

@@ -91,7 +91,8 @@ def targets_add(
         typer.Option(
             metavar="USER",
             help="Local targets: the user the jobs run as "
-            "(docs/security.md: running jobs as another user) (default: the worker's).",
+            "(docs/security.md: running jobs as another user) (default: the worker's; a "
+            "worker that is root refuses that unless this says root).",
         ),
     ] = None,
     preemption: Annotated[

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from bench.harness.pipeline import Pipeline, running_pipeline, toy
+from bench.harness.users import as_the_worker
 from schemas import ArtifactsPhase, RunLimits, RunRecord, RunState, SnapshotReason, TargetConfig
 from schemas.events import LaunchSpec
 
@@ -129,7 +130,9 @@ def test_a_filling_disk_gets_a_disk_snapshot(tmp_path: Path, small_disk: Path) -
 
 
 def _fill_and_stop(pipeline: Pipeline, small_disk: Path) -> None:
-    pipeline.api.add_target(TargetConfig(name="small", kind="local", workdir=str(small_disk / "w")))
+    workdir = str(small_disk / "w")
+    small = TargetConfig(name="small", kind="local", workdir=workdir, **as_the_worker())
+    pipeline.api.add_target(small)
     run = launch(pipeline, target="small")
     pipeline.wait_step(run.id, 3)
     time.sleep(3)  # a probe or two while there is room: nothing is asked

@@ -36,6 +36,7 @@ import pytest
 
 from bench.harness.fakecloud import FAKES, FakeCloud
 from bench.harness.pipeline import Pipeline, running_pipeline, toy
+from bench.harness.users import as_the_worker
 from schemas import Preemption, RunRecord, RunState, SnapshotReason, TargetConfig
 from schemas.chain import OnPreempt
 from schemas.events import LaunchSpec
@@ -85,7 +86,7 @@ def service(
                 workdir = pipeline.workdir / f"on-{name}"
                 pipeline.api.add_target(
                     TargetConfig(name=f"on-{name}", kind="local", workdir=str(workdir),
-                                 preemption=name)
+                                 preemption=name, **as_the_worker())
                 )  # fmt: skip
             try:
                 yield pipeline, fakes

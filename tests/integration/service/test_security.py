@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from bench.harness.users import as_the_worker_args
 from schemas import Settings
 
 from ...conftest import ROOT
@@ -28,6 +29,9 @@ from .test_cli import _embedded_env, ok, refused, run_cli
 from .test_flower import free_port
 
 pytestmark = pytest.mark.slow
+
+AS_THE_WORKER = as_the_worker_args()
+"""`targets add`'s options for a local target whose jobs run as this process's user."""
 
 TOKEN = "hf-s3cr3t-v4lue-that-must-not-leak"
 
@@ -95,7 +99,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         (root / "project").mkdir(parents=True)
         (root / "project" / "train.py").write_text("print('hi')\n")
         ok(run_cli(env, "targets", "add", "here", "--workdir", str(workdir),
-                   "--allow-secret", "HF_TOKEN", "--upload-root", str(root)))  # fmt: skip
+                   "--allow-secret", "HF_TOKEN", "--upload-root", str(root),
+                   *AS_THE_WORKER))  # fmt: skip
         yield Served(env, settings, proc, workdir, root, flower_port, web_port)
     finally:
         proc.send_signal(signal.SIGINT)

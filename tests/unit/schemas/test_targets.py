@@ -41,9 +41,14 @@ def test_a_name_that_is_not_a_user_name_is_refused(name: str) -> None:
         TargetConfig(name="here", kind="local", workdir="/srv/runs", run_as=name)
 
 
-def test_root_is_refused() -> None:
-    with pytest.raises(ValidationError, match="run_as root protects nothing"):
-        TargetConfig(name="here", kind="local", workdir="/srv/runs", run_as="root")
+def test_root_is_said_explicitly_and_is_no_user_to_change_to() -> None:
+    """`run_as: root` is the operator's word that a root worker may run the target's
+    jobs as root; it never names a user to change to."""
+    here = TargetConfig(name="here", kind="local", workdir="/srv/runs", run_as="root")
+    assert here.jobs_as_root
+    assert not TargetConfig(name="here", kind="local", workdir="/srv/runs").jobs_as_root
+    with pytest.raises(ValueError, match="run_as root protects nothing"):
+        check_user_name("root")
 
 
 def test_an_ssh_target_refuses_run_as() -> None:

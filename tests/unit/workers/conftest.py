@@ -12,6 +12,7 @@ from typing import Any
 
 import fakeredis
 
+from bench.harness.users import as_the_worker
 from schemas import JobId, RunRecord, Settings
 from store import RunStore
 from workers.context import Context
@@ -41,7 +42,8 @@ def policy_worker(tmp_path: Path, **settings: Any) -> tuple[Context, RunStore, S
     options: dict[str, Any] = {"state_dir": tmp_path / "state", "disk_probe_s": 60}
     options.update(settings)
     config = Settings(**options)
-    put_signed_target(store, config, {"name": "local", "kind": "local", "workdir": str(tmp_path)})
+    local = {"name": "local", "kind": "local", "workdir": str(tmp_path), **as_the_worker()}
+    put_signed_target(store, config, local)
     return Context(store, config, sent, "w"), store, sent
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import fakeredis
 
+from bench.harness.users import as_the_worker
 from schemas import JobCommand, JobId, JobStatus, Settings, TargetConfig, UnknownTarget
 from schemas.protocol import CANCEL_FILE, CANCELLING_FILE, CLAIM_FILE, EXIT_FILE, PID_FILE
 from store import RunStore
@@ -120,7 +121,9 @@ def fake_context(executor: FakeExecutor, **settings: float) -> Context:
         if target != "local":
             raise UnknownTarget(target)
         # Its workdir is the fake executor's; every upload root is allowed here.
-        return TargetConfig(name="local", kind="local", workdir="/w", upload_roots=("/",))
+        return TargetConfig(
+            name="local", kind="local", workdir="/w", upload_roots=("/",), **as_the_worker()
+        )
 
     ctx.executor_for = executor_for  # type: ignore[method-assign,assignment]
     ctx.target = target_for  # type: ignore[method-assign]

@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from bench.harness.users import as_the_worker
 from schemas import ArtifactsPhase, JobId, JobStatus, RunRecord, RunState
 from schemas.chain import CONTINUE_RETRY_S, ContinuationPhase, OnPreempt, continuation_key
 from schemas.events import TASK_CONTINUE, TASK_LAUNCH, LaunchSpec
@@ -54,9 +55,8 @@ def worker(tmp_path: Path, **settings: Any) -> tuple[Context, RunStore, Sent]:
     (tmp_path / "spare").mkdir()
     ctx, store, sent = policy_worker(tmp_path, **settings)
     for name in ("local", "spare"):
-        put_signed_target(
-            store, ctx.settings, {"name": name, "kind": "local", "workdir": str(tmp_path / name)}
-        )
+        config = {"name": name, "kind": "local", "workdir": str(tmp_path / name)}
+        put_signed_target(store, ctx.settings, {**config, **as_the_worker()})
     return ctx, store, sent
 
 

@@ -37,16 +37,29 @@ def test_a_local_target_as_this_worker_sees_it(tmp_path: Path) -> None:
     assert [c.name for c in report.checks][-3:] == ["clock", "cgroup", "job-user"]
     # Root, on this machine's cgroup v2 hierarchy: each run in a cgroup of its own.
     assert report.checks[-2].status == "ok", report.checks[-2]
-    # Its jobs run as the worker's user, root here: said plainly.
+    # Its jobs run as root, the worker's user, as the target says: said plainly.
     job_user = report.checks[-1]
     assert job_user.status == "warn"
-    assert job_user.found == "none: jobs run as the worker's user (root)"
+    assert job_user.found == "jobs run as root, as the target says (`--run-as root`)"
     assert "`--run-as USER`" in job_user.breaks
     assert report.clock is not None
     assert report.clock.worst_s < 2.0  # the same machine's clock
     assert report.missing == ()
     assert report.exit_code == 0
     assert sent.calls == []  # a check sends nothing
+
+
+def test_a_root_worker_s_local_target_that_does_not_say_whose_jobs_is_missing(
+    tmp_path: Path,
+) -> None:
+    ctx, store, _ = policy_worker(tmp_path)
+    config = {"name": "silent", "kind": "local", "workdir": str(tmp_path)}
+    put_signed_target(store, ctx.settings, config)
+    report = doctor(ctx, "silent", NOW)
+    assert [c.name for c in report.missing] == ["job-user"]
+    found = "none: jobs would run as root, and the target does not say so"
+    assert report.missing[0].found == found
+    assert report.exit_code == 1
 
 
 def test_the_disk_policys_limit_is_the_workers(tmp_path: Path) -> None:

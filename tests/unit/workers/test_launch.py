@@ -6,6 +6,7 @@ processes: tests/integration/test_launch_once.py."""
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 from datetime import timedelta
@@ -13,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from schemas import JobStatus, RunRecord, RunState, StoreError
+from schemas import JobStatus, RunRecord, RunState, StoreError, TargetConfig
 from schemas.events import LaunchSpec
 from schemas.protocol import CLAIM_FILE, MARK_ENV, PID_FILE, RUN_ID_ENV
 from store.steps import end_run
 from workers import launch as launching
 from workers import reconcile
-from workers.errors import LaunchError
+from workers.errors import LaunchError, NotAllowed
 from workers.executors import CommandError, SshError
 from workers.find_job import DIED_MESSAGE, PROTOCOL_FILES
 
@@ -410,3 +411,21 @@ def test_reconcile_tries_an_unreachable_target_once_per_pass() -> None:
     assert reconcile.settle_launches(ctx, T0 + timedelta(hours=2)) == 0
     assert len(ex.calls) == 1
     assert {r.state for r in ctx.store.runs.find()} == {RunState.PREPARING}
+
+
+def test_a_root_worker_runs_a_local_target_s_jobs_as_root_only_when_it_says_so() -> None:
+    """As root (this test's process), a local target without `run_as` is refused before
+    anything is claimed: its jobs would run as root without the operator having said
+    it; `run_as: root` says it."""
+    assert os.geteuid() == 0, "this test needs a worker that is root"
+    ex = FakeExecutor()
+    ctx = fake_context(ex)
+    silent = TargetConfig(name="local", kind="local", workdir="/w", upload_roots=("/",))
+    ctx.target = lambda name: silent  # type: ignore[method-assign]
+    with pytest.raises(NotAllowed, match="would run its jobs as root"):
+        launching.launch(ctx, SPEC, T0)
+    assert ex.spawned == []
+    assert ctx.store.runs.find() == []
+    said = silent.model_copy(update={"run_as": "root"})
+    ctx.target = lambda name: said  # type: ignore[method-assign]
+    assert launching.launch(ctx, SPEC, T0).state is RunState.RUNNING

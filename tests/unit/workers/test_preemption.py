@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from bench.harness.users import as_the_worker
 from schemas import (
     JobStatus,
     Preemption,
@@ -42,7 +43,12 @@ def with_target(ctx: Context, preemption: Any) -> Context:
         if target != "local":
             raise UnknownTarget(target)
         return TargetConfig(
-            name="local", kind="local", workdir="/w", upload_roots=("/",), preemption=preemption
+            name="local",
+            kind="local",
+            workdir="/w",
+            upload_roots=("/",),
+            preemption=preemption,
+            **as_the_worker(),
         )
 
     ctx.target = target_for  # type: ignore[method-assign]
