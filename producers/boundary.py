@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from schemas import RunwardenError
-
 if TYPE_CHECKING:
     from schemas import RunRecord
 
@@ -21,6 +19,8 @@ def boundary_lines(api: Runwarden, run: RunRecord) -> list[tuple[str, str]]:
     """`contained` and `job-user`, each with its text; nothing for a run without a
     job. The job user is read from the target as it is now (none said when it cannot
     be read: removed meanwhile, or the store failed)."""
+    from schemas import RunwardenError  # noqa: PLC0415 - the CLI's --help loads no pydantic
+
     if run.job is None:
         return []
     lines: list[tuple[str, str]] = []

@@ -24,10 +24,11 @@ What runs as whom (docs/protocol.md, "Jobs run as another user"):
   and `cgroup.kill`, and the spawn's process enters the cgroup before its change of
   user (`sh/cgroup_enter.sh`); and when the user's cancel script of a contained run is
   cut short (a job of the user's can pause or kill it), it kills the cgroup itself
-  and runs the user's cancel again ([`RunAsExecutor.cancel`]). Root never writes into a directory the job owns (a link the job put
-  there could lead the write anywhere: `cancelling`, a temporary file), and reads
-  nothing there natively: the worker gets what the job's user can read, through the
-  user's scripts, a file the job made 0600 included.
+  and runs the user's cancel again ([`RunAsExecutor.cancel`]). Root never writes
+  into a directory the job owns (a link the job put there could lead the write
+  anywhere: `cancelling`, a temporary file), and reads nothing there natively: the
+  worker gets what the job's user can read, through the user's scripts, a file the
+  job made 0600 included.
 
 The worker's own Python code reads only the scripts' output; the native fast paths of
 [`LocalExecutor`](local.LocalExecutor) are not used (a `read_from` is a script too),

@@ -120,7 +120,9 @@ def test_this_machine_through_the_workers_path(pipeline: Pipeline) -> None:
     assert table["cgroup"][1] == "ok"  # root, on this machine's cgroup v2 hierarchy
     assert table["sh"][3] == ""  # what breaks is shown for what is not ok only
     lines = result.stdout.splitlines()
-    assert lines[0].startswith(f"target local (local, {pipeline.workdir}), checked by worker ")
+    # The harness's local target says its jobs run as root (this test's user).
+    head = f"target local (local, {pipeline.workdir}, jobs as root), checked by worker "
+    assert lines[0].startswith(head)
     assert lines[-1] == "usable, with 3 warning(s)"
 
     report = report_of(pipeline, "local", 0)

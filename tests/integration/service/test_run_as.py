@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from bench.harness.pipeline import Pipeline, running_pipeline
-from bench.harness.users import JOB_USER, ensure_user, job_python, shared_dir
+from bench.harness.users import JOB_USER, as_the_worker, ensure_user, job_python, shared_dir
 from producers.embedded import EmbeddedRedis
 from schemas import ArtifactsPhase, RunRecord, RunState, Settings, TargetConfig
 from schemas.events import LaunchSpec
@@ -165,7 +165,8 @@ def service() -> Iterator[Service]:
                 )  # fmt: skip
                 pipeline.api.add_target(
                     TargetConfig(
-                        name="local", kind="local", workdir=str(pipeline.workdir), **allowed
+                        name="local", kind="local", workdir=str(pipeline.workdir), **allowed,
+                        **as_the_worker(),
                     )
                 )
                 paths: dict[str, object] = {
