@@ -81,14 +81,21 @@ def _spawn(target: Target, cgroup: Path, script: str) -> tuple[Executor, JobComm
 
 
 def _hidden(cgroup: Path) -> list[int]:
-    """The shells of `cgroup` whose environment is empty: the `env -i` child (not its
-    `sleep`s, which inherit that environment)."""
+    """The `env -i` shells of `cgroup`: HIDDEN's (or ESCAPE's) daemon, by its script
+    (`sh -c 'trap "" TERM...'`) and its empty environment; not its `sleep`s once they
+    exec'd. By the command line, never by an empty environment alone: a process that
+    has just ended reads as an empty environment too (a `sleep` of the job's own loop
+    was once taken for the daemon)."""
     found = []
     for pid in _procs(cgroup):
-        with contextlib.suppress(OSError):
-            shell = Path(f"/proc/{pid}/comm").read_text().strip() == "sh"
-            if shell and Path(f"/proc/{pid}/environ").read_bytes() == b"":
-                found.append(pid)
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        daemon = len(argv) > 2 and argv[1] == b"-c" and argv[2].startswith(b'trap "" TERM')
+        if daemon and environ == b"":
+            found.append(pid)
     return found
 
 
