@@ -32,7 +32,9 @@ def check_user_name(name: str) -> str:
     `-` (what `useradd` accepts, less the forms other tools read differently: a
     leading `-` is an option, a leading digit or `#` a uid, a trailing `$` a machine
     account). `root` is refused: a job run as root can read everything the worker
-    has, which is what running it as another user is for."""
+    has, which is what running it as another user is for (`TargetConfig.run_as`
+    takes `root` apart, as the operator's word that a root worker may run the
+    target's jobs as itself: [`RUN_AS_ROOT`])."""
     if _USER_NAME.fullmatch(name) is None:
         raise ValueError(
             f"{name[:40]!r} is not a user name (a letter or _, then letters, digits, _ . -;"
