@@ -109,35 +109,26 @@ class Follow(StorePart):
     def add(self, run_id: str) -> None:
         """Adds run `run_id` to the followed runs of its target (idempotent).
         Raises `NotFound` when there is no such run."""
-        target = self._runs.get(run_id).target
-        self._script(
-            "follow",
-            keys=[self.keys.followed(target), self.keys.followed_targets],
-            args=[run_id, target],
-        )
+        self.queue_add(None, run_id, self._runs.get(run_id).target)
+
+    def queue_add(self, pipe: Any, run_id: str, target: str) -> None:
+        """Queues on `pipe` (runs at once with None) what [`add`] does, for a run of
+        `target`: for the transaction that starts the run."""
+        keys = [self.keys.followed(target), self.keys.followed_targets]
+        self._script("follow", keys=keys, args=[run_id, target], client=pipe)
 
     @translated
     def remove(self, run_id: str) -> bool:
         """Stops following run `run_id`; whether it was followed. Its offsets are
         kept (following it again continues where it stopped). Raises `NotFound`
         when there is no such run."""
-        target = self._runs.get(run_id).target
-        removed = self._script(
-            "unfollow",
-            keys=[self.keys.followed(target), self.keys.followed_targets],
-            args=[run_id, target],
-        )
-        return bool(removed)
+        return bool(self.queue_remove(None, run_id, self._runs.get(run_id).target))
 
-    def queue_remove(self, pipe: Any, run_id: str, target: str) -> None:
-        """Queues on `pipe` what [`remove`] does, for a run of `target`: for the
-        transaction that ends the run."""
-        self._script(
-            "unfollow",
-            keys=[self.keys.followed(target), self.keys.followed_targets],
-            args=[run_id, target],
-            client=pipe,
-        )
+    def queue_remove(self, pipe: Any, run_id: str, target: str) -> Any:
+        """Queues on `pipe` (runs at once with None, and returns its reply) what
+        [`remove`] does, for a run of `target`: for the transaction that ends the run."""
+        keys = [self.keys.followed(target), self.keys.followed_targets]
+        return self._script("unfollow", keys=keys, args=[run_id, target], client=pipe)
 
     @translated
     def runs(self, target: str) -> list[str]:

@@ -15,7 +15,8 @@ from typing import Any
 from schemas import JobId, NotFound, RunRecord, RunState, validate_run_id
 from schemas.run import transitioned
 
-from .base import StorePart, aware, load_model, score, text, translated
+from .base import StoreBase, StorePart, aware, load_model, score, text, translated
+from .follow import Follow
 from .runs import index_preparing
 
 __all__ = ["Launches"]
@@ -23,7 +24,11 @@ __all__ = ["Launches"]
 
 class Launches(StorePart):
     """Launches (`RunStore.launches`): launch keys, the preparing runs, and the start
-    of a run."""
+    of a run (which follows it: the `follow` part)."""
+
+    def __init__(self, shared: StoreBase, follow: Follow) -> None:
+        super().__init__(shared)
+        self._follow = follow
 
     @translated
     def launch(self, key: str) -> str | None:
@@ -114,12 +119,7 @@ class Launches(StorePart):
                 new = RunRecord.model_validate_json(new.model_dump_json())
                 pipe.set(key, new.model_dump_json())
                 index_preparing(self.keys, pipe, current, new)
-            self._script(
-                "follow",
-                keys=[self.keys.followed(current.target), self.keys.followed_targets],
-                args=[run_id, current.target],
-                client=pipe,
-            )
+            self._follow.queue_add(pipe, run_id, current.target)
             return (current, False) if new is None else (new, True)
 
         started, _ = self._compare_and_set(

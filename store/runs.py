@@ -42,22 +42,26 @@ def index_continuation(keys: Keys, pipe: Any, record: RunRecord) -> None:
     """Keeps the queue of waiting continuations in step with the record's
     `continuation`, in the same transaction: waiting -> queued; else not."""
     waiting = record.continuation
-    if waiting is not None and waiting.phase is ContinuationPhase.WAITING:
-        since = waiting.at or datetime.now(UTC)
-        pipe.zadd(keys.continuations, {record.id: score(aware(since))})
-    else:
-        pipe.zrem(keys.continuations, record.id)
+    queued = waiting is not None and waiting.phase is ContinuationPhase.WAITING
+    _queue(pipe, keys.continuations, record.id, waiting.at if waiting and queued else None, queued)
 
 
 def index_retrieval(keys: Keys, pipe: Any, record: RunRecord) -> None:
     """Keeps the retrieval queue in step with the record's `artifacts`, in the
     same transaction: pending -> queued at its next attempt; else not queued."""
     artifacts = record.artifacts
-    if artifacts is not None and artifacts.phase is ArtifactsPhase.PENDING:
-        due = artifacts.next_attempt or datetime.now(UTC)
-        pipe.zadd(keys.retrievals, {record.id: score(aware(due))})
+    queued = artifacts is not None and artifacts.phase is ArtifactsPhase.PENDING
+    due = artifacts.next_attempt if artifacts and queued else None
+    _queue(pipe, keys.retrievals, record.id, due, queued)
+
+
+def _queue(pipe: Any, key: str, run_id: str, due: datetime | None, queued: bool) -> None:
+    """Queues on `pipe` the run in the sorted set `key` at `due` (now when None), or
+    its removal when not `queued`."""
+    if queued:
+        pipe.zadd(key, {run_id: score(aware(due or datetime.now(UTC)))})
     else:
-        pipe.zrem(keys.retrievals, record.id)
+        pipe.zrem(key, run_id)
 
 
 class Runs(StorePart):

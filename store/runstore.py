@@ -68,7 +68,7 @@ class RunStore(StoreBase):
         self.runs = Runs(self)
         self.follow = Follow(self, self.runs)
         self.stops = Stops(self, self.runs)
-        self.launches = Launches(self)
+        self.launches = Launches(self, self.follow)
         self.targets = Targets(self)
         self.retrievals = Retrievals(self)
         self.continuations = Continuations(self)

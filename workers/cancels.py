@@ -103,13 +103,19 @@ def _proof_deadline(
     return _escalate(ctx, stop, note, now)
 
 
+def _retry_s(cancels: int) -> float:
+    """Seconds until a stop's cancel number `cancels` (from 1) is tried again if it
+    fails: `CANCEL_RETRY_S`, doubled with each try, at most `CANCEL_RETRY_MAX_S`."""
+    return float(min(CANCEL_RETRY_S * 2 ** (cancels - 1), CANCEL_RETRY_MAX_S))
+
+
 def _escalate(ctx: Context, stop: StopState, note: str, now: datetime) -> str:
     """Moves `stop` (as read) to `cancelling`, with a retry deadline in case this
     worker dies or the cancel fails (`CANCEL_RETRY_S`, doubled with each try of this
     stop, at most `CANCEL_RETRY_MAX_S`), and cancels the job; "stale" when another
     task moved it first."""
     cancels = stop.cancels + 1
-    retry_s = min(CANCEL_RETRY_S * 2 ** (cancels - 1), CANCEL_RETRY_MAX_S)
+    retry_s = _retry_s(cancels)
     moved = ctx.store.stops.advance(
         stop.run_id,
         stop.stop_id,
@@ -207,7 +213,7 @@ def _leave_to_reconcile(ctx: Context, run_id: str, asked_by: str | None, error: 
         if stop.phase is StopPhase.CANCELLING:
             return  # a cancel of the stop's own is under way, with its retry deadline
         cancels = stop.cancels + 1
-        retry_s = min(CANCEL_RETRY_S * 2 ** (cancels - 1), CANCEL_RETRY_MAX_S)
+        retry_s = _retry_s(cancels)
         moved = ctx.store.stops.advance(
             run_id,
             stop.stop_id,

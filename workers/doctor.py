@@ -19,7 +19,6 @@ its workdir, as the first operation on that target would anyway.
 
 from __future__ import annotations
 
-import os
 from datetime import datetime
 
 from schemas import TargetConfig
@@ -28,6 +27,7 @@ from schemas.doctor import DoctorCheck, DoctorReport
 from .cgroups import CGROUP_PARENT, containment, hierarchy
 from .context import Context
 from .executors import ExecError
+from .permits import root_unsaid
 
 __all__ = ["doctor"]
 
@@ -78,7 +78,7 @@ def _job_user_check(config: TargetConfig) -> DoctorCheck:
             "protection against a hostile job: it can pause, kill or write into the "
             "scripts the worker runs on the target, and read what the login user can"
         )
-    elif os.geteuid() == 0:
+    elif root_unsaid(config):
         return DoctorCheck(
             name="job-user",
             status="missing",

@@ -18,7 +18,7 @@ from schemas.protocol import SECRET_ENV_PREFIX
 from .context import Context
 from .errors import NotAllowed, SecretMissing
 
-__all__ = ["Permit", "check_launch", "check_upload"]
+__all__ = ["Permit", "check_launch", "check_upload", "root_unsaid"]
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,13 @@ def check_upload(target: TargetConfig, upload: Path, settings: Settings) -> Path
     raise NotAllowed(f"{upload} is outside the upload roots of target {target.name!r} ({roots})")
 
 
+def root_unsaid(target: TargetConfig) -> bool:
+    """Whether this worker, being root, would run the local `target`'s jobs as root
+    without the target saying so (`run_as: root`): refused at launch, `missing` in
+    `doctor`."""
+    return target.kind == "local" and target.run_as is None and os.geteuid() == 0
+
+
 def check_launch(ctx: Context, spec: LaunchSpec) -> Permit:
     """The values of the secrets `spec` names and its upload as checked, after
     checking that its target allows each of them and its upload (`check_upload`, the
@@ -80,7 +87,7 @@ def check_launch(ctx: Context, spec: LaunchSpec) -> Permit:
         SecretMissing: an allowed secret has no value here.
     """
     target = ctx.target(spec.target)
-    if target.kind == "local" and target.run_as is None and os.geteuid() == 0:
+    if root_unsaid(target):
         raise NotAllowed(
             f"target {target.name!r} would run its jobs as root (this worker is root, and "
             "the target names no other user): give it `--run-as USER`, a user of their "

@@ -211,7 +211,7 @@ def probe(service: Service, target: str) -> tuple[RunRecord, dict[str, object]]:
     return run, json.loads(lines[0].removeprefix("PROBE "))
 
 
-def attempts_of(results: dict[str, object]) -> dict[str, object]:
+def attempts_of(results: dict[str, object]) -> dict[str, dict[str, object]]:
     """Every attempt of the probe, each with what it got or why not."""
     return {k: v for k, v in results.items() if isinstance(v, dict)}
 
@@ -224,7 +224,7 @@ def attempts(results: dict[str, object]) -> dict[str, dict[str, object]]:
     listing may take a process the worker forked just before its exec (a script's
     `sh`: still `workers.start` on its command line), which a gone process cannot
     leak anything of. The reaper, the Celery main and a pool process always stay."""
-    tried = {k: v for k, v in results.items() if isinstance(v, dict)}
+    tried = attempts_of(results)
     kept = {k: v for k, v in tried.items() if not (k.startswith("environ of") and v == GONE)}
     assert sum(k.startswith("environ of") for k in kept) >= 3, tried
     return kept
