@@ -99,9 +99,11 @@ class Executor(Protocol):
         ...
 
     def statuses(self, jobs: Sequence[JobId]) -> list[JobStatus | ProtocolError]:
-        """The statuses of all `jobs` of this target, in order, through one script; a
-        job whose run directory answers garbage (an `exit_code` that is not a number)
-        gets a `ProtocolError` in its place, never hiding the others."""
+        """The statuses of all `jobs` of this target, in order, through at most one
+        script (a target on this machine reads a live job's liveness itself and asks
+        the script only for the others); a job whose run directory answers garbage
+        (an `exit_code` that is not a number) gets a `ProtocolError` in its place,
+        never hiding the others."""
         ...
 
     def cancel(self, job: JobId) -> None:

@@ -72,6 +72,8 @@ class LocalExecutor(ScriptExecutor):
     """Runs jobs in run directories under the local directory `workdir` (created when
     missing)."""
 
+    ON_THIS_MACHINE = True
+
     def __init__(self, workdir: Path | str) -> None:
         root = Path(workdir).expanduser().absolute()
         try:

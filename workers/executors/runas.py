@@ -311,7 +311,13 @@ class RunAsExecutor(ScriptExecutor):
 
     `worker_is_root` (default: this process's effective uid is 0) and `sudo` are for
     tests, which act as a worker that is not root.
+
+    A live job's status is read by the worker itself, never by a script of the
+    user's ([`ScriptExecutor.statuses`]): another process of the user cannot report it
+    ended, nor hold its status up.
     """
+
+    ON_THIS_MACHINE = True
 
     def __init__(
         self,

@@ -41,12 +41,14 @@ from .errors import (
     ProtocolError,
 )
 from .lines import LineStream
+from .liveness import group_is_the_jobs
 from .localtree import check_entries
 from .marked import marked_job_script, parse_marked_job
 from .notices import notice_watch_script
 from .probe import disk_probe_script, parse_disk_probe
 from .safetree import Downloaded, SafeTree
 from .scripts import FollowEntry, FollowUpdate
+from .scripts.common import check_job_pid
 from .transport import Completed, Transport, error_line
 from .untar import extract_stream
 from .uploadtree import add_to_tar, open_checked, upload_nodes
@@ -142,6 +144,13 @@ def launcher_for(job: JobCommand, secret_names: Sequence[str]) -> scripts.Script
     )
 
 
+def _live_here(job: JobId) -> bool:
+    """Whether `job`, on this machine, is running by the kernel's word: its leader's
+    start time is known and its group alive and its own. An adopted job (no start
+    time) is left to the status script, as overbrainer decides it."""
+    return job.start is not None and group_is_the_jobs(check_job_pid(job), job.start)
+
+
 def _checked(result: Completed, action: str) -> Completed:
     if result.exit_code != 0:
         raise CommandError(action, error_line(result.stderr, result.exit_code))
@@ -150,7 +159,15 @@ def _checked(result: Completed, action: str) -> Completed:
 
 class ScriptExecutor:
     """An `Executor` whose every operation is a shared script run by `transport` on
-    the target whose run directories live under `workdir`."""
+    the target whose run directories live under `workdir`.
+
+    A subclass whose target is this machine sets [`ON_THIS_MACHINE`]: its jobs'
+    liveness is then read here, from the kernel, before any status script runs
+    ([`statuses`])."""
+
+    ON_THIS_MACHINE: bool = False
+    """Whether the target's processes are this machine's (`/proc` here is the
+    target's): a local target, or one whose jobs run as another user of it."""
 
     def __init__(self, transport: Transport, workdir: str) -> None:
         self._transport = transport
@@ -234,10 +251,24 @@ class ScriptExecutor:
         return result
 
     def statuses(self, jobs: Sequence[JobId]) -> list[JobStatus | ProtocolError]:
+        """As [`Executor.statuses`]. On this machine ([`ON_THIS_MACHINE`]), a job whose
+        leader's start time is known and whose group is alive and its own
+        (`liveness.group_is_the_jobs`, read here) is running without a script: the
+        status script runs for the others only, so nothing a job does to the scripts
+        of its user (pause, kill, write into their output) can report a live job
+        ended, or delay its status."""
         if not jobs:
             return []
         for job in jobs:
             self._transport.reap(job.pid)
+        live = [self.ON_THIS_MACHINE and _live_here(job) for job in jobs]
+        asked = [job for job, alive in zip(jobs, live, strict=True) if not alive]
+        answers = iter(self._script_statuses(asked))
+        return [JobStatus.RUNNING if alive else next(answers) for alive in live]
+
+    def _script_statuses(self, jobs: Sequence[JobId]) -> list[JobStatus | ProtocolError]:
+        if not jobs:
+            return []
         script = scripts.status_script(jobs)
         result = _checked(
             self._transport.run(script.text, action="status", args=script.args), "status"

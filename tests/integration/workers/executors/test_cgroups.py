@@ -307,8 +307,9 @@ def test_a_run_as_job_that_kills_or_pauses_its_cancel_is_cancelled_by_its_cgroup
     cgroup: Path, signal_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The job's daemon kills (or pauses) every script the worker runs as the job's
-    user, the cancel's too: the worker, root, kills the run's cgroup (the daemon with
-    it) and runs the cancel again, which records it. A paused script is cut at the
+    user, the cancel's too. Its status is read by the worker itself (no script), and
+    the worker, root, kills the run's cgroup (the daemon with it) and runs the cancel
+    again, which records it. A paused script is cut at the
     cancel's deadline (2 s here, 20 s in service)."""
     ensure_user(JOB_USER)
     monkeypatch.setattr(shell, "CANCEL_DEADLINE_S", 2.0)
@@ -327,6 +328,10 @@ def test_a_run_as_job_that_kills_or_pauses_its_cancel_is_cancelled_by_its_cgroup
         assert executor.claim(command.dir, "this test")
         job = executor.spawn(command)
         wait_for((Path(command.dir) / "armed").exists)
+        # Its status is the worker's own reading, never a script the daemon fights
+        # (a script lives a few ms: asked 30 times, the daemon would catch some).
+        for _ in range(30):
+            assert executor.statuses([job, job]) == [JobStatus.RUNNING] * 2
         killed: list[str] = []
         kill = runas._kill_cgroup
         monkeypatch.setattr(runas, "_kill_cgroup", lambda c: (killed.append(c), kill(c)))
