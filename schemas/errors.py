@@ -38,6 +38,7 @@ cause stays visible.
     │   ├── IoError                      a local file could not be read or written
     │   ├── SpawnError                   a local program could not be started
     │   ├── CommandError                 a command on the target failed
+    │   │   └── ScriptTimeout            a script passed its deadline (killed)
     │   ├── SshError                     the SSH connection failed or broke (kind)
     │   ├── InvalidSecret                a secret cannot be passed to the job
     │   ├── InvalidArgument              an argument cannot be used

@@ -38,6 +38,7 @@ __all__ = [
     "RETRIEVED_BYTES",
     "RUNS",
     "RUNS_ENDED",
+    "SCRIPT_TIMEOUTS",
     "STOPS_IN_FLIGHT",
     "WEBHOOK_DELIVERIES",
     "WEBHOOK_PENDING",
@@ -137,6 +138,13 @@ WEBHOOK_PENDING: Final = MetricSpec(
     "gauge",
 )
 
+SCRIPT_TIMEOUTS: Final = MetricSpec(
+    "runwarden_script_timeouts",
+    "Scripts ended at their deadline (a local one killed, a remote one's channel closed), "
+    "by target and action (status, follow, cancel, ...).",
+    "counter",
+    ("target", "action"),
+)
 METRICS: Final = (
     EVENTS,
     CANCELS,
@@ -148,6 +156,7 @@ METRICS: Final = (
     RUNS_ENDED,
     POLICY_DECISIONS,
     WEBHOOK_DELIVERIES,
+    SCRIPT_TIMEOUTS,
 )
 """The metrics kept in the store (the gauges are computed at scrape time)."""
 

@@ -13,6 +13,7 @@ nothing more.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -23,9 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from schemas import NotFound, RunRecord, Settings, StoreError, TargetConfig
+from schemas.metrics import SCRIPT_TIMEOUTS, Sample
 from store import RunStore
 
-from .executors import Executor, InvalidArgument, LocalExecutor, RunAsExecutor
+from .executors import Executor, InvalidArgument, LocalExecutor, RunAsExecutor, ScriptExecutor
 from .identity import Identities
 from .webhooks import WebhookDelivery
 
@@ -88,8 +90,20 @@ class Context:
             if cached is not None and cached[0] == config:
                 return cached[1]
             executor = build_executor(config)
+            if isinstance(executor, ScriptExecutor):
+                executor.transport.on_timeout = functools.partial(self._count_timeout, config.name)
             self._executors[config.name] = (config, executor)
             return executor
+
+    def _count_timeout(self, target: str, action: str) -> None:
+        """Counts a script of `target` ended at its deadline
+        (`runwarden_script_timeouts_total`) and logs it. Never raises: a lost count
+        never changes what the operation does next."""
+        log.warning("target %s: a %s script passed its deadline and was ended", target, action)
+        try:
+            self.store.counters.add([Sample(SCRIPT_TIMEOUTS, (target, action), 1)])
+        except StoreError:
+            log.warning("target %s: cannot count the %s script's timeout", target, action)
 
     def target(self, name: str) -> TargetConfig:
         """The configuration of target `name`, signed by the operator.

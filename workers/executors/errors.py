@@ -29,6 +29,7 @@ __all__ = [
     "InvalidSecret",
     "IoError",
     "ProtocolError",
+    "ScriptTimeout",
     "SpawnError",
     "SshError",
     "SshErrorKind",
@@ -67,6 +68,17 @@ class CommandError(ExecError):
         self.action = action
         self.message = message
         super().__init__(f"{action} failed: {message}")
+
+
+class ScriptTimeout(CommandError):
+    """A script did not end within its deadline, `timeout_s` seconds: a local one was
+    killed (its whole session), a remote one's shell or channel closed (the script
+    left to end by itself there). Its transport told its listener first
+    (`Transport.on_timeout`)."""
+
+    def __init__(self, action: str, timeout_s: float | None) -> None:
+        self.timeout_s = timeout_s
+        super().__init__(action, f"timed out after {timeout_s:g} s" if timeout_s else "timed out")
 
 
 SshErrorKind = Literal["connect", "host_key", "auth", "disconnected", "terminated"]

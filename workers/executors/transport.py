@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Final, Protocol
 
-from .errors import CommandError, InvalidArgument, SpawnError
+from .errors import CommandError, InvalidArgument, ScriptTimeout, SpawnError
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -23,8 +23,10 @@ __all__ = [
     "SCRIPT_NAME",
     "Completed",
     "LocalTransport",
+    "TimeoutListener",
     "Transport",
     "error_line",
+    "timed_out",
 ]
 
 DEFAULT_TIMEOUT_S: Final = 120.0
@@ -78,6 +80,11 @@ class Transport(Protocol):
     threads (a retrieval runs the manifest while it downloads), and open lazily: the
     first call connects."""
 
+    on_timeout: TimeoutListener | None
+    """Told the action of each script [`run`] or [`run_to_end`] ends at its deadline,
+    before the [`ScriptTimeout`] is raised (the worker counts them,
+    `runwarden_script_timeouts_total`). It must not raise."""
+
     def run(
         self,
         script: str,
@@ -92,7 +99,7 @@ class Transport(Protocol):
         reaches a script only so, or on its standard input, never in its text).
 
         Raises:
-            CommandError: when it does not end within `timeout_s` (then it is killed).
+            ScriptTimeout: when it does not end within `timeout_s` (then it is killed).
             ExecError: when the target cannot be reached.
         """
         ...
@@ -114,7 +121,7 @@ class Transport(Protocol):
         again.
 
         Raises:
-            CommandError: when it does not end within `timeout_s` (a local script is
+            ScriptTimeout: when it does not end within `timeout_s` (a local script is
                 killed; a remote one is left to end by itself).
             ExecError: when the target cannot be reached.
         """
@@ -154,6 +161,20 @@ class Transport(Protocol):
         ...
 
 
+TimeoutListener = Callable[[str], None]
+"""Told the action of a script that passed its deadline ([`Transport.on_timeout`])."""
+
+
+def timed_out(
+    listener: TimeoutListener | None, action: str, timeout_s: float | None
+) -> ScriptTimeout:
+    """The [`ScriptTimeout`] of the script `action` past its deadline of `timeout_s`,
+    once `listener` (when any) was told."""
+    if listener is not None:
+        listener(action)
+    return ScriptTimeout(action, timeout_s)
+
+
 class LocalTransport:
     """Runs scripts with this machine's `sh`, each in its own session, so a Ctrl-C at
     the terminal never reaches a script half way (cancel must run to its end)."""
@@ -176,6 +197,7 @@ class LocalTransport:
         """Scripts not waited for yet: their groups are left to the thread running them
         (reaping one here would make its `wait` read exit status 0)."""
         self._lock = threading.Lock()
+        self.on_timeout: TimeoutListener | None = None
 
     def _popen(
         self,
@@ -244,7 +266,7 @@ class LocalTransport:
                 timer.cancel()
             self._reap_scripts(proc)
         if expired.is_set():
-            raise CommandError(action, f"timed out after {timeout_s} s")
+            raise timed_out(self.on_timeout, action, timeout_s)
         return Completed(proc.returncode, out, err)
 
     def run_to_end(
@@ -281,7 +303,7 @@ class LocalTransport:
         if interrupted is not None:
             raise interrupted
         if expired:
-            raise CommandError(action, f"timed out after {timeout_s:g} s")
+            raise timed_out(self.on_timeout, action, timeout_s)
         return Completed(proc.returncode, out, err)
 
     def send(

@@ -27,7 +27,7 @@ from schemas.events import LaunchSpec
 from store import RunStore
 from workers import launch as launching
 from workers.context import Context
-from workers.executors import CommandError, ExecError, ScriptExecutor, quote
+from workers.executors import CommandError, ExecError, ScriptExecutor, ScriptTimeout, quote
 from workers.executors.ssh import SshTransport, resolve_destination
 
 from ...conftest import put_signed_target, wait_for
@@ -164,7 +164,8 @@ def test_an_ssh_spawn_whose_answer_is_lost_after_the_job_started_is_followed(
             (error,) = executor.spawn_errors  # the spawn failed
             assert isinstance(error, CommandError if fault == "timeout" else ExecError), error
             if fault == "timeout":
-                assert "timed out after 3.0 s" in str(error)
+                assert isinstance(error, ScriptTimeout)
+                assert "timed out after 3 s" in str(error)
             assert record.state is RunState.RUNNING
             assert record.message is None
             assert record.job is not None

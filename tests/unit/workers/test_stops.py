@@ -19,6 +19,7 @@ import pytest
 from bench.harness.webhook_receiver import Receiver, receiver
 from schemas import JobId, RunLimits, RunRecord, RunState, Settings, SnapshotReason, StopPhase
 from schemas.ledger import CancelFailed
+from schemas.metrics import SCRIPT_TIMEOUTS
 from store import RunStore
 from workers import cancel_mark, cancels, reconcile, stops
 from workers.context import Context
@@ -117,6 +118,9 @@ def test_a_cancel_past_its_deadline_holds_no_process_and_is_left_to_reconcile(
         with pytest.raises(CommandError, match="timed out after 1 s"):
             cancels.cancel(worker, "r1", asked_by="operator/cli")
         assert time.monotonic() - started < 4.0  # the deadline, not the script's 10 s wait
+        # Killed and counted, by target and action.
+        counted = [s for s in store.counters.series() if s.spec is SCRIPT_TIMEOUTS]
+        assert [(s.labels, s.value) for s in counted] == [(("local", "cancel"), 1.0)]
         assert job.poll() is None  # alive: the cut cancel is not the end of it
         assert store.runs.get("r1").state is RunState.RUNNING
         assert not cancel_mark.cancelling_now(worker, "r1")  # the next cancel may signal it

@@ -12,9 +12,16 @@ from typing import IO, Final
 
 import paramiko
 
-from ..errors import CommandError, SshError
+from ..errors import ScriptTimeout, SshError
 from ..scripts import quote
-from ..transport import DEFAULT_TIMEOUT_S, SCRIPT_NAME, Completed, check_size
+from ..transport import (
+    DEFAULT_TIMEOUT_S,
+    SCRIPT_NAME,
+    Completed,
+    TimeoutListener,
+    check_size,
+    timed_out,
+)
 from .config import SshDestination
 from .connection import CHUNK, WINDOW_SIZE, SshConnection, connection_pool
 
@@ -27,6 +34,7 @@ def sh_command(script: str, args: Sequence[str] = ()) -> str:
     """The remote command line running `script` with `args` as its positional
     parameters (`sh -c SCRIPT rw ARG...`), every word quoted."""
     return " ".join(["sh -c", quote(script), SCRIPT_NAME, *(quote(a) for a in args)])
+
 
 def _translate(error: BaseException) -> SshError:
     if isinstance(error, SshError):
@@ -43,6 +51,7 @@ class SshTransport:
     def __init__(self, destination: SshDestination, retries: int = 1) -> None:
         self.destination = destination
         self.retries = retries
+        self.on_timeout: TimeoutListener | None = None
 
     @property
     def connection(self) -> SshConnection:
@@ -78,10 +87,6 @@ class SshTransport:
     ) -> Completed:
         check_size(script, args, action)
         command = sh_command(script, args)
-        if stdin or action == "spawn":
-            # A launcher gets a channel of its own: its stdin carries the secrets, and
-            # nothing of the job can ever touch a shared shell.
-            return self._attempt(action, lambda c: self._exec(c, command, stdin, timeout_s))
 
         def on_shell(connection: SshConnection) -> Completed:
             with connection.shell(timeout_s) as shell:
@@ -89,10 +94,17 @@ class SshTransport:
                     return shell.run(script, timeout_s, args)
                 except TimeoutError as error:
                     if connection.is_open:
-                        raise CommandError(action, f"timed out after {timeout_s} s") from error
+                        raise ScriptTimeout(action, timeout_s) from error
                     raise _translate(error) from error
 
-        return self._attempt(action, on_shell)
+        try:
+            if stdin or action == "spawn":
+                # A launcher gets a channel of its own: its stdin carries the secrets,
+                # and nothing of the job can ever touch a shared shell.
+                return self._attempt(action, lambda c: self._exec(c, command, stdin, timeout_s))
+            return self._attempt(action, on_shell)
+        except ScriptTimeout as error:
+            raise timed_out(self.on_timeout, action, timeout_s) from error
 
     def run_to_end(
         self,
@@ -269,7 +281,7 @@ def _drain(channel: paramiko.Channel, timeout_s: float | None) -> Completed:
         if idle and channel.exit_status_ready() and (channel.eof_received or channel.closed):
             break
         if deadline is not None and time.monotonic() > deadline:
-            raise CommandError("run", f"timed out after {timeout_s} s")
+            raise ScriptTimeout("run", timeout_s)
         if channel.closed and not channel.recv_ready() and not channel.recv_stderr_ready():
             if not channel.exit_status_ready():
                 raise SshError("disconnected", "the channel closed before the command ended")
