@@ -36,6 +36,7 @@ __all__ = [
     "PROOF_LIMIT",
     "REQUEST_ENV",
     "RESUME_ENV",
+    "RUN_AS_PATH",
     "RUN_ID_ENV",
     "SECRET_ENV_PREFIX",
     "SNAPSHOT_FILE",
@@ -43,6 +44,7 @@ __all__ = [
     "check_run_cgroup",
     "mark_entry",
     "new_mark",
+    "user_environment",
 ]
 
 JOB_LOG: Final = "job.log"
@@ -149,3 +151,14 @@ PROOF_LIMIT: Final = 64 * 1024
 """Largest prefix of `snapshot.json` read from the target, in bytes."""
 MAX_TAIL_READ: Final = 1024 * 1024
 """Largest read of one tail poll, in bytes: a longer line is emitted cut."""
+
+
+RUN_AS_PATH: Final = "/usr/local/bin:/usr/bin:/bin"
+"""`PATH` of a script or job run as another user (the job may set its own)."""
+
+
+def user_environment(name: str, home: str) -> dict[str, str]:
+    """The least environment of a script or job run as the user `name` whose home is
+    `home` (docs/protocol.md, "Jobs run as another user"): `PATH` ([`RUN_AS_PATH`]),
+    `HOME`, `USER` and `LOGNAME`, `SHELL` (`/bin/sh`). Nothing of the worker's."""
+    return {"PATH": RUN_AS_PATH, "HOME": home, "USER": name, "LOGNAME": name, "SHELL": "/bin/sh"}

@@ -62,12 +62,13 @@ class TargetConfig(BaseModel):
     """A target as stored and shown: configuration the operator writes (signed, see
     `schemas.auth`), never something a message can create or change.
 
-    `run_as` (local targets only) names the user this machine runs the target's jobs
-    as, so a job cannot read the worker's environment, files or Redis socket
-    (`workers/executors/runas.py`); `root` says the operator accepts that a worker
-    that is root runs them as root, which it refuses otherwise
-    (`workers.permits.check_launch`). An SSH target's jobs already run as its login
-    user."""
+    `run_as` names the user the target's jobs run as, so a job cannot read the
+    worker's environment, files or Redis socket (`workers/executors/runas.py`), nor
+    fight the scripts of an SSH target's login user, its control user, who starts them
+    through `sudo -n -u USER` (`workers/executors/ssh/transport.py`); `root` (local
+    targets only) says the operator accepts that a worker that is root runs them as
+    root, which it refuses otherwise (`workers.permits.check_launch`). Without it an
+    SSH target's jobs run as its login user."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -82,8 +83,9 @@ class TargetConfig(BaseModel):
     """Directories of the worker a launch may upload from (the upload path, resolved,
     must be one of them or below one); none: no upload is allowed."""
     run_as: str | None = None
-    """Local targets only: the user this machine runs the target's jobs as; `root`: as
-    the worker, which must be root, accepted explicitly (`RUN_AS_ROOT`)."""
+    """The user the target's jobs run as (on an SSH target, through `sudo -n` by its
+    login user); `root` (local targets only): as the worker, which must be root,
+    accepted explicitly (`RUN_AS_ROOT`)."""
     preemption: PreemptionMode = "off"
     """Whose preemption notices the target's runs watch by default (a run's own
     `LaunchSpec.preemption` wins): the machine's cloud, `auto`, or `off`."""
@@ -126,8 +128,9 @@ class TargetConfig(BaseModel):
     def _ssh(self) -> TargetConfig:
         if (self.kind == "ssh") != (self.ssh is not None):
             raise ValueError("an ssh target needs its ssh options, and only it")
-        if self.kind == "ssh" and self.run_as is not None:
+        if self.kind == "ssh" and self.run_as == RUN_AS_ROOT:
             raise ValueError(
-                "run_as is for local targets: an ssh target's jobs run as its login user"
+                "run_as root is for local targets: an ssh target's jobs run as its login "
+                "user, or as an unprivileged user of their own"
             )
         return self

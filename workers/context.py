@@ -146,7 +146,8 @@ class Context:
 def build_executor(config: TargetConfig) -> Executor:
     """A new executor for `config` (nothing is opened yet): a local target with
     `run_as` runs its jobs as that user (`RunAsExecutor`), but `run_as: root` as this
-    process, which must be root.
+    process, which must be root; an SSH target with `run_as` through `sudo -n` on the
+    target (`SshExecutor`).
 
     Raises:
         InvalidArgument: for an SSH destination or config that cannot be used, or a
@@ -170,6 +171,7 @@ def build_executor(config: TargetConfig) -> Executor:
         identity=Path(ssh.identity) if ssh.identity else None,
         known_hosts=Path(ssh.known_hosts) if ssh.known_hosts else None,
         ssh_config=Path(ssh.ssh_config) if ssh.ssh_config else None,
+        run_as=config.run_as,
     )
 
 

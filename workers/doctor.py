@@ -70,7 +70,8 @@ def _job_user_check(config: TargetConfig) -> DoctorCheck:
             ),
         )
     if config.run_as is not None:
-        found = f"jobs run as {config.run_as}, not as the worker's user"
+        who = "the login user, through sudo -n" if config.kind == "ssh" else "the worker's user"
+        found = f"jobs run as {config.run_as}, not as {who}"
         return DoctorCheck(name="job-user", status="ok", found=found, breaks="")
     if config.kind == "ssh":
         found = "none: jobs run as the SSH login user, as the worker's scripts there do"

@@ -704,18 +704,24 @@ def _new_server(
     extra_config: str,
     netns: str | None = None,
     jump: SshServer | None = None,
+    login: str | None = None,
 ) -> SshServer:
     """Keys, authorized_keys, sshd_config (checked by `sshd -t`), known_hosts and
-    ssh_config of a server in `directory`; not started."""
+    ssh_config of a server in `directory`; not started. `login`: the one user who may
+    log in (default: the current user); another user's authorized_keys is given to it,
+    and `directory` must be one it can reach."""
     directory.mkdir(parents=True, exist_ok=True)
     _ensure_privsep_dir()
-    user = _current_user()
+    user = login or _current_user()
     _check_account(user)
     host_key = host_key or make_key(directory / "host_ed25519", comment=f"host-{alias}")
     client_key = client_key or make_key(directory / "client_ed25519", comment=f"client-{alias}")
     authorized_keys = directory / "authorized_keys"
     authorized_keys.write_text(public_key(client_key) + "\n", encoding="ascii")
     authorized_keys.chmod(0o600)
+    if login is not None:
+        entry = pwd.getpwnam(login)
+        os.chown(authorized_keys, entry.pw_uid, entry.pw_gid)
     workdir = directory / "work"
     workdir.mkdir(exist_ok=True)
     sshd_config = directory / "sshd_config"
@@ -761,10 +767,12 @@ def start_sshd(
     listen: str = LOOPBACK,
     extra_config: str = "",
     alias: str = "rw-target",
+    login: str | None = None,
 ) -> SshServer:
     """Starts an sshd on `listen` (loopback) in `tmp/sshd-<name>/`: host and client
     ed25519 keys generated unless given, a free port unless given, key
-    authentication only for the current user, `extra_config` appended to the
+    authentication only for the current user (or `login`, for whom `tmp` must be
+    reachable: a `users.shared_dir`), `extra_config` appended to the
     sshd_config (a `Match` block goes there). Raises `SshdError` with sshd's words
     when the configuration is invalid or sshd does not come up within 10 s."""
     for attempt in range(5):
@@ -777,6 +785,7 @@ def start_sshd(
             host_key=host_key,
             client_key=client_key,
             extra_config=extra_config,
+            login=login,
         )
         host_key, client_key = server.host_key, server.client_key
         try:
@@ -804,6 +813,7 @@ def running_sshd(
     listen: str = LOOPBACK,
     extra_config: str = "",
     alias: str = "rw-target",
+    login: str | None = None,
 ) -> Iterator[SshServer]:
     """[`start_sshd`], stopped on exit."""
     server = start_sshd(
@@ -815,6 +825,7 @@ def running_sshd(
         listen=listen,
         extra_config=extra_config,
         alias=alias,
+        login=login,
     )
     try:
         yield server

@@ -31,6 +31,7 @@ __all__ = [
     "SUDOERS_FILE",
     "WORKER_USER",
     "as_user",
+    "ensure_login_user",
     "ensure_sudo_rule",
     "ensure_user",
     "job_python",
@@ -71,6 +72,15 @@ def ensure_user(name: str) -> pwd.struct_passwd:
     if result.returncode not in (0, 9):
         raise RuntimeError(f"useradd {name} failed ({result.returncode}): {result.stderr}")
     return pwd.getpwnam(name)
+
+
+def ensure_login_user(name: str) -> pwd.struct_passwd:
+    """[`ensure_user`], with its account unlocked for key logins (`usermod -p '*'`:
+    no password works, and sshd without PAM refuses a locked account): the control
+    user an SSH target logs in as."""
+    entry = ensure_user(name)
+    subprocess.run(["usermod", "-p", "*", name], check=True, capture_output=True, timeout=60)
+    return entry
 
 
 def sudoers_lines(worker: str, job: str) -> str:

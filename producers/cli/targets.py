@@ -90,9 +90,10 @@ def targets_add(
         str | None,
         typer.Option(
             metavar="USER",
-            help="Local targets: the user the jobs run as "
-            "(docs/security.md: running jobs as another user) (default: the worker's; a "
-            "worker that is root refuses that unless this says root).",
+            help="The user the jobs run as (docs/security.md: running jobs as another "
+            "user): on this machine (default: the worker's; a worker that is root refuses "
+            "that unless this says root), or on an SSH target through `sudo -n` by its "
+            "login user (default: the login user).",
         ),
     ] = None,
     preemption: Annotated[

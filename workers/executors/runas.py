@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Final, Literal
 
 from schemas import JobCommand, JobId, check_user_name
-from schemas.protocol import check_run_cgroup
+from schemas.protocol import RUN_AS_PATH, check_run_cgroup, user_environment
 
 from . import scripts
 from .doctor import DoctorOptions
@@ -69,8 +69,6 @@ __all__ = [
     "run_as_environment",
 ]
 
-RUN_AS_PATH: Final = "/usr/local/bin:/usr/bin:/bin"
-"""`PATH` of a job run as another user (the job may set its own)."""
 RUN_AS_KEPT: Final = ("LANG", "LANGUAGE", "TZ")
 """The worker's variables a job run as another user keeps, when set, with every
 `LC_*`: the locale and time zone, never a credential."""
@@ -115,16 +113,9 @@ def job_user(name: str) -> JobUser:
 
 def run_as_environment(user: JobUser, worker_env: Mapping[str, str]) -> dict[str, str]:
     """The whole environment the launcher (and so the job, before its own variables and
-    secrets) gets when run as `user`: `PATH` ([`RUN_AS_PATH`]), `HOME` (the user's
-    home), `USER` and `LOGNAME` (the name), `SHELL` (`/bin/sh`), and from `worker_env`
-    only [`RUN_AS_KEPT`] and `LC_*`. Nothing else of the worker's, whatever its name."""
-    env = {
-        "PATH": RUN_AS_PATH,
-        "HOME": user.home,
-        "USER": user.name,
-        "LOGNAME": user.name,
-        "SHELL": "/bin/sh",
-    }
+    secrets) gets when run as `user`: [`user_environment`], and from `worker_env` only
+    [`RUN_AS_KEPT`] and `LC_*`. Nothing else of the worker's, whatever its name."""
+    env = user_environment(user.name, user.home)
     for name, value in worker_env.items():
         if name in RUN_AS_KEPT or name.startswith("LC_"):
             env[name] = value

@@ -261,10 +261,17 @@ class ScriptExecutor:
             return []
         for job in jobs:
             self._transport.reap(job.pid)
-        live = [self.ON_THIS_MACHINE and _live_here(job) for job in jobs]
+        live = self._live(jobs)
         asked = [job for job, alive in zip(jobs, live, strict=True) if not alive]
         answers = iter(self._script_statuses(asked))
         return [JobStatus.RUNNING if alive else next(answers) for alive in live]
+
+    def _live(self, jobs: Sequence[JobId]) -> list[bool]:
+        """Per job of `jobs`, whether it is known to run without the status script, by
+        a reading no process of the job's user can forge or hold up: on this machine,
+        the kernel's ([`_live_here`]); elsewhere none (an SSH target whose jobs run as
+        another user asks its control user, `SshExecutor`)."""
+        return [self.ON_THIS_MACHINE and _live_here(job) for job in jobs]
 
     def _script_statuses(self, jobs: Sequence[JobId]) -> list[JobStatus | ProtocolError]:
         if not jobs:

@@ -399,7 +399,7 @@ def test_targets_add_refuses_an_upload_root_holding_or_inside_the_state(
         (["--workdir", "/srv", "--identity", "id"], "need --ssh"),
         (["--workdir", "relative/dir"], "not an absolute path"),
         (["--workdir", "/srv", "--ssh", "u@h", "--port", "0"], ""),  # typer's range check
-        (["--workdir", "/srv", "--ssh", "u@h", "--run-as", "rwjob"], "run_as is for local"),
+        (["--workdir", "/srv", "--ssh", "u@h", "--run-as", "root"], "run_as root is for local"),
         (["--workdir", "/srv", "--run-as", "$(touch PWNED)"], "is not a user name"),
         (["--workdir", "/srv", "--preemption", "oracle"], "preemption"),
         (["--workdir", "/srv", "--preemption", "$(touch PWNED)"], "preemption"),
@@ -409,7 +409,7 @@ def test_targets_add_refuses_an_upload_root_holding_or_inside_the_state(
         "identity-without-ssh",
         "relative-workdir",
         "port-0",
-        "run-as-with-ssh",
+        "run-as-root-with-ssh",
         "run-as-hostile",
         "preemption-unknown",
         "preemption-hostile",

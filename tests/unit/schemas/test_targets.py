@@ -51,15 +51,13 @@ def test_root_is_said_explicitly_and_is_no_user_to_change_to() -> None:
         check_user_name("root")
 
 
-def test_an_ssh_target_refuses_run_as() -> None:
-    with pytest.raises(ValidationError, match="run_as is for local targets"):
-        TargetConfig(
-            name="gpu",
-            kind="ssh",
-            workdir="/srv/runs",
-            ssh=SshOptions(destination="u@h"),
-            run_as="rwjob",
-        )
+def test_an_ssh_target_runs_its_jobs_as_a_user_of_theirs_never_as_root() -> None:
+    ssh = SshOptions(destination="u@h")
+    config = TargetConfig(name="gpu", kind="ssh", workdir="/srv/runs", ssh=ssh, run_as="rwjob")
+    assert config.run_as == "rwjob"
+    assert not config.jobs_as_root
+    with pytest.raises(ValidationError, match="run_as root is for local targets"):
+        TargetConfig(name="gpu", kind="ssh", workdir="/srv/runs", ssh=ssh, run_as="root")
 
 
 def test_a_stored_target_without_run_as_still_reads() -> None:

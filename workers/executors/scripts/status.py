@@ -12,7 +12,7 @@ from typing import Final
 from schemas import JobId, JobStatus
 from schemas.protocol import mark_entry
 
-from ..errors import ProtocolError
+from ..errors import InvalidArgument, ProtocolError
 from .common import TICKS_PER_S, Script, check_job_pid, sh, start_arg
 
 __all__ = [
@@ -20,6 +20,8 @@ __all__ = [
     "CANCEL_TERM_WAIT_S",
     "MARK_SWEEP",
     "cancel_script",
+    "leaders_script",
+    "parse_leaders",
     "parse_status",
     "parse_statuses",
     "release_script",
@@ -115,6 +117,35 @@ def parse_statuses(output: bytes, count: int) -> list[JobStatus | ProtocolError]
         except ProtocolError as error:
             results.append(error)
     return results
+
+
+def leaders_script(jobs: Sequence[JobId]) -> Script:
+    """A script telling, per job of `jobs` (each with its leader's start time,
+    `JobId.start`), whether its leader runs and is the job's: for the control user of
+    an SSH target whose jobs run as another user, who reads `/proc` but may not signal
+    the jobs (`sh/leaders.sh`; parsed by [`parse_leaders`]).
+
+    Raises:
+        InvalidArgument: for a job without a start time, or a pid 0 or 1.
+    """
+    args: list[str] = []
+    for job in jobs:
+        if job.start is None:
+            raise InvalidArgument("a job's leader is told only by its start time")
+        args += [str(check_job_pid(job)), start_arg(job)]
+    return Script(sh("leaders"), tuple(args))
+
+
+def parse_leaders(output: bytes, count: int) -> list[bool]:
+    """The answers of a [`leaders_script`] over `count` jobs, in order.
+
+    Raises:
+        ProtocolError: when the output is not `count` lines of `1` or `0`.
+    """
+    lines = output.decode("ascii", "replace").splitlines()
+    if len(lines) != count or any(line not in ("0", "1") for line in lines):
+        raise ProtocolError(f"leaders answered {output[:80]!r} for {count} jobs")
+    return [line == "1" for line in lines]
 
 
 MARK_SWEEP: Final = sh("sweep")

@@ -10,14 +10,24 @@ scripts as the local executor.
   `[host]:port` form too); an unknown and a changed key are distinct errors; a key
   is never added. Keys come from files and the agent; nothing ever prompts.
 - Every failure is an `ExecError`; paramiko and socket errors are translated.
+- A target whose jobs run as another user (`run_as`) runs every script as that user
+  through `sudo -n` ([`SshTransport`]) but one: whether a job's leader still runs is
+  asked of the login user (`sh/leaders.sh`), whom no job can pause, kill or answer
+  for, and only the jobs it does not find running go to the jobs' user's status
+  script.
 """
-
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
+from schemas import JobId
+
+from .. import scripts
+from ..errors import CommandError
 from ..shell import ScriptExecutor
+from ..transport import error_line
 from .config import SshDestination, resolve_destination
 from .connection import CLIENT_REKEY_BYTES, MAX_SHELLS, WINDOW_SIZE, SshConnection, connection_pool
 from .transport import SshTransport
@@ -40,11 +50,38 @@ class SshExecutor(ScriptExecutor):
 
     A remote job gets the SSH server's non-interactive environment (no login shell,
     no startup file), then its `env`, then its secrets, which travel on the
-    launcher's standard input only."""
+    launcher's standard input only. With `run_as`, jobs and scripts run as that user
+    (see the module docstring); a job then starts from the user's least environment
+    (`schemas.protocol.user_environment`), then its `env` and secrets."""
 
-    def __init__(self, destination: SshDestination, workdir: str) -> None:
+    def __init__(
+        self, destination: SshDestination, workdir: str, run_as: str | None = None
+    ) -> None:
+        """
+        Raises:
+            InvalidArgument: for a `run_as` that is no user name.
+        """
         self.destination = destination
-        super().__init__(SshTransport(destination), workdir)
+        self._ssh = SshTransport(destination, run_as=run_as)
+        super().__init__(self._ssh, workdir)
+
+    @property
+    def run_as(self) -> str | None:
+        """The user the jobs run as, None: the login user."""
+        return self._ssh.run_as
+
+    def _live(self, jobs: Sequence[JobId]) -> list[bool]:
+        if self._ssh.run_as is None:
+            return super()._live(jobs)
+        known = [job for job in jobs if job.start is not None]
+        if not known:
+            return [False] * len(jobs)
+        script = scripts.leaders_script(known)
+        result = self._ssh.run(script.text, action="status", args=script.args, control=True)
+        if result.exit_code != 0:
+            raise CommandError("status", error_line(result.stderr, result.exit_code))
+        answers = iter(scripts.parse_leaders(result.stdout, len(known)))
+        return [job.start is not None and next(answers) for job in jobs]
 
     @classmethod
     def connect(
@@ -56,14 +93,15 @@ class SshExecutor(ScriptExecutor):
         identity: Path | None = None,
         known_hosts: Path | None = None,
         ssh_config: Path | None = None,
+        run_as: str | None = None,
     ) -> SshExecutor:
-        """An executor for the destination `text` (see `resolve_destination`); opens
-        nothing yet.
+        """An executor for the destination `text` (see `resolve_destination`) whose jobs
+        run as `run_as` (None: the login user); opens nothing yet.
 
         Raises:
-            InvalidArgument: for a malformed destination or config.
+            InvalidArgument: for a malformed destination or config, or `run_as`.
         """
         destination = resolve_destination(
             text, port=port, identity=identity, known_hosts=known_hosts, ssh_config=ssh_config
         )
-        return cls(destination, workdir)
+        return cls(destination, workdir, run_as=run_as)

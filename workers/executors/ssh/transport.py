@@ -1,6 +1,12 @@
 """The [`Transport`](..transport.Transport) of an SSH target: small scripts on
 persistent shells, stdin-fed and streaming scripts on exec channels; idempotent
-operations retried once on a broken connection."""
+operations retried once on a broken connection.
+
+A target whose jobs run as another user (`TargetConfig.run_as`) logs in as its
+control user and runs every script as the jobs' user through `sudo -n -u USER --
+env -i <the user's least environment> sh -c SCRIPT`, but the control scripts (the
+user check, the jobs' leaders: `run(..., control=True)`), which the jobs' user can
+neither signal nor read the output of."""
 
 from __future__ import annotations
 
@@ -12,14 +18,19 @@ from typing import IO, Final
 
 import paramiko
 
-from ..errors import ScriptTimeout, SshError
+from schemas import check_user_name
+from schemas.protocol import user_environment
+
+from ..errors import CommandError, InvalidArgument, ScriptTimeout, SshError
 from ..scripts import quote
+from ..scripts.common import sh
 from ..transport import (
     DEFAULT_TIMEOUT_S,
     SCRIPT_NAME,
     Completed,
     TimeoutListener,
     check_size,
+    error_line,
     timed_out,
 )
 from .config import SshDestination
@@ -28,12 +39,23 @@ from .connection import CHUNK, WINDOW_SIZE, SshConnection, connection_pool
 __all__ = ["SshTransport"]
 
 _NOT_IDEMPOTENT: Final = frozenset({"spawn", "upload"})
+_READY_TIMEOUT_S: Final = 30.0
+"""Deadline of the check that sudo runs scripts as the jobs' user, in seconds."""
+_EXEC_ARGS: Final = 'exec "$@"'
+"""A script that runs its arguments: the command in front of the real script."""
 
 
 def sh_command(script: str, args: Sequence[str] = ()) -> str:
     """The remote command line running `script` with `args` as its positional
     parameters (`sh -c SCRIPT rw ARG...`), every word quoted."""
     return " ".join(["sh -c", quote(script), SCRIPT_NAME, *(quote(a) for a in args)])
+
+
+def _user_name(name: str) -> str:
+    try:
+        return check_user_name(name)
+    except ValueError as error:
+        raise InvalidArgument(str(error)) from error
 
 
 def _translate(error: BaseException) -> SshError:
@@ -48,10 +70,23 @@ class SshTransport:
     """The [`Transport`](transport.Transport) of an SSH target: small scripts on
     persistent shells, stdin-fed and streaming scripts on exec channels."""
 
-    def __init__(self, destination: SshDestination, retries: int = 1) -> None:
+    def __init__(
+        self, destination: SshDestination, retries: int = 1, run_as: str | None = None
+    ) -> None:
+        """`run_as`: the user every script but a control one runs as (see the module
+        docstring); checked before the first such script, and again after a failed
+        check: the user exists, is neither root nor the login user, and `sudo -n`
+        runs a script as it.
+
+        Raises:
+            InvalidArgument: for a `run_as` that is no user name.
+        """
         self.destination = destination
         self.retries = retries
         self.on_timeout: TimeoutListener | None = None
+        self.run_as = None if run_as is None else _user_name(run_as)
+        self._as_user: list[str] | None = None
+        self._ready_lock = threading.Lock()
 
     @property
     def connection(self) -> SshConnection:
@@ -84,8 +119,17 @@ class SshTransport:
         stdin: bytes = b"",
         timeout_s: float | None = DEFAULT_TIMEOUT_S,
         args: Sequence[str] = (),
+        control: bool = False,
     ) -> Completed:
+        """As [`Transport.run`]; a `control` script runs as the login user whatever
+        `run_as` says.
+
+        Raises:
+            CommandError: as [`Transport.run`], and when sudo cannot run scripts as
+                `run_as` (the error names the sudoers line it needs).
+        """
         check_size(script, args, action)
+        script, args = self._as(script, args, control)
         command = sh_command(script, args)
 
         def on_shell(connection: SshConnection) -> Completed:
@@ -142,6 +186,7 @@ class SshTransport:
         args: Sequence[str] = (),
     ) -> Completed:
         check_size(script, args, action)
+        script, args = self._as(script, args, False)
 
         def call(connection: SshConnection) -> Completed:
             channel = connection.exec_channel()
@@ -165,6 +210,7 @@ class SshTransport:
         args: Sequence[str] = (),
     ) -> Completed:
         check_size(script, args, action)
+        script, args = self._as(script, args, False)
 
         def call(connection: SshConnection) -> Completed:
             channel = connection.exec_channel()
@@ -182,6 +228,42 @@ class SshTransport:
                 channel.close()
 
         return self._attempt(action, call)
+
+    def _as(self, script: str, args: Sequence[str], control: bool) -> tuple[str, Sequence[str]]:
+        """`script` and `args` as they run: as the jobs' user (`sudo -n -u USER -- env -i
+        ... sh -c SCRIPT rw ARG...`, behind [`_EXEC_ARGS`]) when there is a `run_as`
+        and the script is not `control`, else unchanged."""
+        if self.run_as is None or control:
+            return script, args
+        return _EXEC_ARGS, [*self._user_words(), "sh", "-c", script, SCRIPT_NAME, *args]
+
+    def _user_words(self) -> list[str]:
+        """The words in front of `sh` of a script run as `run_as`, once checked."""
+        with self._ready_lock:
+            if self._as_user is None:
+                self._as_user = self._check_user()
+            return self._as_user
+
+    def _check_user(self) -> list[str]:
+        user = self.run_as
+        assert user is not None
+        result = self.run(
+            sh("ssh_runas"), action="run as", args=(user,), control=True,
+            timeout_s=_READY_TIMEOUT_S,
+        )  # fmt: skip
+        text = result.stdout.decode("utf-8", "replace").rstrip("\n")
+        uid, _, home = text.partition(" ")
+        if result.exit_code != 0 or not uid.isdigit() or not home.startswith("/"):
+            why = error_line(result.stderr, result.exit_code) if result.exit_code else repr(text)
+            login = self.destination.user
+            raise CommandError(
+                f"run as {user}",
+                f"{why}; the login user runs the jobs as {user} through `sudo -n`: it needs "
+                f"the sudoers line `{login} ALL=({user}) NOPASSWD: ALL` on the target "
+                "(docs/security.md, Running jobs as another user)",
+            )
+        env = user_environment(user, home)
+        return ["sudo", "-n", "-u", user, "--", "env", "-i", *(f"{k}={v}" for k, v in env.items())]
 
     def reap(self, pgid: int) -> None:
         """Nothing to reap here: remote processes belong to the remote host."""

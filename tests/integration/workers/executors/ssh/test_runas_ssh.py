@@ -1,0 +1,214 @@
+"""An SSH target whose jobs run as a user of their own (`TargetConfig.run_as`), for real:
+an `sshd` on loopback whose only login is the control user ([`WORKER_USER`]), with
+exactly the sudoers line docs/security.md gives it for the jobs' user ([`JOB_USER`]).
+
+Every script but the control ones runs as the jobs' user through `sudo -n`, from the
+user's least environment; whether a job's leader runs is asked of the login user, so a
+daemon the job leaves behind that kills every script of its user (found by their
+command lines, as a hostile job would) cannot report the job ended or hold its status
+up. Its cancel, which runs as the jobs' user, is what such a job can still fight there
+(no cgroup over SSH): it fails, as docs/security.md says."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import subprocess
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import fakeredis
+import pytest
+
+from bench.harness.sshd import SshServer, running_sshd
+from bench.harness.users import (
+    JOB_USER,
+    WORKER_USER,
+    ensure_login_user,
+    ensure_sudo_rule,
+    ensure_user,
+    job_python,
+    shared_dir,
+)
+from schemas import JobCommand, JobStatus, Settings
+from schemas.protocol import EXIT_FILE
+from store import RunStore
+from workers.context import Context
+from workers.doctor import doctor
+from workers.executors import CommandError, ExecError, InvalidArgument, SshExecutor
+from workers.executors.ssh import connection_pool
+
+from .....conftest import put_signed_target, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def place() -> Iterator[tuple[SshServer, Path]]:
+    """The server (login: the control user) and a workdir of the jobs' user."""
+    ensure_login_user(WORKER_USER)
+    job = ensure_user(JOB_USER)
+    ensure_sudo_rule(WORKER_USER, JOB_USER)
+    with shared_dir("rw-ssh-runas-") as base, running_sshd(base, login=WORKER_USER) as server:
+        workdir = base / "runs"
+        workdir.mkdir()
+        os.chown(workdir, job.pw_uid, job.pw_gid)
+        yield server, workdir
+        # What a test's job left behind (the fighter daemon) ends with the module.
+        subprocess.run(["pkill", "-KILL", "-u", JOB_USER], check=False, timeout=30)
+
+
+def _executor(server: SshServer, workdir: Path, run_as: str = JOB_USER) -> SshExecutor:
+    return SshExecutor.connect(
+        server.destination,
+        str(workdir),
+        identity=server.client_key,
+        known_hosts=server.known_hosts,
+        run_as=run_as,
+    )
+
+
+@pytest.fixture
+def executor(place: tuple[SshServer, Path]) -> Iterator[SshExecutor]:
+    server, workdir = place
+    yield _executor(server, workdir)
+    connection_pool().close_all()
+
+
+def test_jobs_run_as_their_user_from_its_least_environment(
+    executor: SshExecutor, place: tuple[SshServer, Path]
+) -> None:
+    _, workdir = place
+    run = workdir / "who"
+    command = JobCommand(
+        dir=str(run),
+        script="id -u > uid; env > env; exit 7",
+        env={"ASKED": "a b"},
+        secrets={"HF_TOKEN": "s3cret value"},
+    )
+    assert executor.claim(command.dir, "this test")
+    job = executor.spawn(command)
+    wait_for((run / EXIT_FILE).exists, timeout_s=20)
+    assert executor.status(job) == JobStatus.exited(7)
+    user = pwd.getpwnam(JOB_USER)
+    assert (run / "uid").read_text() == f"{user.pw_uid}\n"
+    env = dict(line.split("=", 1) for line in (run / "env").read_text().splitlines() if "=" in line)
+    assert (env["HOME"], env["USER"], env["LOGNAME"]) == (user.pw_dir, JOB_USER, JOB_USER)
+    assert env["ASKED"] == "a b"
+    assert env["HF_TOKEN"] == "s3cret value"  # through sudo, on the launcher's stdin
+    assert env["PATH"] == "/usr/local/bin:/usr/bin:/bin"
+    # Nothing of the login's session or of sudo's reaches the job.
+    assert not [name for name in env if name.startswith(("SSH_", "SUDO_"))]
+    assert os.stat(run).st_uid == user.pw_uid  # the claim made it as the jobs' user
+
+
+# Once armed, kills every process of its user whose command line names a worker's
+# script (`sh -c SCRIPT rw ...`), 50 times a second.
+FIGHTER = r"""
+import os, signal, sys, time
+me, uid = os.getpid(), os.getuid()
+open("armed", "w").close()
+while True:
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == me:
+            continue
+        try:
+            if os.stat("/proc/" + pid).st_uid != uid:
+                continue
+            words = open("/proc/" + pid + "/cmdline", "rb").read().split(b"\0")
+            if b"rw" in words[3:4]:
+                os.kill(int(pid), signal.SIGKILL)
+        except OSError:
+            pass
+    time.sleep(0.02)
+"""
+
+
+def test_a_job_that_kills_its_user_s_scripts_cannot_end_or_stall_its_status(
+    executor: SshExecutor, place: tuple[SshServer, Path]
+) -> None:
+    _, workdir = place
+    run = workdir / "fight"
+    run.mkdir()
+    (workdir / "fighter.py").write_text(FIGHTER)
+    os.chmod(workdir / "fighter.py", 0o644)
+    command = JobCommand(
+        dir=str(run),
+        script=(
+            f"setsid env -i {job_python()} {workdir / 'fighter.py'}"
+            " </dev/null >/dev/null 2>&1 &\nexec sleep 600\n"
+        ),
+    )
+    user = pwd.getpwnam(JOB_USER)
+    os.chown(run, user.pw_uid, user.pw_gid)
+    assert executor.claim(command.dir, "this test")
+    job = executor.spawn(command)
+    try:
+        wait_for((run / "armed").exists, timeout_s=20)
+        # Asked of the login user: a script the daemon kills would say otherwise.
+        for _ in range(30):
+            assert executor.statuses([job, job]) == [JobStatus.RUNNING] * 2
+        # The cancel runs as the jobs' user, whom the daemon fights: it fails.
+        with pytest.raises(ExecError):
+            executor.cancel(job)
+    finally:
+        subprocess.run(["pkill", "-KILL", "-u", JOB_USER], check=False, timeout=30)
+    wait_for(lambda: not Path(f"/proc/{job.pid}").exists())
+
+
+def test_a_login_sudo_refuses_is_one_clear_error(place: tuple[SshServer, Path]) -> None:
+    server, workdir = place
+    # `nobody` exists but the control user has no sudoers line for it.
+    executor = _executor(server, workdir, run_as="nobody")
+    try:
+        with pytest.raises(CommandError) as caught:
+            executor.claim(str(workdir / "never"), "this test")
+        text = str(caught.value)
+        assert f"`{WORKER_USER} ALL=(nobody) NOPASSWD: ALL`" in text
+        assert not (workdir / "never").exists()
+    finally:
+        connection_pool().close_all()
+
+
+@pytest.mark.parametrize("user", [WORKER_USER, "no-such-user-here"])
+def test_jobs_never_run_as_the_login_or_an_unknown_user(
+    place: tuple[SshServer, Path], user: str
+) -> None:
+    server, workdir = place
+    executor = _executor(server, workdir, run_as=user)
+    try:
+        with pytest.raises(CommandError, match=f"run as {user} failed"):
+            executor.claim(str(workdir / "never"), "this test")
+    finally:
+        connection_pool().close_all()
+
+
+def test_doctor_says_whose_the_jobs_are_and_finds_the_target_usable(
+    place: tuple[SshServer, Path], tmp_path: Path
+) -> None:
+    server, workdir = place
+    store = RunStore(fakeredis.FakeRedis(server=fakeredis.FakeServer()))
+    ctx = Context(store, Settings(state_dir=tmp_path / "state"), lambda *_: None, "w")
+    ssh = {"destination": server.destination, "identity": str(server.client_key),
+           "known_hosts": str(server.known_hosts)}  # fmt: skip
+    config = {"name": "far", "kind": "ssh", "workdir": str(workdir), "ssh": ssh, "run_as": JOB_USER}
+    put_signed_target(store, ctx.settings, config)
+    try:
+        report = doctor(ctx, "far", datetime.now(UTC))
+    finally:
+        connection_pool().close_all()
+    checks = {c.name: c for c in report.checks}
+    assert checks["job-user"].status == "ok"
+    assert (
+        checks["job-user"].found
+        == f"jobs run as {JOB_USER}, not as the login user, through sudo -n"
+    )
+    assert not report.missing, [(c.name, c.found) for c in report.missing]
+    assert report.exit_code == 0
+
+
+def test_an_executor_refuses_root_and_what_is_no_user_name() -> None:
+    for name in ("bad user", "root"):
+        with pytest.raises(InvalidArgument):
+            SshExecutor.connect("u@127.0.0.1", "/w", run_as=name)
