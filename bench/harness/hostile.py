@@ -148,8 +148,8 @@ class Case:
     script: str
     kind: str = "files"
     """`files`, `forged`, `secrets`, `escape` (processes that leave the group),
-    `hidden` (a process that leaves the group and clears its environment: only a
-    cgroup holds it), `metrics`."""
+    `stubborn` (processes of the group deaf to SIGTERM), `hidden` (a process that
+    leaves the group and clears its environment: only a cgroup holds it), `metrics`."""
     secrets: tuple[str, ...] = ()
     expect_step: int | None = None
     """A `metrics` case: the step of a good line after the bad one the follow must
@@ -172,6 +172,20 @@ def _cases() -> list[Case]:
             kind="forged",
         ),
         Case("forged-cancelled", _loop("sleep 0.3; : > cancelled", ": > cancelled"), kind="forged"),
+        # Lines shaped as the follow's records (a status, an end) for every word of
+        # every command line it can read, where a follow script's token is whenever the
+        # job may read that script's: the follow encodes job.log's bytes, so none is
+        # ever taken for a record.
+        Case(
+            "imitation-records",
+            _loop(
+                "sleep 0.3",
+                "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' '\\n' |"
+                " grep -E '^[A-Za-z0-9]{8,64}$' | sort -u | head -200 |"
+                " sed 's/.*/& S 0 exited 0\\n& S 1 exited 0\\n& E/' >> job.log",
+            ),
+            kind="forged",
+        ),
     ]
     # `IFS` is no case: a secret of that name is refused at the launch (every shell on
     # the job's way resets it; schemas.job.SHELL_NAMES), tests/unit/schemas/test_job.py.
@@ -197,6 +211,17 @@ def _cases() -> list[Case]:
         ),
         # Out of the group and with no mark: only a cgroup holds it. Its command line
         # names the run directory, for the test to find it (`hidden_processes`).
+        # Deaf to SIGTERM, with 100 children of its group deaf to it too: the cancel's
+        # SIGKILL after its wait ends them all.
+        Case(
+            "term-ignored-100-children",
+            _loop(
+                "trap '' TERM\ni=0\nwhile [ \"$i\" -lt 100 ]; do\n"
+                "  sh -c 'while :; do sleep 1; done' </dev/null >/dev/null 2>&1 &\n"
+                "  i=$((i + 1))\ndone"
+            ),
+            kind="stubborn",
+        ),
         Case(
             "env-i-daemon",
             _loop(
@@ -227,8 +252,9 @@ def _cases() -> list[Case]:
 
 
 CASES: list[Case] = _cases()
-"""The matrix: 7 files x 6 replacements, 2 forged markers, 3 secret sets, 2 escapes,
-1 hidden daemon, 4 metrics lines."""
+"""The matrix: 7 files x 6 replacements, 2 forged markers and imitation follow
+records, 3 secret sets, 2 escapes, 100 children deaf to SIGTERM, 1 hidden daemon,
+4 metrics lines."""
 
 
 def job_environ(pid: int) -> dict[str, str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import stat
@@ -13,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +31,7 @@ from . import warm
 from .paths import ROOT, TOY_TRAINER
 from .redis_server import RedisServer
 from .sshd import SshServer
-from .users import as_the_worker
+from .users import JOB_USER, as_the_worker, ensure_user, job_python
 from .warm import Warm
 
 CLOCKS = {
@@ -99,6 +100,31 @@ def toy(*args: str) -> str:
     """The job command running the toy trainer (its job side comes from launch)."""
     words = " ".join(quote(a) for a in args)
     return f"exec {quote(sys.executable)} -u {quote(str(TOY_TRAINER))} {words}"
+
+
+@dataclass(frozen=True)
+class RunAsPlace:
+    """A local target whose jobs run as [`users.JOB_USER`] (`run_as`), and how its jobs
+    run the toy trainer (a copy, by a Python that user can run)."""
+
+    target: TargetConfig
+    toy: Callable[..., str]
+
+
+def runas_target(base: Path, name: str = "runas") -> RunAsPlace:
+    """The run-as target `name` with its workdir in `base` (a `users.shared_dir`: the
+    jobs' user must reach it), the job user created when missing."""
+    ensure_user(JOB_USER)
+    trainer = base / "toy_trainer.py"
+    shutil.copy(TOY_TRAINER, trainer)
+    python = job_python()
+
+    def runas_toy(*args: str) -> str:
+        words = " ".join(quote(a) for a in args)
+        return f"exec {quote(python)} -u {quote(str(trainer))} {words}"
+
+    target = TargetConfig(name=name, kind="local", workdir=str(base / "work"), run_as=JOB_USER)
+    return RunAsPlace(target, runas_toy)
 
 
 @dataclass
