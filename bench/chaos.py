@@ -160,6 +160,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--ssh", action="store_true", help="an SSH target too (real sshd)")
+    parser.add_argument(
+        "--run-as", action="store_true", help="a local target whose jobs run as a user of theirs"
+    )
     parser.add_argument("--in-flight", type=int, default=16, help="runs at once")
     parser.add_argument("--fault-every", type=float, default=6.0, help="mean s between faults")
     parser.add_argument("--minutes", type=float, default=None, help="stop drawing runs after")
@@ -170,7 +173,7 @@ def main() -> None:
         args.runs, args.in_flight, args.fault_every = 3, 3, 2.0
     tmp = Path(tempfile.mkdtemp(prefix="rw-bench-chaos-"))
     faults = tuple(f for f in FAULTS if args.ssh or f != "kill-sshd")
-    targets = ["local", "ssh"] if args.ssh else ["local"]
+    targets = ["local", *(["ssh"] if args.ssh else []), *(["runas"] if args.run_as else [])]
     plans = draw_plans(random.Random(args.seed), args.runs, targets)  # noqa: S311 - a seeded draw
     started = time.monotonic()
     stop_at = started + args.minutes * 60 if args.minutes else None
@@ -181,7 +184,7 @@ def main() -> None:
 
     kept = True
     try:
-        with running_campaign(tmp, args.seed, ssh=args.ssh) as campaign:
+        with running_campaign(tmp, args.seed, ssh=args.ssh, run_as=args.run_as) as campaign:
             drive(
                 campaign,
                 plans,

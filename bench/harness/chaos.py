@@ -3,7 +3,8 @@ campaign and its figures) and tests/integration/service/test_chaos.py (a short,
 seeded one).
 
 Runs are drawn at random from the hostile-job matrix (bench/harness/hostile.py) and honest
-toy trainers, on the local target (and an SSH target against a real sshd), launched
+toy trainers, on the local target (and an SSH target against a real sshd, and a local
+target whose jobs run as a user of their own), launched
 through the real service (bench/harness/pipeline.py), a bounded number in flight at once;
 meanwhile faults are injected at random: kill -9 of a worker or of beat (and a
 restart), a Redis restart (AOF), duplicate and late task messages (task bodies sent
@@ -70,9 +71,17 @@ from workers.find_job import DIED_MESSAGE
 
 from .hostile import CASES, SHADOW, Case, file_digest, provide_secrets
 from .paths import ROOT, TOY_TRAINER
-from .pipeline import Pipeline, read_small, running_pipeline, ssh_target
+from .pipeline import (
+    Pipeline,
+    RunAsPlace,
+    read_small,
+    runas_target,
+    running_pipeline,
+    ssh_target,
+)
 from .processes import job_processes
 from .sshd import SshServer, running_sshd
+from .users import shared_dir
 
 __all__ = [
     "FAULTS",
@@ -317,7 +326,14 @@ class Campaign:
     """A running campaign: the pipeline, the targets, the monitor of stops, the fault
     injector, and the results."""
 
-    def __init__(self, pipeline: Pipeline, tmp: Path, seed: int, sshd: SshServer | None) -> None:
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        tmp: Path,
+        seed: int,
+        sshd: SshServer | None,
+        runas: RunAsPlace | None = None,
+    ) -> None:
         self.pipeline = pipeline
         self.api = pipeline.api
         self.tmp = tmp
@@ -344,6 +360,14 @@ class Campaign:
             workdir.mkdir()
             self.api.add_target(ssh_target(sshd, workdir))
             self.targets["ssh"] = workdir
+        self._runas = runas
+        if runas is not None:
+            # The honest trainer where the jobs' user can run it.
+            (runas.base / self._trainer.name).write_text(
+                _TRAINER.format(examples=str(runas.base), terms=TERMS_FILE)
+            )
+            self.api.add_target(runas.target)
+            self.targets["runas"] = Path(runas.target.workdir)
         self._threads = [
             threading.Thread(target=self._monitor, daemon=True, name="chaos-monitor"),
             threading.Thread(target=self._reaper, daemon=True, name="chaos-reaper"),
@@ -361,10 +385,10 @@ class Campaign:
             return trap + plan.case.script
         args = HONEST_ACTIONS[plan.action][0]
         words = " ".join(quote(a) for a in args)
-        return (
-            f"RUNWARDEN_PREEMPT_SIGNALS= exec {quote(sys.executable)} -u "
-            f"{quote(str(self._trainer))} {words}"
-        )
+        python, trainer = sys.executable, self._trainer
+        if plan.target == "runas" and self._runas is not None:
+            python, trainer = self._runas.python, self._runas.base / self._trainer.name
+        return f"RUNWARDEN_PREEMPT_SIGNALS= exec {quote(python)} -u {quote(str(trainer))} {words}"
 
     def _spec(self, plan: Plan) -> LaunchSpec:
         limits = RunLimits(disk=False)
@@ -685,9 +709,12 @@ class Campaign:
 
 
 @contextmanager
-def running_campaign(tmp: Path, seed: int, ssh: bool = False) -> Iterator[Campaign]:
+def running_campaign(
+    tmp: Path, seed: int, ssh: bool = False, run_as: bool = False
+) -> Iterator[Campaign]:
     """A campaign's service (2 workers of 3 processes, beat, Redis; an sshd with
-    `ssh`), with the hostile cases' secrets on the workers."""
+    `ssh`; with `run_as`, a local target `runas` whose jobs run as a user of their own),
+    with the hostile cases' secrets on the workers."""
     secrets = sorted({name for case in CASES for name in case.secrets})
     env = dict(CLOCKS)
     with contextlib.ExitStack() as stack:
@@ -695,7 +722,8 @@ def running_campaign(tmp: Path, seed: int, ssh: bool = False) -> Iterator[Campai
         pipeline = stack.enter_context(
             running_pipeline(tmp / "service", workers=2, extra_env=env, concurrency=3)
         )
-        campaign = Campaign(pipeline, tmp / "service", seed, sshd)
+        runas = runas_target(stack.enter_context(shared_dir("rw-chaos-"))) if run_as else None
+        campaign = Campaign(pipeline, tmp / "service", seed, sshd, runas)
         try:
             provide_secrets(pipeline.api, secrets, campaign.targets)
             yield campaign

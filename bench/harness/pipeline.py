@@ -109,6 +109,10 @@ class RunAsPlace:
 
     target: TargetConfig
     toy: Callable[..., str]
+    base: Path
+    """The shared directory: the workdir (`work`) and the toy trainer's copy are in it."""
+    python: str
+    """A Python the jobs' user can run."""
 
 
 def runas_target(base: Path, name: str = "runas") -> RunAsPlace:
@@ -123,8 +127,9 @@ def runas_target(base: Path, name: str = "runas") -> RunAsPlace:
         words = " ".join(quote(a) for a in args)
         return f"exec {quote(python)} -u {quote(str(trainer))} {words}"
 
+    (base / "work").mkdir()  # the worker's, as root makes it: it gives each run dir away
     target = TargetConfig(name=name, kind="local", workdir=str(base / "work"), run_as=JOB_USER)
-    return RunAsPlace(target, runas_toy)
+    return RunAsPlace(target, runas_toy, base, python)
 
 
 @dataclass
