@@ -7,6 +7,12 @@ directory on the target, and in logs, so it is one safe token: 1 to
 [`LAUNCH_KEY_MAX_LEN`] ASCII letters, digits, `_`, `.` and `-`, starting with a
 letter or a digit. Never `:`, `|`, `/`, a space, a quote, a newline or a shell
 metacharacter. It is not a secret: anyone who can read the store can see it.
+
+Keys belong to their producer: the key a launch is stored and locked under is the
+producer's own ([`owned_launch_key`], from the producer who signed the message, never
+from the body), so no producer can reach a run another launched, or launch into a key
+the service derives for itself (a preempted run's continuation, `continue.<run id>`,
+is the workers' own: `worker_continue.<run id>`).
 """
 
 from __future__ import annotations
@@ -19,11 +25,13 @@ from typing import Annotated, Final
 from pydantic import AfterValidator
 
 from .errors import SchemaError
+from .secrets import PRODUCER_NAME
 
 __all__ = [
     "LAUNCH_KEY_MAX_LEN",
     "LaunchKey",
     "new_launch_key",
+    "owned_launch_key",
     "task_launch_key",
     "validate_launch_key",
 ]
@@ -75,3 +83,23 @@ def task_launch_key(task_id: str) -> str:
     if len(key) <= LAUNCH_KEY_MAX_LEN and _KEY.fullmatch(key) is not None:
         return key
     return _TASK_PREFIX + hashlib.sha256(task_id.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def owned_launch_key(producer: str, key: str) -> str:
+    """The key the launch with idempotency key `key`, signed by `producer`, is stored
+    and locked under: `<producer>_<key>`, or `<producer>_sha256-<hex of key>` when that
+    would be longer than [`LAUNCH_KEY_MAX_LEN`]. A producer's name holds no `_` (`[a-z]
+    [a-z0-9-]{0,31}`, `schemas.secrets.PRODUCER_NAME`), so its first `_` says whose a
+    stored key is, and two producers never share one.
+
+    Raises:
+        SchemaError: for a `key` that is no launch key, or a `producer` that is no
+            producer's name.
+    """
+    validate_launch_key(key)
+    if not isinstance(producer, str) or PRODUCER_NAME.fullmatch(producer) is None:
+        raise SchemaError(f"invalid producer name {str(producer)[:40]!r}")
+    owned = f"{producer}_{key}"
+    if len(owned) <= LAUNCH_KEY_MAX_LEN:
+        return owned
+    return f"{producer}_sha256-{hashlib.sha256(key.encode()).hexdigest()}"

@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 from typing import Final
 
 from schemas import ArtifactsPhase, RunRecord, RunwardenError
+from schemas.auth import WORKER
 from schemas.chain import (
     CONTINUE_RETRY_S,
     Continuation,
@@ -26,6 +27,7 @@ from schemas.chain import (
     continuation_key,
 )
 from schemas.events import TASK_LAUNCH, LaunchSpec, resume_spec
+from schemas.idempotency import owned_launch_key
 from schemas.run import ADOPTED_COMMAND
 
 from .context import Context
@@ -153,7 +155,8 @@ def continue_run(ctx: Context, run_id: str, now: datetime) -> Continuation | Non
             update={
                 "phase": ContinuationPhase.LAUNCHED,
                 "target": target,
-                "key": spec.key,
+                # The key it is stored under: the workers sign the launch.
+                "key": None if spec.key is None else owned_launch_key(WORKER, spec.key),
                 "reason": "; ".join(passed)[:500] or None,
                 "at": now,
             }

@@ -171,14 +171,17 @@ def _claim(
 
 
 def launch(ctx: Context, spec: LaunchSpec, now: datetime, key: str | None = None) -> RunRecord:
-    """Launches `spec` once for its idempotency key (`spec.key`, else `key`, the one
-    derived from the message, else a random one): claims a run directory (a taken
+    """Launches `spec` once for the key `key` (the task gives the key of its producer,
+    `schemas.idempotency.owned_launch_key`, of `spec.key` or of one derived from the
+    message; else `spec.key`, else a random one): claims a run directory (a taken
     one tries the next id), records the run, uploads, ships the job side, spawns
     (with the on-target watchdog when the run has `max_hours` and reads snapshot
     requests), records it running and follows it (one step). Returns the run.
 
     Delivered again with the same key, it finds the run it started and goes on from
-    there (module docstring); while another launch of the key is at work (a
+    there (module docstring), unless that run is another launch's (another target,
+    command, name or source run: `LaunchError`, nothing changed); while another
+    launch of the key is at work (a
     duplicate message), it returns that run as it stands (`preparing`), or raises
     `LaunchError` when that launch has not created it yet.
 
@@ -201,15 +204,39 @@ def launch(ctx: Context, spec: LaunchSpec, now: datetime, key: str | None = None
         UnknownTarget, NotFound, NotResumable, LaunchError, SecretMissing,
         ExecError, StoreError.
     """
-    key = spec.key or key or new_launch_key()
+    key = key or spec.key or new_launch_key()
     with leased(ctx.store.locks, launch_lock(key), LAUNCH_LEASE_S, LAUNCH_WAIT_S) as lease:
         if lease is None:
             run_id = ctx.store.launches.launch(key)
             if run_id is None:
                 raise LaunchError(f"a launch with key {key!r} is at work on another worker")
             log.info("run %s: its launch (key %s) is at work on another worker", run_id, key)
-            return ctx.store.runs.get(run_id)
+            return _same_launch(ctx.store.runs.get(run_id), spec, key)
         return _launch(ctx, spec, now, key, lease)
+
+
+def _same_launch(run: RunRecord, spec: LaunchSpec, key: str) -> RunRecord:
+    """`run`, the run `key` started, when `spec` is the launch that started it.
+
+    Raises:
+        LaunchError: the key started it for another launch (saying what differs).
+    """
+    differs = [
+        name
+        for name, mine, theirs in (
+            ("target", spec.target, run.target),
+            ("command", spec.command, run.command),
+            ("name", spec.name, run.name),
+            ("resume_from", spec.resume_from, run.resumed_from),
+        )
+        if mine != theirs
+    ]
+    if differs:
+        raise LaunchError(
+            f"launch key {key!r} already started run {run.id} for another launch (its "
+            f"{', '.join(differs)} differ): give this launch a key of its own"
+        )
+    return run
 
 
 def _launch(ctx: Context, spec: LaunchSpec, now: datetime, key: str, lease: Lease) -> RunRecord:
@@ -222,7 +249,7 @@ def _launch(ctx: Context, spec: LaunchSpec, now: datetime, key: str, lease: Leas
         source = None if resume is None else resume[0]
         run = _claim(ctx, executor, spec, now=now, source=source, key=key, target=permit.target)
     else:
-        run = ctx.store.runs.get(run_id)
+        run = _same_launch(ctx.store.runs.get(run_id), spec, key)
         if run.state is not RunState.PREPARING:
             log.info("run %s: its launch (key %s) came again; it is %s", run.id, key, run.state)
             return follow_again(ctx, run.id)

@@ -60,7 +60,7 @@ from schemas.events import (
     TimeoutBody,
     describe,
 )
-from schemas.idempotency import task_launch_key
+from schemas.idempotency import owned_launch_key, task_launch_key
 from store import RunStore
 
 from . import cancels, chain, policies, stops, watch
@@ -165,10 +165,11 @@ def _parse(model: type[_M], body: Any, auth: Any, task: str) -> tuple[_M, str]:
     soft_time_limit=int(settings.launch_max_runtime_s),
 )
 def launch(self: Any, body: Any = None, auth: Any = None) -> dict[str, Any]:
-    spec, _ = _parse(LaunchSpec, body, auth, TASK_LAUNCH)
+    spec, producer = _parse(LaunchSpec, body, auth, TASK_LAUNCH)
     task_id = self.request.id
     key = spec.key or (task_launch_key(task_id) if task_id else None)
-    record = launching.launch(context(), spec, utcnow(), key)
+    owned = None if key is None else owned_launch_key(producer, key)
+    record = launching.launch(context(), spec, utcnow(), owned)
     return {"run_id": record.id, "pid": record.job.pid if record.job else None}
 
 

@@ -39,9 +39,11 @@ from schemas import (
     SshOptions,
     TargetConfig,
 )
+from schemas.auth import WORKER
 from schemas.budget import StopTimeouts
 from schemas.chain import ContinuationPhase, OnPreempt, continuation_key
 from schemas.events import LaunchSpec
+from schemas.idempotency import owned_launch_key
 from schemas.protocol import SNAPSHOT_REQUEST
 
 from ...conftest import wait_for
@@ -66,9 +68,10 @@ def service(tmp_path: Path, gcp: FakeCloud) -> Iterator[tuple[Pipeline, SshServe
         "RUNWARDEN_METADATA_GCP_URL": gcp.url,
         "RUNWARDEN_NOTICE_POLL_S": "0.5",
     }
-    with running_sshd(tmp_path / "sshd") as server, running_pipeline(
-        tmp_path / "service", extra_env=clocks
-    ) as pipeline:
+    with (
+        running_sshd(tmp_path / "sshd") as server,
+        running_pipeline(tmp_path / "service", extra_env=clocks) as pipeline,
+    ):
         pipeline.api.add_target(
             TargetConfig(
                 name="remote",
@@ -163,7 +166,10 @@ def test_a_preempted_run_goes_on_on_the_next_target_up_to_its_limit(
     assert source.continuation.target == "remote"
     assert source.continuation.preemptions == 1
     second_id = wait_for(
-        lambda: pipeline.api.store.launches.launch(continuation_key(first.id)), timeout_s=60
+        lambda: pipeline.api.store.launches.launch(
+            owned_launch_key(WORKER, continuation_key(first.id))
+        ),
+        timeout_s=60,
     )
     second = pipeline.api.get_run(second_id)
     assert second.target == "remote"
@@ -198,7 +204,10 @@ def test_a_preempted_run_goes_on_on_the_next_target_up_to_its_limit(
     assert last.continuation.preemptions == 2
     assert "at most 1" in (last.continuation.reason or "")
     time.sleep(3)  # a reconcile or two: nothing more is launched
-    assert pipeline.api.store.launches.launch(continuation_key(second.id)) is None
+    assert (
+        pipeline.api.store.launches.launch(owned_launch_key(WORKER, continuation_key(second.id)))
+        is None
+    )
     assert [r.id for r in pipeline.api.chain(first.id)] == [first.id, second.id]
     assert [r.id for r in pipeline.api.chain(second.id)] == [first.id, second.id]
 

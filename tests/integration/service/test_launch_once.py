@@ -35,13 +35,16 @@ from bench.harness.pipeline import Pipeline, running_pipeline, signed, toy
 from bench.harness.processes import assert_one_followed_job, children, read_proc, trainers
 from bench.harness.redis_server import running_redis
 from schemas import Conflict, JobId, RunRecord, RunState
-from schemas.events import LaunchSpec
+from schemas.auth import OPERATOR, WORKER
+from schemas.chain import continuation_key
+from schemas.events import TASK_LAUNCH, LaunchSpec
+from schemas.idempotency import owned_launch_key
 from store import RunStore
 from workers.executors import quote
 from workers.find_job import DIED_MESSAGE
 
 from ...conftest import wait_for
-from .test_cli import ok, refused, run_cli
+from .test_cli import refused, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -296,8 +299,9 @@ def test_the_same_key_through_the_api_and_the_cli_is_one_run(tmp_path: Path) -> 
             spec = LaunchSpec(target="local", command=toy(*TRAIN), key="cli-key-1")
             first = api.launch(spec, wait_s=60)
             assert api.launch(spec, wait_s=60) == api.get_run(first.id)
+            # The same key for another launch: refused, saying why; nothing started.
             words = ["launch", "--target", "local", "--key", "cli-key-1", "--", "true"]
-            assert ok(run_cli(pipeline.env, *words)).strip() == first.id
+            refused(run_cli(pipeline.env, *words), 1, f"already started run {first.id}")
             assert len(trainers(first.id)) == 1
             assert [r.id for r in api.list_runs()] == [first.id]
 
@@ -310,12 +314,47 @@ def test_the_same_key_through_the_api_and_the_cli_is_one_run(tmp_path: Path) -> 
                 kwargs=signed(api.settings, "runwarden.launch", keyless.model_dump(mode="json")),
             )
             made = raw.get(timeout=60)
-            assert api.store.launches.launch(f"task-{raw.id}") == made["run_id"]
+            stored = owned_launch_key(OPERATOR, f"task-{raw.id}")
+            assert api.store.launches.launch(stored) == made["run_id"]
 
             for bad in ("a b", "$(touch x)", "k" * 129, "-k"):
                 words = ["launch", "--target", "local", "--key", bad, "--", "true"]
                 refused(run_cli(pipeline.env, *words), 2, "invalid launch key")
             assert len(api.list_runs()) == 4
+            assert api.get_run(first.id).state is RunState.RUNNING
             api.cancel(first.id)
+        finally:
+            pipeline.kill_jobs()
+
+
+def test_a_key_belongs_to_its_producer(tmp_path: Path) -> None:
+    """Two producers launching with the same key get a run each: neither reaches the
+    other's (nor a key the workers derive, `continue.<run id>`, which no producer's
+    launch can take first: it is stored as the workers' own)."""
+    with running_pipeline(tmp_path) as pipeline:
+        try:
+            api = pipeline.api
+            body = LaunchSpec(target="local", command="sleep 600", key="nightly-0601")
+
+            def launch_as(producer: str, spec: LaunchSpec) -> str:
+                kwargs = signed(api.settings, TASK_LAUNCH, spec.model_dump(mode="json"), producer)
+                run_id: str = api.app.send_task(TASK_LAUNCH, kwargs=kwargs).get(timeout=60)[
+                    "run_id"
+                ]
+                return run_id
+
+            mallory = launch_as("mallory", body)
+            billing = launch_as("billing", body)
+            assert mallory != billing
+            assert launch_as("billing", body) == billing  # still exactly once per producer
+            assert api.store.launches.launch(owned_launch_key("billing", "nightly-0601")) == billing
+            assert api.store.launches.launch("nightly-0601") is None
+            hijack = body.model_copy(update={"key": continuation_key(billing)})
+            taken = launch_as("mallory", hijack)
+            stored = owned_launch_key(WORKER, continuation_key(billing))
+            assert api.store.launches.launch(stored) is None  # still free for the workers
+            assert api.store.launches.launch(owned_launch_key("mallory", hijack.key or "")) == taken
+            for run_id in (mallory, billing, taken):
+                api.cancel(run_id)
         finally:
             pipeline.kill_jobs()

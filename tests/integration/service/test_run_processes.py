@@ -21,8 +21,10 @@ from bench.harness.pipeline import Pipeline, running_pipeline, ssh_target
 from bench.harness.processes import job_processes, read_proc
 from bench.harness.sshd import SshServer
 from schemas import RunRecord, RunState, SnapshotReason
+from schemas.auth import WORKER
 from schemas.chain import OnPreempt, continuation_key
 from schemas.events import LaunchSpec
+from schemas.idempotency import owned_launch_key
 from schemas.protocol import JOB_LOG
 from workers.executors import quote
 
@@ -70,7 +72,12 @@ def test_a_signal_to_the_group_of_a_shell_script_stops_and_continues_the_run(
     assert ended.snapshot is not None
     assert ended.snapshot.reason is SnapshotReason.PREEMPTED
     assert "trained" in (Path(run.remote_dir) / JOB_LOG).read_text()
-    found = wait_for(lambda: pipeline.api.store.launches.launch(continuation_key(run.id)), 60)
+    found = wait_for(
+        lambda: pipeline.api.store.launches.launch(
+            owned_launch_key(WORKER, continuation_key(run.id))
+        ),
+        60,
+    )
     following = pipeline.api.get_run(str(found))
     assert following.resumed_from == run.id
     started = wait_for(lambda: pipeline.api.get_run(following.id).job is not None, 60)

@@ -13,6 +13,7 @@ from schemas.events import LaunchSpec
 from schemas.idempotency import (
     LAUNCH_KEY_MAX_LEN,
     new_launch_key,
+    owned_launch_key,
     task_launch_key,
     validate_launch_key,
 )
@@ -101,3 +102,23 @@ def test_any_task_id_gives_a_valid_key(task_id: str) -> None:
 def test_no_task_id_no_key() -> None:
     with pytest.raises(SchemaError, match="task id"):
         task_launch_key("")
+
+
+def test_a_stored_key_says_whose_it_is_and_two_producers_never_share_one() -> None:
+    assert owned_launch_key("billing", "nightly-0601") == "billing_nightly-0601"
+    assert owned_launch_key("billing", "a_b") != owned_launch_key("billing-a", "b")
+    # Whose: everything before the first `_` (no producer's name holds one).
+    assert owned_launch_key("billing", "x_y").split("_", 1)[0] == "billing"
+    long = "k" * LAUNCH_KEY_MAX_LEN
+    owned = owned_launch_key("billing", long)
+    assert owned == owned_launch_key("billing", long) != owned_launch_key("other", long)
+    assert owned.startswith("billing_sha256-")
+    assert validate_launch_key(owned) == owned
+
+
+@pytest.mark.parametrize(
+    ("producer", "key"), [("Bad", "k"), ("a_b", "k"), ("ok", "a b"), ("ok", "")]
+)
+def test_an_owned_key_needs_a_producer_s_name_and_a_launch_key(producer: str, key: str) -> None:
+    with pytest.raises(SchemaError):
+        owned_launch_key(producer, key)

@@ -12,8 +12,10 @@ from typing import Any
 
 from bench.harness.users import as_the_worker
 from schemas import ArtifactsPhase, JobId, JobStatus, RunRecord, RunState
+from schemas.auth import WORKER
 from schemas.chain import CONTINUE_RETRY_S, ContinuationPhase, OnPreempt, continuation_key
 from schemas.events import TASK_CONTINUE, TASK_LAUNCH, LaunchSpec
+from schemas.idempotency import owned_launch_key
 from store import RunStore
 from workers import finish
 from workers.artifacts import retrieve_artifacts
@@ -77,7 +79,8 @@ def test_continued_on_the_next_target_once_its_checkpoint_is_verified(tmp_path: 
     assert done is not None
     assert done.phase is ContinuationPhase.LAUNCHED
     assert done.target == "spare"  # not the target it was just preempted on
-    assert done.key == continuation_key(run.id)
+    # Stored as the workers' own key: no producer can take it first.
+    assert done.key == owned_launch_key(WORKER, continuation_key(run.id))
     [body] = sent.named(TASK_LAUNCH)
     spec = LaunchSpec.model_validate(body)
     assert spec.target == "spare"

@@ -106,18 +106,42 @@ def test_the_same_key_again_returns_its_run_and_starts_nothing() -> None:
     assert len(ctx.store.runs.find()) == 1
 
 
-def test_the_key_of_the_spec_wins_and_a_keyless_spec_takes_the_derived_one() -> None:
+def test_the_key_the_task_gives_wins_else_the_spec_s() -> None:
+    """The task gives the key of the producer who signed it
+    (`schemas.idempotency.owned_launch_key`); a caller without one launches under the
+    spec's own key."""
     ex = FakeExecutor()
     ctx = fake_context(ex)
-    keyless = SPEC.model_copy(update={"key": None})
-    one = launching.launch(ctx, keyless, T0, "task-abc")
-    two = launching.launch(ctx, keyless, T0 + timedelta(seconds=1), "task-abc")
+    one = launching.launch(ctx, SPEC, T0, "billing_k1")
+    two = launching.launch(ctx, SPEC, T0 + timedelta(seconds=1), "billing_k1")
     assert one.id == two.id
-    three = launching.launch(ctx, SPEC, T0 + timedelta(seconds=2), "task-abc")
-    assert three.id != one.id  # its own key, k1
-    assert ctx.store.launches.launch("task-abc") == one.id
+    three = launching.launch(ctx, SPEC, T0 + timedelta(seconds=2))
+    assert three.id != one.id  # the spec's own key, k1
+    assert ctx.store.launches.launch("billing_k1") == one.id
     assert ctx.store.launches.launch("k1") == three.id
     assert len(ex.spawned) == 2
+
+
+@pytest.mark.parametrize(
+    ("change", "differs"),
+    [
+        ({"command": "sleep 1"}, "command"),
+        ({"name": "other"}, "name"),
+        ({"command": "sleep 1", "name": "other"}, "command, name"),
+    ],
+)
+def test_a_key_that_started_another_launch_is_refused_saying_what_differs(
+    change: dict[str, str], differs: str
+) -> None:
+    ex = FakeExecutor()
+    ctx = fake_context(ex)
+    first = launching.launch(ctx, SPEC, T0, "billing_k1")
+    with pytest.raises(
+        LaunchError, match=rf"already started run {first.id} .*its {differs} differ"
+    ):
+        launching.launch(ctx, SPEC.model_copy(update=change), T0, "billing_k1")
+    assert len(ex.spawned) == 1
+    assert ctx.store.runs.get(first.id) == first  # nothing changed
 
 
 # --- a worker killed at each point, the message delivered again ---------------------
