@@ -18,18 +18,22 @@ from schemas.secrets import SecretsError, producer_key_file
 
 __all__ = ["RELOAD_S", "Identities"]
 
-RELOAD_S: Final = 5.0
-"""Least time between two reads of the secrets directory for an unknown producer while
-the directory itself did not change (its mtime): a key added or removed is seen at
-the next message that names it; a flood of messages from unknown producers costs one
-`stat` each and one read of the directory per period."""
+RELOAD_S: Final = 2.0
+"""Longest time the keys read from the secrets directory are used while the directory
+itself did not change (its mtime), in seconds. A key added, removed or replaced by a
+new file (`producers rm`, `producers add`, a rename) changes the directory and is
+seen by the next message; a key file rewritten in place, within this period. Every
+message costs one `stat`; the directory is read at most once a period, and whenever
+it changed, whatever producer messages name (a flood from unknown producers
+included)."""
 _PREFIX, _SUFFIX = "producer.", ".key"
 
 
 class Identities:
     """The producers' keys of one worker process, read from the secrets directory on
-    first use and again (at most every `RELOAD_S`) when a message names a producer
-    not known yet; a removed key is forgotten at that read."""
+    first use, and again at a message that finds the directory changed or its keys
+    older than [`RELOAD_S`]: a revoked or rotated key is refused within seconds,
+    without a restart."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -60,13 +64,13 @@ class Identities:
         self._keys = keys
         self._read_at = time.monotonic()
 
-    def keys(self, wanted: str | None = None) -> dict[str, SecretStr]:
-        """The known keys, read again when `wanted` is not among them (rate-limited)."""
+    def keys(self) -> dict[str, SecretStr]:
+        """The producers' keys as the secrets directory holds them now: read again
+        when it changed, or when they are older than [`RELOAD_S`]."""
         with self._lock:
-            if not self._keys or (wanted is not None and wanted not in self._keys):
-                old = time.monotonic() - self._read_at >= RELOAD_S
-                if old or self._version() != self._seen:
-                    self._reload()
+            old = time.monotonic() - self._read_at >= RELOAD_S
+            if not self._keys or old or self._version() != self._seen:
+                self._reload()
             return dict(self._keys)
 
     def check(self, task: str, body: Any, auth: Any) -> str:
@@ -75,12 +79,11 @@ class Identities:
         Raises:
             Unauthenticated: saying why (never a key or a signature).
         """
-        wanted = auth.get("producer") if isinstance(auth, dict) else None
         return verify(
             task,
             body,
             auth,
-            self.keys(wanted if isinstance(wanted, str) else None),
+            self.keys(),
             now=time.time(),
             max_age_s=self.settings.visibility_timeout_s + 3600.0,
         )
@@ -94,7 +97,7 @@ class Identities:
         """
         if "body" not in kwargs:
             return kwargs
-        key = self.keys(WORKER).get(WORKER)
+        key = self.keys().get(WORKER)
         if key is None:
             raise Unauthenticated(
                 f"no key for producer {WORKER!r} in {self.settings.secrets.path}: "
@@ -108,7 +111,7 @@ class Identities:
         Raises:
             Unauthenticated: unsigned, signed otherwise, or no operator key here.
         """
-        key = self.keys("operator").get("operator")
+        key = self.keys().get("operator")
         if key is None:
             raise Unauthenticated(
                 f"no operator key in {self.settings.secrets.path}: targets cannot be checked"

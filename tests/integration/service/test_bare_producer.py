@@ -19,6 +19,7 @@ import re
 import subprocess
 import sys
 import sysconfig
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from producers.service import Service, ServiceOptions
 from schemas import RunState, SnapshotReason
 from schemas.events import LaunchSpec
 
-from ...conftest import ROOT
+from ...conftest import ROOT, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -295,4 +296,49 @@ def test_a_message_signed_with_another_key_is_refused(
         ), shown(result)
         assert pipeline.api.get_run(run_id).state is RunState.RUNNING
     finally:
+        pipeline.api.cancel(run_id)
+
+
+def test_a_revoked_or_rotated_key_is_refused_within_seconds(
+    pipeline: Pipeline, service: OtherService, key_file: Path, tmp_path: Path
+) -> None:
+    """`producers rm billing`: the service's next message is refused within 5 s, with
+    no worker restarted; `producers add billing` again (a rotation): the new key is
+    accepted and the old one still refused. The original key is put back after."""
+    run_id = launch_long(pipeline)
+    held = pipeline.api.settings.secrets.path / key_file.name
+    body = json.dumps({"run_id": run_id})
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "producers.cli", *args], cwd=ROOT, env=pipeline.env,
+            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+
+    def refused(env: dict[str, str]) -> bool:
+        result = run_bare(service.script, env, "runwarden.follow", body)
+        return result.returncode == 1 and "Unauthenticated" in result.stderr
+
+    try:
+        assert run_bare(service.script, service.env, "runwarden.follow", body).returncode == 0
+        assert cli("producers", "rm", PRODUCER).returncode == 0
+        revoked = time.monotonic()
+        wait_for(lambda: refused(service.env), timeout_s=5)
+        print(f"revoked: refused {time.monotonic() - revoked:.2f} s after producers rm")
+        made = cli("producers", "add", PRODUCER)
+        assert made.stdout.startswith("created "), shown(made)
+        rotated = tmp_path / key_file.name
+        rotated.write_bytes(held.read_bytes())
+        rotated.chmod(0o600)
+        new_env = bare_env(pipeline.api.settings.broker_url(), rotated)
+        wait_for(
+            lambda: run_bare(service.script, new_env, "runwarden.follow", body).returncode == 0,
+            timeout_s=5,
+        )
+        assert refused(service.env)  # the old key, after the rotation
+    finally:
+        # A new file (the directory changes): every worker reads it at its next message.
+        held.unlink(missing_ok=True)
+        held.write_bytes(key_file.read_bytes())
+        held.chmod(0o600)
         pipeline.api.cancel(run_id)
