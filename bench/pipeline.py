@@ -43,7 +43,7 @@ from bench.harness.pipeline import (  # noqa: E402
 )
 from bench.harness.sshd import running_sshd  # noqa: E402
 from schemas import JobId, RunRecord, RunState, SshOptions, TargetConfig  # noqa: E402
-from schemas.auth import WORKER  # noqa: E402
+from schemas.auth import WORKER, new_task_id  # noqa: E402
 from schemas.events import LaunchSpec  # noqa: E402
 from workers import watch  # noqa: E402
 from workers.context import Context  # noqa: E402
@@ -83,9 +83,10 @@ def stop_latency(tmp: Path, runs: int, rounds: int) -> None:
         for run_id in ids:
             request = Path(api.get_run(run_id).remote_dir) / "snapshot.request"
             task = "runwarden.snapshot_request"
-            kwargs = signed(api.settings, task, {"run_id": run_id})  # as a producer signs
+            task_id = new_task_id()
+            kwargs = signed(api.settings, task, {"run_id": run_id}, task_id=task_id)
             started = time.perf_counter()
-            api.app.send_task(task, kwargs=kwargs)
+            api.app.send_task(task, kwargs=kwargs, task_id=task_id)  # as a producer sends
             wait_file(request, pipeline)
             samples.append(time.perf_counter() - started)
         for run_id in ids:

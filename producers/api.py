@@ -24,7 +24,7 @@ from schemas import (
     StopState,
     TargetConfig,
 )
-from schemas.auth import OPERATOR, sign, sign_target
+from schemas.auth import OPERATOR, new_task_id, sign, sign_target
 from schemas.budget import StopBudget, stop_budget
 from schemas.chain import MAX_CHAIN
 from schemas.doctor import DoctorReport
@@ -120,9 +120,13 @@ class Runwarden:
 
         data = body.model_dump(mode="json")
         producer = self.settings.producer
-        auth = sign(task, data, producer, self._key(producer), time.time())
+        task_id = new_task_id()
+        auth = sign(task, data, producer, self._key(producer), at=time.time(), task_id=task_id)
         result = self.app.send_task(
-            task, kwargs={"body": data, "auth": auth}, kwargsrepr=describe(task, data)
+            task,
+            kwargs={"body": data, "auth": auth},
+            task_id=task_id,
+            kwargsrepr=describe(task, data),
         )
         if wait_s is None:
             return {"task_id": result.id}

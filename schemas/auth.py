@@ -5,22 +5,28 @@ write to Redis can define one.
 
 The signed form, in the task's keyword arguments beside `body`:
 
-    "auth": {"producer": "<name>", "at": <unix seconds>, "sig": "<hex>"}
+    "auth": {"producer": "<name>", "id": "<the message's task id>", "at": <unix seconds>,
+             "sig": "<hex>"}
 
 where `sig` is HMAC-SHA256 with the producer's key (the UTF-8 bytes of its key file's
 text without its final line end) over the UTF-8 bytes of
 
-    "runwarden/1\\n" + <task name> + "\\n" + <at, as a decimal integer> + "\\n" + <canonical body>
+    "runwarden/2\\n" + <task name> + "\\n" + <task id> + "\\n" + <at, as a decimal
+    integer> + "\\n" + <canonical body>
 
 and the canonical body is the body as JSON with sorted keys, no whitespace, and every
 non-ASCII character escaped (Python: `json.dumps(body, sort_keys=True,
 separators=(",", ":"), ensure_ascii=True)`). A target is signed the same way with
 the operator's key, over `"runwarden-target/1\\n" + <name> + "\\n" + <canonical
-config>`.
+config>`. The message is sent with that task id (`send_task(..., task_id=...)`; a
+fresh UUID: [`new_task_id`]).
 
 A signature older than the allowed age, or more than `FUTURE_SKEW_S` in the future,
-is refused. A replay within that age changes nothing more: every task is idempotent
-and a launch carries its idempotency key.
+is refused, and so is one made for another message than the one carrying it (its task
+id): a signed body sent again under a new id is refused, so a launch captured from a
+queue or Flower cannot start a second run. The same message delivered again (a
+redelivery keeps its id) changes nothing more: every task is idempotent, and a launch
+is keyed by its idempotency key, else by that id.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import hashlib
 import hmac
 import json
 import math
+import uuid
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -44,6 +51,7 @@ __all__ = [
     "Unauthenticated",
     "asked_by",
     "canonical",
+    "new_task_id",
     "sign",
     "sign_target",
     "verify",
@@ -57,7 +65,9 @@ WORKER: Final = "worker"
 """The workers and beat themselves: countdowns, fan-outs, the policies' requests."""
 FUTURE_SKEW_S: Final = 300.0
 """How far in the future a signature's time may be (clocks differ), in seconds."""
-_VERSION: Final = "runwarden/1"
+_VERSION: Final = "runwarden/2"
+_MAX_TASK_ID: Final = 200
+"""Longest task id a signature may name (Celery's are 36-character UUIDs)."""
 _TARGET_VERSION: Final = "runwarden-target/1"
 
 
@@ -82,12 +92,24 @@ def _mac(key: SecretStr, text: str) -> str:
     return hmac.new(secret, text.encode("utf-8"), hashlib.sha256).hexdigest()
 
 
-def sign(task: str, body: Any, producer: str, key: SecretStr, at: float) -> dict[str, Any]:
-    """The `auth` argument of task `task` with `body`, signed by `producer` with `key`
-    at unix time `at`."""
+def new_task_id() -> str:
+    """A fresh task id for a message to sign and send (a random UUID, as Celery's)."""
+    return str(uuid.uuid4())
+
+
+def _text(task: str, task_id: str, at: int, body: Any) -> str:
+    return f"{_VERSION}\n{task}\n{task_id}\n{at}\n{canonical(body)}"
+
+
+def sign(
+    task: str, body: Any, producer: str, key: SecretStr, *, at: float, task_id: str
+) -> dict[str, Any]:
+    """The `auth` argument of the message of task `task` with `body` and task id
+    `task_id` (send it with that id), signed by `producer` with `key` at unix time
+    `at`."""
     moment = math.floor(at)
-    text = f"{_VERSION}\n{task}\n{moment}\n{canonical(body)}"
-    return {"producer": producer, "at": moment, "sig": _mac(key, text)}
+    sig = _mac(key, _text(task, task_id, moment, body))
+    return {"producer": producer, "id": task_id, "at": moment, "sig": sig}
 
 
 def verify(
@@ -98,9 +120,11 @@ def verify(
     *,
     now: float,
     max_age_s: float,
+    task_id: str | None,
 ) -> str:
-    """The producer who signed `body` for `task`, after checking `auth` against its key
-    in `keys` and the signature's age against `now` (at most `max_age_s` old, at most
+    """The producer who signed `body` for `task` in the message `task_id`, after
+    checking `auth` against its key in `keys`, that it was made for that message (its
+    `id`), and the signature's age against `now` (at most `max_age_s` old, at most
     `FUTURE_SKEW_S` ahead).
 
     Raises:
@@ -113,13 +137,24 @@ def verify(
         raise Unauthenticated(f"{task}: 'auth.producer' is not a producer's name")
     if isinstance(at, bool) or not isinstance(at, int) or not isinstance(sig, str):
         raise Unauthenticated(f"{task}: 'auth' needs an integer 'at' and a string 'sig'")
+    signed_id = auth.get("id")
+    if not isinstance(signed_id, str) or not 0 < len(signed_id) <= _MAX_TASK_ID:
+        raise Unauthenticated(
+            f"{task}: 'auth' needs the message's task id ('id', {_VERSION}): sign it and "
+            "send the message with it"
+        )
+    if signed_id != task_id:
+        raise Unauthenticated(
+            f"{task}: the signature of {producer!r} was made for another message "
+            "(its task id): a signed message sent again under a new id is refused"
+        )
     key = keys.get(producer)
     if key is None:
         raise Unauthenticated(f"{task}: producer {producer!r} has no key on this worker")
     if at < now - max_age_s or at > now + FUTURE_SKEW_S:
         raise Unauthenticated(f"{task}: the signature of {producer!r} is too old or in the future")
     try:
-        text = f"{_VERSION}\n{task}\n{at}\n{canonical(body)}"
+        text = _text(task, signed_id, at, body)
     except (TypeError, ValueError) as error:
         raise Unauthenticated(f"{task}: the body is not plain JSON") from error
     if not hmac.compare_digest(_mac(key, text), sig):

@@ -73,8 +73,8 @@ class Identities:
                 self._reload()
             return dict(self._keys)
 
-    def check(self, task: str, body: Any, auth: Any) -> str:
-        """The producer that signed `body` for `task`.
+    def check(self, task: str, body: Any, auth: Any, task_id: str | None) -> str:
+        """The producer that signed `body` for `task` in the message `task_id`.
 
         Raises:
             Unauthenticated: saying why (never a key or a signature).
@@ -86,11 +86,12 @@ class Identities:
             self.keys(),
             now=time.time(),
             max_age_s=self.settings.visibility_timeout_s + 3600.0,
+            task_id=task_id,
         )
 
-    def signed(self, task: str, kwargs: dict[str, Any]) -> dict[str, Any]:
-        """`kwargs` with the workers' own signature of its `body` for `task` (as is
-        without a body: a tick carries nothing to sign).
+    def signed(self, task: str, kwargs: dict[str, Any], task_id: str) -> dict[str, Any]:
+        """`kwargs` with the workers' own signature of its `body` for `task` in the
+        message `task_id` (as is without a body: a tick carries nothing to sign).
 
         Raises:
             Unauthenticated: this worker has no `worker` key.
@@ -103,7 +104,8 @@ class Identities:
                 f"no key for producer {WORKER!r} in {self.settings.secrets.path}: "
                 "`runwarden serve` creates it"
             )
-        return {**kwargs, "auth": sign(task, kwargs["body"], WORKER, key, time.time())}
+        auth = sign(task, kwargs["body"], WORKER, key, at=time.time(), task_id=task_id)
+        return {**kwargs, "auth": auth}
 
     def check_target(self, name: str, config: dict[str, Any], signature: str | None) -> None:
         """Checks the operator's signature of target `name`.

@@ -20,6 +20,7 @@ import threading
 import time
 from typing import Any, Final, TypeVar
 
+from celery import current_task
 from celery.signals import worker_process_init
 from pydantic import BaseModel, ValidationError
 
@@ -34,7 +35,7 @@ from schemas import (
     UnknownTarget,
     validation_message,
 )
-from schemas.auth import Unauthenticated, asked_by
+from schemas.auth import Unauthenticated, asked_by, new_task_id
 from schemas.events import (
     TASK_CANCEL,
     TASK_CONTINUE,
@@ -93,9 +94,11 @@ os.register_at_fork(after_in_child=_reset)
 def _schedule(name: str, kwargs: dict[str, Any], countdown_s: float) -> None:
     # The workers' own messages are signed too: a worker trusts no unsigned body. Flower
     # shows what each does (`kwargsrepr`), never its signature.
+    task_id = new_task_id()
     app.send_task(
         name,
-        kwargs=context().identities.signed(name, kwargs),
+        kwargs=context().identities.signed(name, kwargs, task_id),
+        task_id=task_id,
         countdown=countdown_s,
         kwargsrepr=describe(name, kwargs.get("body")),
     )
@@ -137,11 +140,18 @@ meanwhile, a body that does not fit): Celery logs each as expected, on one line
 without a traceback, and still hands it to the producer as the task's error."""
 
 
+def _message_id() -> str | None:
+    """The task id of the message this process works on now (None outside a task)."""
+    request = current_task.request if current_task else None
+    task_id = getattr(request, "id", None)
+    return task_id if isinstance(task_id, str) else None
+
+
 def _parse(model: type[_M], body: Any, auth: Any, task: str) -> tuple[_M, str]:
     """The body of `task` as a `model`, and the producer who signed it. Refused (and
     logged) when it is not signed by a known producer or does not fit its schema."""
     try:
-        producer = context().identities.check(task, body, auth)
+        producer = context().identities.check(task, body, auth, _message_id())
     except Unauthenticated as error:
         log.error("%s", error)
         raise

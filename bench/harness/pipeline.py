@@ -22,7 +22,7 @@ from typing import Any
 
 from producers.api import Runwarden
 from schemas import RunRecord, Settings, SshOptions, StopPhase, StopState, TargetConfig
-from schemas.auth import OPERATOR, WORKER, sign, sign_target
+from schemas.auth import OPERATOR, WORKER, new_task_id, sign, sign_target
 from schemas.events import DEFAULT_QUEUE, QUEUE, QUEUE_RETRIEVE, QUEUE_WATCH
 from schemas.secrets import producer_key_file
 from workers.executors import quote
@@ -52,11 +52,24 @@ CLOCKS = {
 }
 
 
-def signed(settings: Settings, task: str, body: Any, producer: str = OPERATOR) -> dict[str, Any]:
-    """The keyword arguments of `task` with `body`, signed by `producer` of `settings`
-    (its key created in the secrets directory when missing)."""
+def signed(
+    settings: Settings, task: str, body: Any, producer: str = OPERATOR, task_id: str = ""
+) -> dict[str, Any]:
+    """The keyword arguments of the message of `task` with `body` and id `task_id`,
+    signed by `producer` of `settings` (its key created in the secrets directory when
+    missing). Send it with that id (`send_signed` does both)."""
     key, _ = settings.secrets.ensure(producer_key_file(producer))
-    return {"body": body, "auth": sign(task, body, producer, key, time.time())}
+    return {"body": body, "auth": sign(task, body, producer, key, at=time.time(), task_id=task_id)}
+
+
+def send_signed(
+    app: Any, settings: Settings, task: str, body: Any, producer: str = OPERATOR
+) -> Any:
+    """Sends `task` with `body` signed by `producer` (a fresh task id, the one signed);
+    returns Celery's `AsyncResult`."""
+    task_id = new_task_id()
+    kwargs = signed(settings, task, body, producer, task_id)
+    return app.send_task(task, kwargs=kwargs, task_id=task_id)
 
 
 def put_signed_target(store: Any, settings: Settings, config: dict[str, Any]) -> None:
@@ -188,8 +201,9 @@ class Pipeline:
         """Publishes `task` with `body` signed by `producer` (its key created in the
         secrets directory when missing), as a producer service would, with Celery's
         `options` (`eta`...); returns the Celery result."""
-        kwargs = signed(self.api.settings, task, body, producer)
-        return self.api.app.send_task(task, kwargs=kwargs, **options)
+        task_id = new_task_id()
+        kwargs = signed(self.api.settings, task, body, producer, task_id)
+        return self.api.app.send_task(task, kwargs=kwargs, task_id=task_id, **options)
 
     def kill_worker(self, name: str = "w1") -> None:
         """SIGKILLs the worker and its pool processes (its whole session)."""

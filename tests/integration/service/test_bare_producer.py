@@ -210,7 +210,8 @@ def test_the_producer_runs_without_runwarden(service: OtherService) -> None:
     assert str(ROOT) not in service.env["PYTHONPATH"].split(os.pathsep)
     # The snippet itself imports nothing of runwarden.
     imports = re.findall(r"^(?:from|import) (\w+)", guide_snippet(), re.MULTILINE)
-    assert set(imports) == {"hashlib", "hmac", "json", "os", "sys", "time", "celery"}, imports
+    stdlib = {"hashlib", "hmac", "json", "os", "sys", "time", "uuid"}
+    assert set(imports) == {*stdlib, "celery"}, imports
 
 
 def test_a_stop_from_the_service_is_recorded_as_asked_by_it(

@@ -20,6 +20,7 @@ import pytest
 from bench.harness.pipeline import Pipeline, running_pipeline, signed, toy
 from producers.service import FLOWER_CONFIG
 from schemas import RunState, SnapshotReason
+from schemas.auth import new_task_id
 from schemas.budget import StopTimeouts
 from schemas.events import (
     TASK_FOLLOW_TICK,
@@ -172,8 +173,12 @@ def test_a_stop_enqueued_through_flowers_api(setup: tuple[Pipeline, Flower]) -> 
     pipeline.wait_step(run_id, 3)
     stop = {"run_id": run_id, "reason": "cost", "asked_by": "flower"}
     # Signed as a service does it, with its producer's key (schemas/auth.py).
-    kwargs = signed(pipeline.api.settings, "runwarden.snapshot_request", stop, "dashboard")
-    answer = flower.call("/api/task/send-task/runwarden.snapshot_request", {"kwargs": kwargs})
+    task_id = new_task_id()
+    kwargs = signed(pipeline.api.settings, "runwarden.snapshot_request", stop, "dashboard", task_id)
+    answer = flower.call(
+        "/api/task/send-task/runwarden.snapshot_request", {"kwargs": kwargs, "task_id": task_id}
+    )
+    assert answer["task-id"] == task_id
     assert answer["task-id"]
     run = pipeline.wait_state(run_id)
     assert run.state is RunState.STOPPED

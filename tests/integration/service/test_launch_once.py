@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from bench.harness.pipeline import Pipeline, running_pipeline, signed, toy
+from bench.harness.pipeline import Pipeline, running_pipeline, send_signed, toy
 from bench.harness.processes import assert_one_followed_job, children, read_proc, trainers
 from bench.harness.redis_server import running_redis
 from schemas import Conflict, JobId, RunRecord, RunState
@@ -309,10 +309,7 @@ def test_the_same_key_through_the_api_and_the_cli_is_one_run(tmp_path: Path) -> 
             one, two = api.launch(keyless, wait_s=60), api.launch(keyless, wait_s=60)
             assert one.id != two.id
             assert api.store.launches.launch(first.id) is None  # a run id is no key
-            raw = api.app.send_task(
-                "runwarden.launch",
-                kwargs=signed(api.settings, "runwarden.launch", keyless.model_dump(mode="json")),
-            )
+            raw = send_signed(api.app, api.settings, TASK_LAUNCH, keyless.model_dump(mode="json"))
             made = raw.get(timeout=60)
             stored = owned_launch_key(OPERATOR, f"task-{raw.id}")
             assert api.store.launches.launch(stored) == made["run_id"]
@@ -337,10 +334,9 @@ def test_a_key_belongs_to_its_producer(tmp_path: Path) -> None:
             body = LaunchSpec(target="local", command="sleep 600", key="nightly-0601")
 
             def launch_as(producer: str, spec: LaunchSpec) -> str:
-                kwargs = signed(api.settings, TASK_LAUNCH, spec.model_dump(mode="json"), producer)
-                run_id: str = api.app.send_task(TASK_LAUNCH, kwargs=kwargs).get(timeout=60)[
-                    "run_id"
-                ]
+                body = spec.model_dump(mode="json")
+                sent = send_signed(api.app, api.settings, TASK_LAUNCH, body, producer)
+                run_id: str = sent.get(timeout=60)["run_id"]
                 return run_id
 
             mallory = launch_as("mallory", body)

@@ -4,14 +4,15 @@ processes, the toy trainer as the job, shortened clocks (bench/harness/pipeline.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from bench.harness.pipeline import Pipeline, running_pipeline, toy
 from schemas import RunState, SnapshotReason
-from schemas.auth import sign
+from schemas.auth import new_task_id, sign
 from schemas.events import LaunchSpec
 
 pytestmark = pytest.mark.slow
@@ -123,20 +124,29 @@ def test_unsigned_and_forged_messages_are_refused(pipeline: Pipeline) -> None:
     body = {"run_id": run_id, "reason": "cost", "asked_by": "billing"}
     key, _ = pipeline.api.settings.secrets.ensure("producer.operator.key")
     pipeline.api.settings.secrets.ensure("producer.billing.key")  # added by the operator
-    forged = {**sign("runwarden.snapshot_request", body, "operator", key, time.time())}
-    forged["sig"] = "0" * 64
-    stale = sign("runwarden.snapshot_request", body, "operator", key, time.time() - 10**7)
-    wrong_task = sign("runwarden.cancel", body, "operator", key, time.time())
-    unknown = sign("runwarden.snapshot_request", body, "nobody", key, time.time())
-    for auth, why in [
-        (None, "not signed"),
-        (forged, "does not match"),
-        (stale, "too old"),
-        (wrong_task, "does not match"),
-        (unknown, "has no key"),
-    ]:
-        kwargs = {"body": body} if auth is None else {"body": body, "auth": auth}
-        result = pipeline.api.app.send_task("runwarden.snapshot_request", kwargs=kwargs)
+    task = "runwarden.snapshot_request"
+
+    def auth(
+        tid: str, *, at: float | None = None, of: str = task, producer: str = "operator"
+    ) -> dict[str, Any]:
+        moment = time.time() if at is None else at
+        return sign(of, body, producer, key, at=moment, task_id=tid)
+
+    cases: list[tuple[Callable[[str], dict[str, Any] | None], str]] = [
+        (lambda tid: None, "not signed"),
+        (lambda tid: {**auth(tid), "sig": "0" * 64}, "does not match"),
+        (lambda tid: auth(tid, at=time.time() - 10**7), "too old"),
+        (lambda tid: auth(tid, of="runwarden.cancel"), "does not match"),
+        (lambda tid: auth(tid, producer="nobody"), "has no key"),
+        # A signed message sent again under a new id: a replay.
+        (lambda tid: auth(new_task_id()), "made for another message"),
+        (lambda tid: {k: v for k, v in auth(tid).items() if k != "id"}, "the message's task id"),
+    ]
+    for make, why in cases:
+        task_id = new_task_id()
+        signed_auth = make(task_id)
+        kwargs = {"body": body} if signed_auth is None else {"body": body, "auth": signed_auth}
+        result = pipeline.api.app.send_task(task, kwargs=kwargs, task_id=task_id)
         with pytest.raises(Exception) as raised:  # noqa: PT011 - the worker's own error
             result.get(timeout=20)
         assert not isinstance(raised.value, CeleryError), raised.value
