@@ -13,13 +13,22 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from .job import check_absolute_path, check_env_name
 from .preemption import PreemptionMode
 
-__all__ = ["RUN_AS_ROOT", "SshOptions", "TargetConfig", "TargetName", "check_user_name"]
+__all__ = [
+    "RUN_AS_ROOT",
+    "TARGET_NAME",
+    "SshOptions",
+    "TargetConfig",
+    "TargetName",
+    "check_user_name",
+]
 
 RUN_AS_ROOT: Final = "root"
 """`run_as` of a local target whose jobs a worker that is root runs as root: said
 explicitly, never the default (`workers.permits.check_launch`)."""
 
-TargetName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
+TARGET_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+"""What a target's name is (`fullmatch`)."""
+TargetName = Annotated[str, Field(pattern=rf"^{TARGET_NAME.pattern}$")]
 
 _USER_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}")
 

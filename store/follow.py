@@ -140,6 +140,11 @@ class Follow(StorePart):
         """Targets with at least one followed run, sorted."""
         return sorted(text(t) for t in self._r.smembers(self.keys.followed_targets))
 
+    @translated
+    def has_target(self, target: str) -> bool:
+        """Whether `target` has at least one followed run (one SISMEMBER)."""
+        return bool(self._r.sismember(self.keys.followed_targets, target))
+
     # --- offsets ----------------------------------------------------------------------
 
     @translated

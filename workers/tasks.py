@@ -62,6 +62,7 @@ from schemas.events import (
     describe,
 )
 from schemas.idempotency import owned_launch_key, task_launch_key
+from schemas.targets import TARGET_NAME
 from store import RunStore
 
 from . import cancels, chain, policies, stops, watch
@@ -262,6 +263,17 @@ def _fan_out(task: str) -> int:
     return len(targets)
 
 
+def _known_target(task: str, target: Any) -> str | None:
+    """`target` when a fan-out could have sent it (a target name with followed runs),
+    else None, logged: these internal tasks carry no signature, and a made-up target
+    must change nothing (no tick, no lock, no metrics series of its name)."""
+    named = isinstance(target, str) and TARGET_NAME.fullmatch(target) is not None
+    if named and context().store.follow.has_target(target):
+        return str(target)
+    log.warning("%s: refused: %r is no target with followed runs", task, str(target)[:80])
+    return None
+
+
 @app.task(name=TASK_FOLLOW_TICK, base=QuietTask)
 def follow_tick() -> int:
     _ran(TASK_FOLLOW_TICK)
@@ -273,6 +285,8 @@ def follow_tick() -> int:
 # next tick tries again.
 @app.task(name=TASK_WATCH_TARGET, base=QuietTask, throws=(ExecError,))
 def watch_target(target: str) -> dict[str, int]:
+    if _known_target(TASK_WATCH_TARGET, target) is None:
+        return {"refused": 1}
     ctx = context()
     lock, token = f"watch:{target}", os.urandom(8).hex()
     # Ticks of one target never overlap: a slow target is skipped, not piled up. The
@@ -298,6 +312,8 @@ def policy_tick() -> int:
 
 @app.task(name=TASK_POLICY_TARGET, base=QuietTask)
 def policy_target(target: str) -> dict[str, int]:
+    if _known_target(TASK_POLICY_TARGET, target) is None:
+        return {"refused": 1}
     ctx = context()
     lock, token = f"policy-tick:{target}", os.urandom(8).hex()
     # Held by its holder only: a slow tick never releases the next one's lock.

@@ -109,6 +109,15 @@ def test_malformed_bodies_are_refused_and_the_worker_carries_on(pipeline: Pipeli
             result.get(timeout=20)
         assert not isinstance(raised.value, CeleryError), raised.value
         assert "invalid body" in str(raised.value)
+    # The internal fan-out tasks carry no signature: a made-up target changes nothing
+    # (before: a tick, a lock and a metrics series per name, 300 characters long too).
+    before = {series.labels for series in pipeline.api.store.counters.series()}
+    for name in ("runwarden.watch_target", "runwarden.policy_target"):
+        for target in ("made-up", "x" * 300, "../etc", 7):
+            sent = pipeline.api.app.send_task(name, kwargs={"target": target}, ignore_result=False)
+            assert sent.get(timeout=20) == {"refused": 1}
+    after = {series.labels for series in pipeline.api.store.counters.series()}
+    assert not [labels for labels in after - before if "made-up" in labels or "x" * 300 in labels]
     # Still serving.
     run_id = launch(pipeline)
     assert pipeline.api.get_run(run_id).state is RunState.RUNNING
