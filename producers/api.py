@@ -14,6 +14,7 @@ from pydantic import BaseModel, SecretStr
 
 from schemas import (
     Artifacts,
+    BadRequest,
     InvalidPath,
     NotFound,
     NotResumable,
@@ -47,6 +48,7 @@ from schemas.events import (
 )
 from schemas.health_report import LATE_AFTER_S, HealthReport
 from schemas.idempotency import new_launch_key
+from schemas.job import check_secret_name
 from schemas.ledger import LedgerEvent
 from schemas.run import ADOPTED_COMMAND, check_cancel, check_resumable, check_snapshot_request
 from schemas.secrets import SecretsError, producer_key_file
@@ -366,8 +368,16 @@ class Runwarden:
             InvalidPath: an upload root holds, or is inside, this service's state or
                 secrets directory (its launches would be refused anyway: an upload of
                 it would copy every producer's key into a run directory).
+            BadRequest: an allowed secret no launch could pass (a name the shells set
+                themselves, `IFS`, or one of the service's own, `RUNWARDEN_*`:
+                `schemas.job.check_secret_name`).
             SecretsError: this client has no operator key.
         """
+        for secret in config.allow_secrets:
+            try:
+                check_secret_name(secret)
+            except ValueError as error:
+                raise BadRequest(f"--allow-secret {secret}: {error}") from None
         for root in config.upload_roots:
             kept = self.settings.guarded_by(root)
             if kept is not None:

@@ -50,6 +50,7 @@ cause stays visible.
     └── WorkerError                      a task of the workers failed (workers.errors)
         ├── LaunchError                  a launch could not be carried out
         │   ├── SecretMissing            a secret the launch names is not set
+        │   ├── SecretUnusable           a secret's value no job can receive
         │   └── NotAllowed               a secret or an upload its target forbids
         └── RetrievalError               artifacts not retrieved (retryable or not)
             ├── ArtifactMismatch         the download and the target's manifest differ

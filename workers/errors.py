@@ -31,6 +31,7 @@ __all__ = [
     "NotAllowed",
     "RetrievalError",
     "SecretMissing",
+    "SecretUnusable",
     "StoredArtifactsInvalid",
     "WorkerError",
 ]
@@ -58,6 +59,19 @@ class SecretMissing(LaunchError):
         super().__init__(
             f"secret {name} is not set {place}: put it in the file {name} of the worker's "
             f"secrets directory (or, with RUNWARDEN_SECRETS_FROM_ENV, in {SECRET_ENV_PREFIX}{name})"
+        )
+
+
+class SecretUnusable(LaunchError):
+    """A secret's value cannot reach a job as it is (a line break or a NUL byte:
+    `schemas.job.check_secret_value`); names the secret, never its value. Refused
+    before anything is claimed."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(
+            f"secret {name} holds a line break or a NUL byte: no job can receive it as it "
+            "is; write it on one line"
         )
 
 

@@ -13,10 +13,11 @@ from pydantic import SecretStr
 
 from schemas import Settings, TargetConfig
 from schemas.events import LaunchSpec
+from schemas.job import check_secret_value
 from schemas.protocol import SECRET_ENV_PREFIX
 
 from .context import Context
-from .errors import NotAllowed, SecretMissing
+from .errors import NotAllowed, SecretMissing, SecretUnusable
 
 __all__ = ["Permit", "check_launch", "check_upload", "root_unsaid"]
 
@@ -85,6 +86,7 @@ def check_launch(ctx: Context, spec: LaunchSpec) -> Permit:
             target without `run_as` on a worker that is root (its jobs would run as
             root without the operator having said so: `run_as: root` says it).
         SecretMissing: an allowed secret has no value here.
+        SecretUnusable: a secret's value holds a line break or a NUL byte.
     """
     target = ctx.target(spec.target)
     if root_unsaid(target):
@@ -110,5 +112,9 @@ def check_launch(ctx: Context, spec: LaunchSpec) -> Permit:
             value = None if text is None else SecretStr(text)
         if value is None:
             raise SecretMissing(name, ctx.settings.secrets.path)
+        try:
+            check_secret_value(name, value.get_secret_value())
+        except ValueError:
+            raise SecretUnusable(name) from None
         found[name] = value
     return Permit(found, upload, target)

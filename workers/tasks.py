@@ -72,6 +72,7 @@ from . import reconcile as sweep
 from .app import NO_EVENTS, QuietTask, app, settings
 from .artifacts import retrieve_artifacts
 from .context import Context, utcnow
+from .errors import NotAllowed, SecretMissing, SecretUnusable
 from .executors import ExecError
 from .memory import watch_memory
 from .notify import observe_tick
@@ -129,6 +130,9 @@ _M = TypeVar("_M", bound=BaseModel)
 
 REFUSALS: Final = (
     SchemaError,
+    NotAllowed,
+    SecretMissing,
+    SecretUnusable,
     NotFound,
     UnknownTarget,
     NotStarted,

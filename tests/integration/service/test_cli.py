@@ -401,6 +401,8 @@ def test_targets_add_refuses_an_upload_root_holding_or_inside_the_state(
         (["--workdir", "/srv", "--ssh", "u@h", "--port", "0"], ""),  # typer's range check
         (["--workdir", "/srv", "--ssh", "u@h", "--run-as", "root"], "run_as root is for local"),
         (["--workdir", "/srv", "--run-as", "$(touch PWNED)"], "is not a user name"),
+        (["--workdir", "/srv", "--allow-secret", "IFS"], "the shells that start the job set"),
+        (["--workdir", "/srv", "--allow-secret", "RUNWARDEN_MARK"], "the service's own"),
         (["--workdir", "/srv", "--preemption", "oracle"], "preemption"),
         (["--workdir", "/srv", "--preemption", "$(touch PWNED)"], "preemption"),
     ],
@@ -411,6 +413,8 @@ def test_targets_add_refuses_an_upload_root_holding_or_inside_the_state(
         "port-0",
         "run-as-root-with-ssh",
         "run-as-hostile",
+        "allow-secret-ifs",
+        "allow-secret-service-own",
         "preemption-unknown",
         "preemption-hostile",
     ],

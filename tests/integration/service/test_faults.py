@@ -450,6 +450,18 @@ def test_bad_input_through_the_api_is_refused_and_disturbs_nothing(
     # has the task's answer.
     wait_for(lambda: "secret RW_FAULTS_TOKEN is not set" in pipeline.worker_log("w1"), 10)
     assert value not in pipeline.worker_log("w1")
+    # Set, but on two lines: no job could receive it as it is. Refused before anything
+    # is claimed, naming it, never its value, on one line of the worker's log.
+    api.settings.secrets.ensure("RW_FAULTS_TOKEN", make=f"{value}\nsecond-line")
+    try:
+        with pytest.raises(OperationFailed, match="secret RW_FAULTS_TOKEN holds a line break"):
+            api.launch(spec, wait_s=30)
+        assert api.list_runs() == runs_before
+        wait_for(lambda: "RW_FAULTS_TOKEN holds a line break" in pipeline.worker_log("w1"), 10)
+        assert value not in pipeline.worker_log("w1")
+        assert "second-line" not in pipeline.worker_log("w1")
+    finally:
+        api.settings.secrets.remove("RW_FAULTS_TOKEN")
     api.add_target(local)
 
     # Stop or cancel a run that already ended: NotRunning, with its state.
