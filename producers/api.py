@@ -25,7 +25,14 @@ from schemas import (
     StopState,
     TargetConfig,
 )
-from schemas.auth import OPERATOR, new_task_id, sign, sign_target
+from schemas.auth import (
+    OPERATOR,
+    Unauthenticated,
+    new_task_id,
+    sign,
+    sign_target,
+    verify_target,
+)
 from schemas.budget import StopBudget, stop_budget
 from schemas.chain import MAX_CHAIN
 from schemas.doctor import DoctorReport
@@ -391,6 +398,26 @@ class Runwarden:
 
     def list_targets(self) -> list[TargetConfig]:
         return [TargetConfig.model_validate(c) for c in self.store.targets.all().values()]
+
+    def verified_targets(self) -> dict[str, bool | None]:
+        """Per stored target, whether its record is signed by this service's operator
+        key, as a worker checks it (False: unsigned, forged or changed in Redis, and
+        refused by every worker); None for all when this client has no operator key
+        to check with."""
+        records = self.store.targets.all_signed()
+        try:
+            key = self._key(OPERATOR)
+        except SecretsError:
+            return dict.fromkeys(records)
+        verified: dict[str, bool | None] = {}
+        for name, (config, signature) in records.items():
+            try:
+                verify_target(name, config, signature, key)
+            except Unauthenticated:
+                verified[name] = False
+            else:
+                verified[name] = True
+        return verified
 
     def remove_target(self, name: str) -> bool:
         return self.store.targets.remove(name)

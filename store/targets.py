@@ -108,6 +108,14 @@ class Targets(StorePart):
         return dict(sorted(items.items()))
 
     @translated
+    def all_signed(self) -> dict[str, tuple[dict[str, Any], str | None]]:
+        """Every target, its config and its stored signature (None: unsigned), ordered
+        by name."""
+        raw = self._r.hgetall(self.keys.targets)
+        items = {text(name): _unwrap(json.loads(value)) for name, value in raw.items()}
+        return dict(sorted(items.items()))
+
+    @translated
     def remove(self, name: str) -> bool:
         """Forgets target `name`; whether it existed. Runs recorded on it keep its
         name (and stay followed): their target can be added again."""

@@ -154,7 +154,9 @@ def targets_add(
 
 @targets_app.command("ls")
 def targets_ls(as_json: Annotated[bool, json_option("the targets' records")] = False) -> None:
-    """List targets.
+    """List targets, and whether each record is signed by this service's operator key
+    (a record written into Redis by anyone else says NO: every worker refuses it; `?`:
+    this machine has no operator key to tell).
 
     \b
     Examples:
@@ -163,13 +165,17 @@ def targets_ls(as_json: Annotated[bool, json_option("the targets' records")] = F
     """
     api = client()
     targets = run_op(api.list_targets)
+    verified = run_op(api.verified_targets)
     if as_json:
-        print_json([t.model_dump(mode="json") for t in targets])
+        print_json(
+            [{**t.model_dump(mode="json"), "verified": verified.get(t.name)} for t in targets]
+        )
         return
-    table = Table("name", "kind", "workdir", "ssh", "run as", "preemption")
+    table = Table("name", "kind", "workdir", "ssh", "run as", "preemption", "signed")
     for t in targets:
         ssh = escape(t.ssh.destination) if t.ssh else ""
-        table.add_row(t.name, t.kind, escape(t.workdir), ssh, t.run_as or "", t.preemption)
+        signed = {True: "yes", False: "NO: refused by the workers", None: "?"}[verified.get(t.name)]
+        table.add_row(t.name, t.kind, escape(t.workdir), ssh, t.run_as or "", t.preemption, signed)
     print_table(table)
 
 

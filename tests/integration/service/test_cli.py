@@ -339,18 +339,27 @@ def test_targets_add_ls_rm(pipeline: Pipeline, tmp_path: Path) -> None:
     assert str(scratch) in rows["scratch"]
     assert " local " in rows["scratch"]
     assert " nobody " in rows["mine"]
-    assert rows["spot"].split("│")[-2].strip() == "aws"
+    assert rows["spot"].split("│")[-3].strip() == "aws"
+    assert {row.split("│")[-2].strip() for row in rows.values()} == {"yes"}
+    # A record written into Redis by anyone but the operator: shown, marked, refused.
+    forged = {**pipeline.api.store.targets.get("scratch"), "name": "forged"}
+    pipeline.api.store.targets.put("forged", forged, "0" * 64)
+    rows = {line.split()[1]: line for line in ok(rw(pipeline, "targets", "ls")).splitlines()
+            if line.startswith("│")}  # fmt: skip
+    assert "NO: refused by the workers" in rows["forged"]
 
     listed = as_json(rw(pipeline, "targets", "ls", "--json"))
     assert isinstance(listed, list)
     for item in listed:
-        assert set(item) == set(TargetConfig.model_fields), item
-        TargetConfig.model_validate(item)
+        assert set(item) == {*TargetConfig.model_fields, "verified"}, item
+        TargetConfig.model_validate({k: v for k, v in item.items() if k != "verified"})
     by_name = {item["name"]: item for item in listed}
     assert by_name["scratch"] == {
         "name": "scratch", "kind": "local", "workdir": str(scratch), "ssh": None,
         "allow_secrets": [], "upload_roots": [], "run_as": None, "preemption": "off",
+        "verified": True,
     }  # fmt: skip
+    assert by_name["forged"]["verified"] is False
     assert by_name["mine"]["run_as"] == "nobody"
     assert by_name["spot"]["preemption"] == "aws"
     gpu = by_name["gpu"]
@@ -366,7 +375,7 @@ def test_targets_add_ls_rm(pipeline: Pipeline, tmp_path: Path) -> None:
     ssh2 = pipeline.api.store.targets.get("gpu2")["ssh"]
     assert (ssh2["destination"], ssh2["port"]) == ("u@h", 22)
 
-    for name in ("gpu", "gpu2", "scratch", "mine", "spot"):
+    for name in ("gpu", "gpu2", "scratch", "mine", "spot", "forged"):
         assert ok(rw(pipeline, "targets", "rm", name)).strip() == f"removed target {name}"
     refused(rw(pipeline, "targets", "rm", "gpu"), 2, "no target 'gpu'")
     names = {t["name"] for t in as_json(rw(pipeline, "targets", "ls", "--json"))}  # type: ignore[attr-defined]
