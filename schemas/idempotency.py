@@ -30,6 +30,7 @@ from .secrets import PRODUCER_NAME
 __all__ = [
     "LAUNCH_KEY_MAX_LEN",
     "LaunchKey",
+    "adopt_key",
     "new_launch_key",
     "owned_launch_key",
     "task_launch_key",
@@ -68,6 +69,17 @@ def new_launch_key() -> str:
     return secrets.token_hex(16)
 
 
+def adopt_key(task_id: str) -> str:
+    """The key of the adoption (`runwarden.follow` of a directory) in the message
+    `task_id`, as [`task_launch_key`] makes a launch's but `adopt-...`: a redelivered
+    adoption finds the run it made, and no launch's key is ever one.
+
+    Raises:
+        SchemaError: for an empty task id.
+    """
+    return _derived("adopt-", task_id)
+
+
 def task_launch_key(task_id: str) -> str:
     """The launch key of a launch message that carries none, derived from the message's
     own task id (a redelivered message keeps its id, so it gets the same key):
@@ -77,12 +89,16 @@ def task_launch_key(task_id: str) -> str:
     Raises:
         SchemaError: for an empty task id (no message to derive a key from).
     """
+    return _derived(_TASK_PREFIX, task_id)
+
+
+def _derived(prefix: str, task_id: str) -> str:
     if not isinstance(task_id, str) or not task_id:
         raise SchemaError("a launch key needs a task id to derive it from")
-    key = _TASK_PREFIX + task_id
+    key = prefix + task_id
     if len(key) <= LAUNCH_KEY_MAX_LEN and _KEY.fullmatch(key) is not None:
         return key
-    return _TASK_PREFIX + hashlib.sha256(task_id.encode("utf-8", "surrogatepass")).hexdigest()
+    return prefix + hashlib.sha256(task_id.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def owned_launch_key(producer: str, key: str) -> str:

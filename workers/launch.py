@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Final
 
 from schemas import (
+    Conflict,
     JobCommand,
     JobId,
     NotResumable,
@@ -452,14 +453,23 @@ def _upload_checkpoint(
     return remote
 
 
-def adopt(ctx: Context, target: str, run_dir: str, now: datetime) -> RunRecord:
+def adopt(
+    ctx: Context, target: str, run_dir: str, now: datetime, key: str | None = None
+) -> RunRecord:
     """Follows a run directory started elsewhere (by hand, or by overbrainer): its pid
     from `job.pid`; its id from the directory's name when that is a free run id, else
-    a new one.
+    a new one. Once per `key` (the task gives its producer's key of the message, as a
+    launch's: a redelivered adoption finds the run it made, and follows it again),
+    none: every call adopts.
 
     Raises:
         LaunchError: when the directory holds no usable `job.pid`.
     """
+    if key is not None:
+        made = ctx.store.launches.launch(key)
+        if made is not None:
+            log.info("run %s: its adoption (key %s) came again", made, key)
+            return follow_again(ctx, made)
     executor = ctx.executor(target)
     raw = executor.read_from(f"{run_dir}/{PID_FILE}", 0, 32).decode("ascii", "replace")
     try:
@@ -480,7 +490,15 @@ def adopt(ctx: Context, target: str, run_dir: str, now: datetime) -> RunRecord:
         state=RunState.RUNNING,
         command=ADOPTED_COMMAND,
     )
-    while not ctx.store.runs.create(record):
+    while True:
+        try:
+            if ctx.store.runs.create(record, key=key):
+                break
+        except Conflict:  # the same adoption, at work on another worker, made it first
+            made = ctx.store.launches.launch(key) if key is not None else None
+            if made is None:
+                raise
+            return follow_again(ctx, made)
         record = record.model_copy(update={"id": next_run_id(record.id)})
     ctx.store.follow.add(record.id)
     return record

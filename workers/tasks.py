@@ -61,7 +61,7 @@ from schemas.events import (
     TimeoutBody,
     describe,
 )
-from schemas.idempotency import owned_launch_key, task_launch_key
+from schemas.idempotency import adopt_key, owned_launch_key, task_launch_key
 from schemas.targets import TARGET_NAME
 from store import RunStore
 
@@ -190,13 +190,15 @@ def launch(self: Any, body: Any = None, auth: Any = None) -> dict[str, Any]:
 
 @app.task(name=TASK_FOLLOW, throws=REFUSALS)
 def follow(body: Any = None, auth: Any = None) -> dict[str, Any]:
-    request, _ = _parse(FollowBody, body, auth, TASK_FOLLOW)
+    request, producer = _parse(FollowBody, body, auth, TASK_FOLLOW)
     if request.run_id is not None:
         record = launching.follow_again(context(), request.run_id)
     else:
         assert request.target is not None
         assert request.dir is not None
-        record = launching.adopt(context(), request.target, request.dir, utcnow())
+        task_id = _message_id()
+        key = None if task_id is None else owned_launch_key(producer, adopt_key(task_id))
+        record = launching.adopt(context(), request.target, request.dir, utcnow(), key)
     return {"run_id": record.id, "state": str(record.state)}
 
 

@@ -35,7 +35,7 @@ import typer.main
 from rich.console import Console
 from typer.testing import CliRunner
 
-from bench.harness.pipeline import CLOCKS, Pipeline, running_pipeline
+from bench.harness.pipeline import CLOCKS, Pipeline, running_pipeline, signed
 from bench.harness.users import as_the_worker_args
 from producers import cli
 from producers.cli import common as cli_common
@@ -50,9 +50,11 @@ from schemas import (
     UnknownTarget,
     validate_run_id,
 )
+from schemas.auth import new_task_id
+from schemas.events import TASK_FOLLOW
 from workers.cgroups import CGROUP_PARENT, hierarchy
 
-from ...conftest import JOBSIDE, ROOT, TOY_TRAINER
+from ...conftest import JOBSIDE, ROOT, TOY_TRAINER, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -671,6 +673,36 @@ def test_follow_errors_from_the_worker_read_as_the_same_errors_locally(
     assert line == f"error: no run '{UNKNOWN_RUN}'"
     line = refused(rw(pipeline, "follow", "--target", "nope", "--dir", "/tmp/x"), 2)
     assert line == "error: no target 'nope' (see `runwarden targets ls`)"
+
+
+def test_an_adoption_delivered_again_follows_the_run_it_made(pipeline: Pipeline) -> None:
+    """The same `runwarden.follow` of a directory delivered twice (a redelivery keeps
+    its task id): one run, not two following the same job."""
+    run_dir = pipeline.workdir / "adopted-twice"
+    run_dir.mkdir()
+    job = subprocess.Popen(
+        ["sh", "-c", "echo $$ > job.pid; exec sleep 600"], cwd=run_dir,
+        stdin=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    threading.Thread(target=job.wait, daemon=True).start()
+    try:
+        pid = run_dir / "job.pid"
+        wait_for(lambda: pid.exists() and pid.read_text().strip() == str(job.pid))
+        body = {"target": "local", "dir": str(run_dir)}
+        task_id = new_task_id()
+        kwargs = signed(pipeline.api.settings, TASK_FOLLOW, body, task_id=task_id)
+        answers = []
+        for _ in range(2):
+            sent = pipeline.api.app.send_task(TASK_FOLLOW, kwargs=kwargs, task_id=task_id)
+            answers.append(sent.get(timeout=30))
+            sent.forget()  # the next get waits for the next delivery's own answer
+        assert answers[0] == answers[1] == {"run_id": "adopted-twice", "state": "running"}
+        runs = [r.id for r in pipeline.api.list_runs() if r.remote_dir == str(run_dir)]
+        assert runs == ["adopted-twice"]
+        pipeline.api.cancel("adopted-twice")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.pid, signal.SIGKILL)
 
 
 def test_follow_adopts_a_run_directory_started_by_hand(pipeline: Pipeline) -> None:
