@@ -1,6 +1,13 @@
 """Where an SSH target is and how to reach it: `user@host[:port]` or an alias of an
-ssh config file (HostName, User, Port, IdentityFile, ProxyJump, ConnectTimeout,
-ServerAliveInterval, UserKnownHostsFile), resolved once into an [`SshDestination`].
+ssh config file (HostName, User, Port, IdentityFile, ProxyJump, ProxyCommand,
+ConnectTimeout, ServerAliveInterval, UserKnownHostsFile), resolved once into an
+[`SshDestination`].
+
+A ProxyCommand (its `%h`, `%p` and `%r` expanded, as paramiko does) is run by the
+worker for the first host of a route, without a shell (its words split as a shell
+would: no pipes, redirections or variables), its standard input and output the
+connection, and ended and reaped with it; a host with both ProxyJump and ProxyCommand is refused (OpenSSH takes
+whichever comes first in the file, which paramiko does not tell).
 
 Host keys are always checked strictly against known_hosts, whatever the config file
 says about `StrictHostKeyChecking`: runwarden never trusts a key it has not seen.
@@ -47,6 +54,9 @@ class SshDestination:
     known_hosts: tuple[Path, ...] = ()
     jumps: tuple[SshDestination, ...] = ()
     """Hops to go through first, in order (ProxyJump)."""
+    proxy_command: str | None = None
+    """The command whose standard input and output reach this host (ProxyCommand,
+    expanded), for the first host of a route; None: a direct connection."""
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
     keepalive_s: float = DEFAULT_KEEPALIVE_S
     alias: str | None = None
@@ -114,8 +124,9 @@ def resolve_destination(
     resolved the same way, through the same config and known_hosts.
 
     Raises:
-        InvalidArgument: for a malformed destination, an unreadable config file, or
-            a ProxyJump chain longer than [`MAX_JUMPS`] (or a loop).
+        InvalidArgument: for a malformed destination, an unreadable config file, a
+            ProxyJump chain longer than [`MAX_JUMPS`] (or a loop), or a host with both
+            ProxyJump and ProxyCommand.
     """
     if _depth > MAX_JUMPS:
         raise InvalidArgument(f"ProxyJump chain longer than {MAX_JUMPS} hops (a loop?)")
@@ -147,6 +158,12 @@ def resolve_destination(
             )
             for hop in str(proxy).split(",")
         )
+    command = options.get("proxycommand")
+    proxy_command = None if not command or str(command).lower() == "none" else str(command)
+    if proxy_command is not None and jumps:
+        raise InvalidArgument(
+            f"{host}: both ProxyJump and ProxyCommand are set in {ssh_config}: keep one"
+        )
     return SshDestination(
         host=str(options.get("hostname", host)),
         port=resolved_port,
@@ -154,6 +171,7 @@ def resolve_destination(
         identity_files=identities,
         known_hosts=hosts_files,
         jumps=jumps,
+        proxy_command=proxy_command,
         connect_timeout_s=_seconds(options.get("connecttimeout"), DEFAULT_CONNECT_TIMEOUT_S),
         keepalive_s=_seconds(options.get("serveraliveinterval"), DEFAULT_KEEPALIVE_S),
         alias=alias,

@@ -8,6 +8,7 @@ import contextlib
 import os
 import secrets as _secrets
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -150,14 +151,46 @@ class _Shell:
             self.channel.close()
 
 
+_PROXY_REAP_S: Final = 5.0
+"""How long closing a connection waits for its ProxyCommand to end after SIGTERM
+before it is killed, in seconds."""
+
+
+class _Proxy(paramiko.ProxyCommand):
+    """paramiko's ProxyCommand whose close, called by the transport's thread and by
+    [`SshConnection.close`] alike, ends the command once (SIGTERM, SIGKILL after
+    [`_PROXY_REAP_S`]) and reaps it: paramiko's own only signals it, again at each
+    call, which leaves a zombie per connection in a long-lived worker, and would
+    signal whatever process got the pid once it was reaped."""
+
+    def __init__(self, command_line: str) -> None:
+        super().__init__(command_line)
+        self._ending = threading.Lock()
+
+    def close(self) -> None:
+        with self._ending:
+            if self.process.returncode is not None:
+                return
+            with contextlib.suppress(OSError):
+                self.process.terminate()
+            try:
+                self.process.wait(timeout=_PROXY_REAP_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.process.wait(timeout=_PROXY_REAP_S)
+
+
 class SshConnection:
-    """One SSH connection to `destination`, through its ProxyJump hops. The
+    """One SSH connection to `destination`, through its ProxyJump hops or its
+    ProxyCommand (`config`, module docstring). The
     constructor only stores; [`open`] connects and is idempotent; operations open
     lazily; [`close`] releases everything (shells, channels, hops)."""
 
     def __init__(self, destination: SshDestination) -> None:
         self.destination = destination
         self._clients: list[paramiko.SSHClient] = []
+        self._proxy: _Proxy | None = None
         self._transport: paramiko.Transport | None = None
         self._shells: list[_Shell] = []
         self._shell_count = 0
@@ -193,10 +226,13 @@ class SshConnection:
             if self._transport is not None and self._transport.is_active():
                 return self._transport
             self.close()
-            sock: paramiko.Channel | None = None
+            sock: paramiko.Channel | paramiko.ProxyCommand | None = None
             try:
                 route = self.destination.route
                 for index, hop in enumerate(route):
+                    if index == 0 and hop.proxy_command is not None:
+                        # Ended with the connection ([`close`]).
+                        sock = self._proxy = _Proxy(hop.proxy_command)
                     client = self._client(hop, sock)
                     self._clients.append(client)
                     transport = client.get_transport()
@@ -222,7 +258,9 @@ class SshConnection:
             return transport
 
     @staticmethod
-    def _client(hop: SshDestination, sock: paramiko.Channel | None) -> paramiko.SSHClient:
+    def _client(
+        hop: SshDestination, sock: paramiko.Channel | paramiko.ProxyCommand | None
+    ) -> paramiko.SSHClient:
         client = paramiko.SSHClient()
         for path in hop.known_hosts:
             if path.exists():
@@ -360,6 +398,9 @@ class SshConnection:
                     client.close()
             self._clients = []
             self._transport = None
+            proxy, self._proxy = self._proxy, None
+            if proxy is not None:
+                proxy.close()
 
 
 class _Pool:

@@ -1,5 +1,5 @@
 """`workers.executors.ssh.config`: destinations parsed and resolved through an
-ssh_config (aliases, ProxyJump chains and loops), without connecting."""
+ssh_config (aliases, ProxyJump chains and loops, ProxyCommand), without connecting."""
 
 from __future__ import annotations
 
@@ -44,3 +44,19 @@ def test_a_proxyjump_loop_is_refused(tmp_path: Path) -> None:
     config.write_text("Host a\n  ProxyJump b\nHost b\n  ProxyJump a\n")
     with pytest.raises(InvalidArgument, match="ProxyJump"):
         resolve_destination("a", ssh_config=config)
+
+
+def test_a_proxycommand_is_expanded_and_never_mixed_with_a_proxyjump(tmp_path: Path) -> None:
+    config = tmp_path / "config"
+    config.write_text(
+        "Host via\n  HostName 10.1.2.3\n  User trainer\n  Port 2201\n"
+        "  ProxyCommand ssh -W %h:%p %r@bastion\n"
+        "Host direct\n  HostName 10.1.2.4\n  ProxyCommand none\n"
+        "Host both\n  ProxyJump via\n  ProxyCommand nc %h %p\n"
+    )
+    via = resolve_destination("via", ssh_config=config)
+    assert via.proxy_command == "ssh -W 10.1.2.3:2201 trainer@bastion"
+    assert resolve_destination("direct", ssh_config=config).proxy_command is None
+    assert resolve_destination("user@host").proxy_command is None
+    with pytest.raises(InvalidArgument, match="both ProxyJump and ProxyCommand"):
+        resolve_destination("both", ssh_config=config)

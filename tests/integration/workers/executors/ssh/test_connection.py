@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness.processes import children, read_proc
 from bench.harness.sshd import (
     SshServer,
     make_key,
@@ -322,6 +323,58 @@ def test_every_hop_is_host_key_checked(tmp_path: Path) -> None:
             run_script(executor, "true")
         assert raised.value.kind == "host_key"
         assert "CHANGED" in raised.value.message
+
+
+# --- ProxyCommand ------------------------------------------------------------------
+
+
+def _proxied_config(tmp_path: Path, inner: SshServer, chain_config: Path, command: str) -> Path:
+    """The chain's ssh config plus `rw-proxied`: the inner server, reached through
+    `command` (a ProxyCommand) instead of a ProxyJump."""
+    block = "\n".join([
+        "Host rw-proxied",
+        f"  HostName {inner.host}",
+        f"  Port {inner.port}",
+        f"  User {inner.user}",
+        f"  IdentityFile {inner.client_key}",
+        f"  UserKnownHostsFile {inner.known_hosts}",
+        f"  ProxyCommand {command}",
+    ])  # fmt: skip
+    path = tmp_path / "proxied_config"
+    path.write_text(chain_config.read_text() + "\n" + block + "\n", encoding="utf-8")
+    return path
+
+
+def test_proxycommand_through_a_bastion(tmp_path: Path) -> None:
+    """The inner server is reachable only through the bastion (network namespaces):
+    OpenSSH's own `ssh -W %h:%p` as the ProxyCommand gets there, `%h` and `%p`
+    expanded; the proxy ends with the connection."""
+    with running_jump_chain(tmp_path, 2, aliases=["rw-bastion", "rw-inner"]) as (_, inner):
+        command = f"ssh -F {inner.ssh_config} -W %h:%p rw-bastion"
+        config = _proxied_config(tmp_path, inner, inner.ssh_config, command)
+        executor = SshExecutor.connect("rw-proxied", str(tmp_path), ssh_config=config)
+        expected = command.replace("%h", inner.host).replace("%p", str(inner.port))
+        assert executor.destination.proxy_command == expected
+        assert run_script(executor, "echo through") == b"through\n"
+        proxies = [
+            p
+            for p in children(os.getpid())
+            if b"-W" in read_proc(f"/proc/{p}/cmdline").split(b"\0")
+        ]
+        assert len(proxies) == 1
+        executor.close()
+        # Ended and reaped: not even a zombie left.
+        assert not any(Path(f"/proc/{p}").exists() for p in proxies)
+
+
+def test_a_proxycommand_that_fails_is_a_connect_error_and_leaves_nothing(tmp_path: Path) -> None:
+    with running_jump_chain(tmp_path, 2, aliases=["rw-bastion", "rw-inner"]) as (_, inner):
+        config = _proxied_config(tmp_path, inner, inner.ssh_config, "false %h %p")
+        executor = SshExecutor.connect("rw-proxied", str(tmp_path), ssh_config=config)
+        with pytest.raises(SshError) as raised:
+            run_script(executor, "true")
+        assert raised.value.kind == "connect"
+        executor.close()
 
 
 # --- the pool ----------------------------------------------------------------------
