@@ -3,9 +3,9 @@ a bare `sh -c true` started the same way, measured in the same run.
 
     .venv/bin/python bench/local_ops.py [--repeat N]
 
-`local` is LocalExecutor (status through the shared script; read_from and put_file
-native); `shell` runs every operation through the scripts, as the SSH executor
-does, over a local transport.
+`local` is LocalExecutor (a live job's status read here, from the kernel, with no
+script: `executors/liveness.py`; read_from and put_file native); `shell` runs every
+operation through the scripts, as the SSH executor does, over a local transport.
 """
 
 from __future__ import annotations
