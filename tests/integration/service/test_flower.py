@@ -94,11 +94,21 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Pipeline, 
             proc.wait(timeout=15)
 
 
-def test_flower_needs_its_password(setup: tuple[Pipeline, Flower]) -> None:
+@pytest.mark.parametrize("path", ["/api/workers", "/metrics", "/", "/tasks", "/api/tasks"])
+def test_flower_needs_its_password(setup: tuple[Pipeline, Flower], path: str) -> None:
+    """Every page, `/metrics` too (Flower 2.2 serves it openly by itself)."""
     _, flower = setup
     with pytest.raises(urllib.error.HTTPError) as raised:
-        flower.call("/api/workers", auth=None)
+        urllib.request.urlopen(flower.base + path, timeout=10)  # noqa: S310 - our loopback
     assert raised.value.code == 401
+
+
+def test_flower_s_metrics_answer_with_the_password(setup: tuple[Pipeline, Flower]) -> None:
+    _, flower = setup
+    request = urllib.request.Request(flower.base + "/metrics")  # noqa: S310 - our loopback
+    request.add_header("Authorization", "Basic " + base64.b64encode(AUTH.encode()).decode())
+    with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 - our loopback
+        assert b"flower_" in response.read()
 
 
 def test_the_pending_proof_countdown_is_visible_with_its_eta(

@@ -6,8 +6,9 @@ ConnectTimeout, ServerAliveInterval, UserKnownHostsFile), resolved once into an
 A ProxyCommand (its `%h`, `%p` and `%r` expanded, as paramiko does) is run by the
 worker for the first host of a route, without a shell (its words split as a shell
 would: no pipes, redirections or variables), its standard input and output the
-connection, and ended and reaped with it; a host with both ProxyJump and ProxyCommand is refused (OpenSSH takes
-whichever comes first in the file, which paramiko does not tell).
+connection, and ended and reaped with it; a host with both ProxyJump and ProxyCommand
+is refused (OpenSSH takes whichever comes first in the file, which paramiko does not
+tell).
 
 Host keys are always checked strictly against known_hosts, whatever the config file
 says about `StrictHostKeyChecking`: runwarden never trusts a key it has not seen.
