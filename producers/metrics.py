@@ -1,5 +1,8 @@
 """The Prometheus endpoint of runwarden (`runwarden serve --metrics-port PORT`):
-`GET /metrics` in the text exposition format, on loopback only.
+`GET /metrics` in the text exposition format, on loopback only, behind HTTP basic
+auth with the credentials of Flower and the web view (the secrets directory's
+`flower-basic-auth`, `user:password`): a process of this machine that does not hold
+them gets 401, never the runs' states, targets and counts.
 
 How the numbers are collected: the Celery workers are separate prefork processes,
 so none of them holds them. Everything is read from the run store when the endpoint
@@ -21,26 +24,32 @@ a scrape answers `runwarden_store_up 0` and nothing else.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hmac
 import ipaddress
 import logging
+import secrets
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Final
-from wsgiref.simple_server import WSGIServer
+from typing import Any, Final
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
 )
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
 from schemas import RunError, RunState, Settings, StopPhase
 from schemas.metrics import METRICS, RUNS, STOPS_IN_FLIGHT, WEBHOOK_PENDING
+from schemas.secrets import FLOWER_AUTH
 from store import RunStore
 
 __all__ = ["DEFAULT_METRICS_PORT", "MetricsServer", "StoreCollector", "serve_metrics"]
@@ -125,18 +134,51 @@ class MetricsServer:
         self.thread.join(timeout=5)
 
 
+_AUTH_HEADER_BYTES: Final = 4 * 1024
+_Wsgi = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+def _guarded(app: _Wsgi, credentials: str) -> _Wsgi:
+    """`app` behind HTTP basic auth with `credentials` (`user:password`), compared in
+    constant time; anything else is answered 401 with a challenge."""
+    expected = credentials.encode()
+
+    def guarded(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        header = str(environ.get("HTTP_AUTHORIZATION", ""))[:_AUTH_HEADER_BYTES]
+        scheme, _, encoded = header.strip().partition(" ")
+        try:
+            given = base64.b64decode(encoded.strip(), validate=True)
+        except (binascii.Error, ValueError):
+            given = b""
+        if scheme.lower() == "basic" and hmac.compare_digest(given, expected):
+            return app(environ, start_response)
+        start_response(
+            "401 Unauthorized",
+            [("Content-Type", "text/plain"), ("WWW-Authenticate", 'Basic realm="runwarden"')],
+        )
+        return [b"authentication required\n"]
+
+    return guarded
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Scrapes are not logged."""
+
+
 def serve_metrics(
     settings: Settings, host: str = "127.0.0.1", port: int = DEFAULT_METRICS_PORT
 ) -> MetricsServer:
     """Serves runwarden's metrics on `http://host:port/metrics` from a daemon thread
-    of this process, and returns at once. `host` is a loopback address (the
-    endpoint has no authentication); port 0 picks a free port (see the returned
-    `port`).
+    of this process, and returns at once, behind the credentials of Flower and the
+    web view (the secrets directory's `flower-basic-auth`, made when missing). `host`
+    is a loopback address; port 0 picks a free port (see the returned `port`).
 
     Raises:
         ValueError: `host` is not a loopback address, or `port` is out of range.
         OSError: the port cannot be bound.
-        SecretsError: the Redis password cannot be read from the secrets directory.
+        SecretsError: the Redis password or the credentials cannot be read (or made)
+            in the secrets directory.
     """
     try:
         loopback = ipaddress.ip_address(host).is_loopback
@@ -146,7 +188,11 @@ def serve_metrics(
         raise ValueError(f"the metrics endpoint listens on loopback only, not {host[:80]!r}")
     if not 0 <= port <= 65535:
         raise ValueError(f"invalid port {port}")
+    credentials, _ = settings.secrets.ensure(FLOWER_AUTH, f"runwarden:{secrets.token_urlsafe(24)}")
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StoreCollector(RunStore.from_url(settings.store_url())))
-    server, thread = start_http_server(port, addr=host, registry=registry)
+    app = _guarded(make_wsgi_app(registry), credentials.get_secret_value())
+    server = make_server(host, port, app, ThreadingWSGIServer, handler_class=_Quiet)
+    thread = threading.Thread(target=server.serve_forever, name="metrics", daemon=True)
+    thread.start()
     return MetricsServer(server, thread, host, server.server_port)

@@ -208,9 +208,9 @@ class Service:
                 raise ServeError(f"cannot serve metrics on 127.0.0.1:{port}: {error}") from error
             self._supervisor.children.append(metrics)
             said.append(f"metrics: http://127.0.0.1:{port}/metrics")
-        if self.options.flower or self.options.web:
+        if self.options.flower or self.options.web or port is not None:
             user, password, where = self.credentials()
-            said.append(f"credentials of Flower and the web view: {where}")
+            said.append(f"credentials of Flower, the web view and the metrics: {where}")
             if self.options.flower:
                 self.env["RUNWARDEN_FLOWER_AUTH_FILE"] = str(where)
             if self.options.web:

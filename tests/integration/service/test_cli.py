@@ -12,6 +12,7 @@ stderr for an error, and never a traceback.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -23,6 +24,7 @@ import sys
 import threading
 import time
 import traceback
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -1127,8 +1129,15 @@ def test_serve_runs_the_service_and_stops_on_ctrl_c(tmp_path: Path) -> None:
         out = ok(run_cli(env, "logs", "-f", run_id, timeout=60, own_process=True))
         assert "training done at step 10" in out.splitlines(), out
         assert as_json(run_cli(env, "show", run_id, "--json"))["state"] == "succeeded"  # type: ignore[index]
-        # serve --metrics-port: the store's numbers on loopback.
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        # serve --metrics-port: the store's numbers on loopback, behind the credentials.
+        url = f"http://127.0.0.1:{port}/metrics"
+        with pytest.raises(urllib.error.HTTPError) as unauthorized:
+            urllib.request.urlopen(url, timeout=10)
+        assert unauthorized.value.code == 401
+        held = (state / "secrets" / "flower-basic-auth").read_text().strip()
+        auth = {"Authorization": "Basic " + base64.b64encode(held.encode()).decode()}
+        request = urllib.request.Request(url, headers=auth)
+        with urllib.request.urlopen(request, timeout=10) as answer:  # noqa: S310 - our loopback
             metrics = answer.read().decode()
         assert 'runwarden_runs{state="succeeded"} 1.0' in metrics, metrics
     finally:

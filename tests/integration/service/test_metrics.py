@@ -6,18 +6,21 @@ the proof deadline counts by its cause, follow ticks are timed per target."""
 
 from __future__ import annotations
 
+import base64
 import time
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.harness.pipeline import CLOCKS, Pipeline, running_pipeline, toy
-from producers.metrics import MetricsServer, serve_metrics
+from producers.metrics import serve_metrics
 from schemas import RunLimits, RunState, StopPhase
 from schemas.events import LaunchSpec
+from schemas.secrets import FLOWER_AUTH
 
 pytestmark = pytest.mark.slow
 
@@ -34,16 +37,28 @@ def pipeline(tmp_path: Path) -> Iterator[Pipeline]:
             started.kill_jobs()
 
 
+@dataclass(frozen=True)
+class Endpoint:
+    """A running endpoint, and its credentials as a scraper holds them (base64 of
+    `user:password`)."""
+
+    port: int
+    auth: str
+
+
 @pytest.fixture
-def endpoint(pipeline: Pipeline) -> Iterator[MetricsServer]:
+def endpoint(pipeline: Pipeline) -> Iterator[Endpoint]:
     server = serve_metrics(pipeline.api.settings, "127.0.0.1", 0)
-    yield server
+    held = pipeline.api.settings.secrets.read(FLOWER_AUTH)
+    assert held is not None
+    yield Endpoint(server.port, base64.b64encode(held.get_secret_value().encode()).decode())
     server.close()
 
 
-def scrape(endpoint: MetricsServer) -> Samples:
+def scrape(endpoint: Endpoint) -> Samples:
     url = f"http://127.0.0.1:{endpoint.port}/metrics"
-    with urllib.request.urlopen(url, timeout=10) as answer:
+    request = urllib.request.Request(url, headers={"Authorization": f"Basic {endpoint.auth}"})
+    with urllib.request.urlopen(request, timeout=10) as answer:  # noqa: S310 - our loopback
         text = answer.read().decode()
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value
@@ -56,7 +71,7 @@ def value(samples: Samples, name: str, **labels: str) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
-def settled(endpoint: MetricsServer, name: str, want: float, timeout_s: float = 30, **labels: str
+def settled(endpoint: Endpoint, name: str, want: float, timeout_s: float = 30, **labels: str
             ) -> Samples:  # fmt: skip
     """A scrape once `name{labels}` is `want`: the workers tell what happened just
     after they record it."""
@@ -74,7 +89,7 @@ def launch(pipeline: Pipeline, *args: str) -> str:
     return pipeline.api.launch(spec, wait_s=60).id
 
 
-def test_the_numbers_move_with_the_runs(pipeline: Pipeline, endpoint: MetricsServer) -> None:
+def test_the_numbers_move_with_the_runs(pipeline: Pipeline, endpoint: Endpoint) -> None:
     before = scrape(endpoint)
     assert value(before, "runwarden_store_up") == 1.0
     assert value(before, "runwarden_stops_in_flight", phase="waiting_proof") == 0.0

@@ -5,9 +5,12 @@ only, and says when the store cannot be read."""
 
 from __future__ import annotations
 
+import base64
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import fakeredis
 import pytest
@@ -19,6 +22,7 @@ from producers.metrics import StoreCollector, serve_metrics
 from schemas import JobId, RunRecord, RunState, Settings, SnapshotReason, StopPhase
 from schemas.ledger import CancelDecided, ProofSeen, StopOpened
 from schemas.metrics import event_samples
+from schemas.secrets import FLOWER_AUTH
 from store import RunStore
 
 NOW = datetime.now(UTC)
@@ -79,8 +83,14 @@ def test_counters_and_histograms_are_the_stored_ones(store: RunStore) -> None:
     for event in (
         StopOpened.of(stop),
         CancelDecided.of(stop, "no proof", late),
-        ProofSeen(run_id="a", stop_id=stop.stop_id, at=NOW + timedelta(seconds=7), step=4,
-                  checkpoint="output/checkpoint-4", asked_at=NOW),  # at the run's end
+        ProofSeen(
+            run_id="a",
+            stop_id=stop.stop_id,
+            at=NOW + timedelta(seconds=7),
+            step=4,
+            checkpoint="output/checkpoint-4",
+            asked_at=NOW,
+        ),  # at the run's end
     ):
         store.ledger.record(event, event_samples(event))
     got = scrape(store)
@@ -104,15 +114,30 @@ def test_a_store_that_cannot_be_read_says_so(store: RunStore) -> None:
     assert got == {("runwarden_store_up", ()): 0.0}
 
 
-def test_the_endpoint_serves_on_loopback_only(redis_server: RedisServer) -> None:
-    settings = Settings(redis_url=redis_server.url)
+def test_the_endpoint_serves_on_loopback_only_behind_the_credentials(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    settings = Settings(redis_url=redis_server.url, state_dir=tmp_path / "state")
     for host in ("0.0.0.0", "192.168.1.1", "example.org", "::"):  # noqa: S104 - refused
         with pytest.raises(ValueError, match="loopback only"):
             serve_metrics(settings, host, 0)
     server = serve_metrics(settings, "127.0.0.1", 0)
+    credentials = settings.secrets.read(FLOWER_AUTH)  # made by the endpoint when missing
+    assert credentials is not None
+    url = f"http://127.0.0.1:{server.port}/metrics"
     try:
-        url = f"http://127.0.0.1:{server.port}/metrics"
-        with urllib.request.urlopen(url, timeout=10) as answer:
+        wrong = base64.b64encode(b"runwarden:guess").decode()
+        for header in (None, f"Basic {wrong}", "Bearer x", "Basic !!!"):
+            request = urllib.request.Request(url)
+            if header is not None:
+                request.add_header("Authorization", header)
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(request, timeout=10)  # noqa: S310 - our loopback
+            assert refused.value.code == 401
+            assert refused.value.headers["WWW-Authenticate"] == 'Basic realm="runwarden"'
+        right = base64.b64encode(credentials.get_secret_value().encode()).decode()
+        request = urllib.request.Request(url, headers={"Authorization": f"Basic {right}"})
+        with urllib.request.urlopen(request, timeout=10) as answer:  # noqa: S310 - our loopback
             text = answer.read().decode()
     finally:
         server.close()
