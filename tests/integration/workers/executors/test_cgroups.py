@@ -139,7 +139,8 @@ def test_the_end_of_a_job_ends_what_it_left_in_its_cgroup(target: Target, cgroup
     executor, command = _spawn(target, cgroup, HIDDEN + "sleep 0.5\nexit 3\n")
     job = executor.spawn(command)
     wait_for((Path(command.dir) / EXIT_FILE).exists, timeout_s=20)
-    assert executor.status(job) == JobStatus.exited(3)
+    # Running while its wrapper, which wrote `exit_code` last, has not ended yet.
+    wait_for(lambda: executor.status(job) == JobStatus.exited(3))
     hidden = _the_hidden(cgroup)  # out of the wrapper's sweep: left behind
     executor.release(job)
     assert not process_alive(hidden)
@@ -192,7 +193,8 @@ def test_a_run_as_job_is_contained_and_what_it_leaves_is_ended_by_the_user_s_rel
         assert job.cgroup == str(cgroup)
         run = Path(command.dir)
         wait_for((run / EXIT_FILE).exists, timeout_s=20)
-        assert executor.status(job) == JobStatus.exited(3)
+        # Running while its wrapper, which wrote `exit_code` last, has not ended yet.
+        wait_for(lambda: executor.status(job) == JobStatus.exited(3))
         hidden = _the_hidden(cgroup)
         wait_for((run / "escaped").exists)
         assert (run / "escaped").read_text() == "in\n"

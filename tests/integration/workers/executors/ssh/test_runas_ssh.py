@@ -90,7 +90,8 @@ def test_jobs_run_as_their_user_from_its_least_environment(
     assert executor.claim(command.dir, "this test")
     job = executor.spawn(command)
     wait_for((run / EXIT_FILE).exists, timeout_s=20)
-    assert executor.status(job) == JobStatus.exited(7)
+    # Running while its wrapper, which wrote `exit_code` last, has not ended yet.
+    wait_for(lambda: executor.status(job) == JobStatus.exited(7))
     user = pwd.getpwnam(JOB_USER)
     assert (run / "uid").read_text() == f"{user.pw_uid}\n"
     env = dict(line.split("=", 1) for line in (run / "env").read_text().splitlines() if "=" in line)
