@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 from collections.abc import Iterable
 from datetime import UTC, datetime
+from pathlib import Path
 
 from schemas import RunRecord, RunState
 from store import RunStore
@@ -24,6 +26,7 @@ __all__ = [
     "hidden_processes",
     "job_processes",
     "job_processes_of",
+    "kill_processes_in",
     "processes_carrying",
     "processes_carrying_any",
     "read_proc",
@@ -96,6 +99,24 @@ def hidden_processes(path: str) -> list[int]:
             if len(stat) == 2 and stat[1].split()[:1] != [b"Z"]:
                 found.append(p)
     return found
+
+
+def kill_processes_in(path: Path | str) -> list[int]:
+    """SIGKILLs every process with an argument at or below `path`, or working in it
+    (its `cwd`): what a test's jobs left there, whoever they run as, and nothing of
+    another test's (never a whole user's processes: other tests run as the same
+    users at once). Returns their pids."""
+    base = str(path).rstrip("/")
+    found = set(hidden_processes(base))
+    for p in _pids():
+        with contextlib.suppress(OSError):
+            cwd = os.readlink(f"/proc/{p}/cwd")
+            if cwd == base or cwd.startswith(base + "/"):
+                found.add(p)
+    for p in found:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGKILL)
+    return sorted(found)
 
 
 def processes_carrying(entry: str) -> list[int]:

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from collections.abc import Iterator
 
 import pytest
 
+from bench.harness.processes import kill_processes_in
 from bench.harness.sshd import SshServer, running_sshd
 from bench.harness.users import (
     JOB_USER,
@@ -43,7 +43,6 @@ def server() -> Iterator[tuple[SshServer, str]]:
     ensure_sudo_rule(WORKER_USER, JOB_USER)
     with shared_dir("rw-ssh-runas-sshd-") as base, running_sshd(base, login=WORKER_USER) as sshd:
         yield sshd, job_python()
-        subprocess.run(["pkill", "-KILL", "-u", JOB_USER], check=False, timeout=30)
 
 
 @pytest.fixture
@@ -82,3 +81,5 @@ def target(server: tuple[SshServer, str], monkeypatch: pytest.MonkeyPatch) -> It
         executor = make()
         yield Target("ssh-runas", executor, workdir, make, spawner)
         executor.close()
+        # Only this test's: other tests run as the same user meanwhile.
+        kill_processes_in(base)

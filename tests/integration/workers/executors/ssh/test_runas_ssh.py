@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import pwd
-import subprocess
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,6 +20,7 @@ from pathlib import Path
 import fakeredis
 import pytest
 
+from bench.harness.processes import kill_processes_in
 from bench.harness.sshd import SshServer, running_sshd
 from bench.harness.users import (
     JOB_USER,
@@ -55,8 +55,9 @@ def place() -> Iterator[tuple[SshServer, Path]]:
         workdir.mkdir()
         os.chown(workdir, job.pw_uid, job.pw_gid)
         yield server, workdir
-        # What a test's job left behind (the fighter daemon) ends with the module.
-        subprocess.run(["pkill", "-KILL", "-u", JOB_USER], check=False, timeout=30)
+        # What a test's job left behind ends with the module: only this module's, never
+        # every process of the jobs' user (other tests run as that user meanwhile).
+        kill_processes_in(base)
 
 
 def _executor(server: SshServer, workdir: Path, run_as: str = JOB_USER) -> SshExecutor:
@@ -154,7 +155,8 @@ def test_a_job_that_kills_its_user_s_scripts_cannot_end_or_stall_its_status(
         with pytest.raises(ExecError):
             executor.cancel(job)
     finally:
-        subprocess.run(["pkill", "-KILL", "-u", JOB_USER], check=False, timeout=30)
+        kill_processes_in(run)  # the job and the daemon (its argument is under the workdir)
+        kill_processes_in(workdir / "fighter.py")
     wait_for(lambda: not Path(f"/proc/{job.pid}").exists())
 
 
