@@ -28,6 +28,7 @@ from .paths import ROOT
 __all__ = [
     "BIG_BYTES",
     "CASES",
+    "FIGHTER",
     "PROTOCOL_TARGETS",
     "REPLACEMENTS",
     "SHADOW",
@@ -108,6 +109,33 @@ _METRICS_LINES = {
     "line-10MiB": 'printf \'{"event": "log", "step": 5, "pad": "\'; '
     "head -c 10485760 /dev/zero | tr '\\0' a; printf '\"}\\n'",
 }
+
+
+FIGHTER = r"""
+import os, signal, sys, time
+sig, scope = getattr(signal, sys.argv[1]), sys.argv[2].encode()
+me, uid = os.getpid(), os.getuid()
+open("armed", "w").close()
+while True:
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == me:
+            continue
+        try:
+            if os.stat("/proc/" + pid).st_uid != uid:
+                continue
+            words = open("/proc/" + pid + "/cmdline", "rb").read().split(b"\0")
+            if b"rw" in words[3:4] and any(scope in w for w in words[4:]):
+                os.kill(int(pid), sig)
+        except OSError:
+            pass
+    time.sleep(0.02)
+"""
+"""A daemon a hostile job leaves behind (its own session, an empty environment), in
+Python: `python FIGHTER SIGNAL SCOPE`. Once armed (the file `armed` in its working
+directory), it sends SIGNAL to every process of its user whose command line names a
+worker's script (`sh -c SCRIPT rw ARG...`), 50 times a second. Only scripts with an
+argument holding SCOPE (the test's own directory): tests beside it run scripts as the
+same user, which a real hostile job would attack too."""
 
 
 def script_names() -> list[str]:

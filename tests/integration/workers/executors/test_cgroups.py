@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness.hostile import FIGHTER
 from bench.harness.users import JOB_USER, as_user, ensure_user, job_python, shared_dir
 from schemas import JobCommand, JobStatus, Settings, TargetConfig
 from schemas.protocol import EXIT_FILE, MARK_ENV, new_mark
@@ -281,29 +282,6 @@ def test_the_grace_of_a_cgroup_goes_by_the_clock_not_the_naps(
     assert took < 8, took  # by the naps alone: 10 x 1 s, then more
 
 
-# A daemon a hostile job leaves behind (its own session, an empty environment): once
-# armed, it sends SIGNAL to every process of its user whose command line names the
-# worker's scripts (`sh -c SCRIPT rw ...`), 50 times a second.
-FIGHTER = r"""
-import os, signal, sys, time
-sig, me, uid = getattr(signal, sys.argv[1]), os.getpid(), os.getuid()
-open("armed", "w").close()
-while True:
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit() or int(pid) == me:
-            continue
-        try:
-            if os.stat("/proc/" + pid).st_uid != uid:
-                continue
-            words = open("/proc/" + pid + "/cmdline", "rb").read().split(b"\0")
-            if b"rw" in words[3:4]:
-                os.kill(int(pid), sig)
-        except OSError:
-            pass
-    time.sleep(0.02)
-"""
-
-
 @pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGSTOP"])
 def test_a_run_as_job_that_kills_or_pauses_its_cancel_is_cancelled_by_its_cgroup(
     cgroup: Path, signal_name: str, monkeypatch: pytest.MonkeyPatch
@@ -321,7 +299,7 @@ def test_a_run_as_job_that_kills_or_pauses_its_cancel_is_cancelled_by_its_cgroup
         command = JobCommand(
             dir=str(base / "runs" / "run"),
             script=(
-                f"setsid env -i {job_python()} {base / 'fighter.py'} {signal_name}"
+                f"setsid env -i {job_python()} {base / 'fighter.py'} {signal_name} {base}"
                 " </dev/null >/dev/null 2>&1 &\nexec sleep 600\n"
             ),
             env={MARK_ENV: cgroup.name},

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -25,22 +26,28 @@ from . import test_contract
 from .test_contract import *  # noqa: F403 - the contract's tests, collected here again
 
 
+def user_toy(base: Path, python: str) -> Callable[..., str]:
+    """The contract's `toy_command` for a job user: the toy trainer and the job side
+    copied into `base` (a `shared_dir`), run by `python` (one the user can run)."""
+    shutil.copytree(JOBSIDE, base / "jobside", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(TOY_TRAINER, base / "toy_trainer.py")
+
+    def toy_command(*args: str) -> str:
+        words = " ".join(quote(a) for a in args)
+        return (
+            f"PYTHONPATH={quote(str(base / 'jobside'))} exec {quote(python)} -u "
+            f"{quote(str(base / 'toy_trainer.py'))} {words}"
+        )
+
+    return toy_command
+
+
 @pytest.fixture
 def target(monkeypatch: pytest.MonkeyPatch) -> Iterator[Target]:
     entry = ensure_user(JOB_USER)
     python = job_python()
     with shared_dir() as base:
-        shutil.copytree(JOBSIDE, base / "jobside", ignore=shutil.ignore_patterns("__pycache__"))
-        shutil.copy(TOY_TRAINER, base / "toy_trainer.py")
-
-        def toy_command(*args: str) -> str:
-            words = " ".join(quote(a) for a in args)
-            return (
-                f"PYTHONPATH={quote(str(base / 'jobside'))} exec {quote(python)} -u "
-                f"{quote(str(base / 'toy_trainer.py'))} {words}"
-            )
-
-        monkeypatch.setattr(test_contract, "toy_command", toy_command)
+        monkeypatch.setattr(test_contract, "toy_command", user_toy(base, python))
         workdir = base / "work"
         workdir.mkdir()
         os.chown(workdir, entry.pw_uid, entry.pw_gid)

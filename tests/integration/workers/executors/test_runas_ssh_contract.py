@@ -10,7 +10,6 @@ may enter, and the toy trainer and the job side are copied there."""
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Iterator
 
 import pytest
@@ -26,12 +25,15 @@ from bench.harness.users import (
     job_python,
     shared_dir,
 )
-from workers.executors import SshExecutor, quote
+from workers.executors import SshExecutor
 
-from ....conftest import JOBSIDE, TOY_TRAINER, Target
+from ....conftest import Target
 from . import test_contract
 from .test_contract import *  # noqa: F403 - the contract's tests, collected here again
-from .test_runas_contract import test_spawn_clears_stale_markers  # noqa: F401 - the user's run dir
+from .test_runas_contract import (
+    test_spawn_clears_stale_markers,  # noqa: F401 - the user's run dir
+    user_toy,
+)
 
 
 @pytest.fixture(scope="module")
@@ -50,17 +52,7 @@ def target(server: tuple[SshServer, str], monkeypatch: pytest.MonkeyPatch) -> It
     sshd, python = server
     entry = ensure_user(JOB_USER)
     with shared_dir() as base:
-        shutil.copytree(JOBSIDE, base / "jobside", ignore=shutil.ignore_patterns("__pycache__"))
-        shutil.copy(TOY_TRAINER, base / "toy_trainer.py")
-
-        def toy_command(*args: str) -> str:
-            words = " ".join(quote(a) for a in args)
-            return (
-                f"PYTHONPATH={quote(str(base / 'jobside'))} exec {quote(python)} -u "
-                f"{quote(str(base / 'toy_trainer.py'))} {words}"
-            )
-
-        monkeypatch.setattr(test_contract, "toy_command", toy_command)
+        monkeypatch.setattr(test_contract, "toy_command", user_toy(base, python))
         workdir = base / "work"
         workdir.mkdir()
         os.chown(workdir, entry.pw_uid, entry.pw_gid)

@@ -20,6 +20,7 @@ from pathlib import Path
 import fakeredis
 import pytest
 
+from bench.harness.hostile import FIGHTER
 from bench.harness.processes import kill_processes_in
 from bench.harness.sshd import SshServer, running_sshd
 from bench.harness.users import (
@@ -105,28 +106,6 @@ def test_jobs_run_as_their_user_from_its_least_environment(
     assert os.stat(run).st_uid == user.pw_uid  # the claim made it as the jobs' user
 
 
-# Once armed, kills every process of its user whose command line names a worker's
-# script (`sh -c SCRIPT rw ...`), 50 times a second.
-FIGHTER = r"""
-import os, signal, sys, time
-me, uid = os.getpid(), os.getuid()
-open("armed", "w").close()
-while True:
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit() or int(pid) == me:
-            continue
-        try:
-            if os.stat("/proc/" + pid).st_uid != uid:
-                continue
-            words = open("/proc/" + pid + "/cmdline", "rb").read().split(b"\0")
-            if b"rw" in words[3:4]:
-                os.kill(int(pid), signal.SIGKILL)
-        except OSError:
-            pass
-    time.sleep(0.02)
-"""
-
-
 def test_a_job_that_kills_its_user_s_scripts_cannot_end_or_stall_its_status(
     executor: SshExecutor, place: tuple[SshServer, Path]
 ) -> None:
@@ -138,7 +117,7 @@ def test_a_job_that_kills_its_user_s_scripts_cannot_end_or_stall_its_status(
     command = JobCommand(
         dir=str(run),
         script=(
-            f"setsid env -i {job_python()} {workdir / 'fighter.py'}"
+            f"setsid env -i {job_python()} {workdir / 'fighter.py'} SIGKILL {workdir}"
             " </dev/null >/dev/null 2>&1 &\nexec sleep 600\n"
         ),
     )
