@@ -83,9 +83,11 @@ from workers.executors.scripts import CANCEL_TERM_WAIT_S
 
 pytestmark = pytest.mark.slow
 
-TARGETS = ("local", "ssh", "runas")
-"""The local target (the worker's own user, contained by a cgroup), an SSH target, and
-a local target whose jobs run as a user of their own (`run_as`, contained too)."""
+TARGETS = ("local", "ssh")
+"""The local target (the worker's own user, contained by a cgroup) and an SSH target;
+a local target whose jobs run as a user of their own (`run_as`, contained too) has
+its campaign in test_hostile_jobs_runas.py, which a test process of its own runs
+beside this one."""
 MODES = ("stop", "deadline")
 DEADLINE_AFTER_S = 20.0
 """Mode (b): the run's `max_hours`, so its `deadline` snapshot is asked this long
@@ -537,11 +539,11 @@ def _report(found: Campaign) -> None:
     sys.stdout.flush()
 
 
-@pytest.fixture(scope="module", params=TARGETS)
-def campaign(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+def campaign_on(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, target: str
 ) -> Iterator[Campaign]:
-    target: str = request.param
+    """The campaign of `target`: its own service, every case in both modes, the
+    honest runs beside (`run_campaign`); what is left of its jobs is killed after."""
     tmp = tmp_path_factory.mktemp(f"hostile-{target}")
     every = sorted({name for case in CASES for name in case.secrets})
     with contextlib.ExitStack() as stack:
@@ -568,6 +570,13 @@ def campaign(
             for pid in hidden_processes(str(workdir)):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module", params=TARGETS)
+def campaign(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Campaign]:
+    yield from campaign_on(request, tmp_path_factory, request.param)
 
 
 NOT_CONTAINED = pytest.mark.xfail(
