@@ -255,13 +255,13 @@ class SshTransport:
         uid, _, home = text.partition(" ")
         if result.exit_code != 0 or not uid.isdigit() or not home.startswith("/"):
             why = error_line(result.stderr, result.exit_code) if result.exit_code else repr(text)
-            login = self.destination.user
-            raise CommandError(
-                f"run as {user}",
-                f"{why}; the login user runs the jobs as {user} through `sudo -n`: it needs "
-                f"the sudoers line `{login} ALL=({user}) NOPASSWD: ALL` on the target "
-                "(docs/security.md, Running jobs as another user)",
-            )
+            if result.exit_code == 4:  # sudo refused: say what it needs
+                why += (
+                    f"; the login user runs the jobs as {user} through `sudo -n`: it needs the "
+                    f"sudoers line `{self.destination.user} ALL=({user}) NOPASSWD: ALL` on "
+                    "the target (docs/security.md, Running jobs as another user)"
+                )
+            raise CommandError(f"run as {user}", why)
         env = user_environment(user, home)
         return ["sudo", "-n", "-u", user, "--", "env", "-i", *(f"{k}={v}" for k, v in env.items())]
 

@@ -160,8 +160,11 @@ def test_jobs_never_run_as_the_login_or_an_unknown_user(
     server, workdir = place
     executor = _executor(server, workdir, run_as=user)
     try:
-        with pytest.raises(CommandError, match=f"run as {user} failed"):
+        with pytest.raises(CommandError, match=f"run as {user} failed") as refused:
             executor.claim(str(workdir / "never"), "this test")
+        # Not sudo's refusal: no sudoers line would help.
+        assert "sudoers" not in str(refused.value)
+        assert "the login user" in str(refused.value) or "no user" in str(refused.value)
     finally:
         connection_pool().close_all()
 
