@@ -76,7 +76,15 @@ from bench.harness.pipeline import (
     toy,
 )
 from bench.harness.processes import hidden_processes, job_processes_of
-from bench.harness.users import shared_dir
+from bench.harness.sshd import running_sshd
+from bench.harness.users import (
+    JOB_USER,
+    WORKER_USER,
+    ensure_login_user,
+    ensure_sudo_rule,
+    ensure_user,
+    shared_dir,
+)
 from schemas import NotRunning, RunLimits, RunRecord, RunState, StopState
 from schemas.events import LaunchSpec
 from workers.executors.scripts import CANCEL_TERM_WAIT_S
@@ -562,6 +570,18 @@ def campaign_on(
                 place = runas_target(stack.enter_context(shared_dir("rw-hostile-")))
                 workdir, honest = Path(place.target.workdir), place.toy
                 pipeline.api.add_target(place.target)
+            elif target == "ssh-runas":
+                # The control user logs in; the jobs run as the job user, through sudo.
+                base = stack.enter_context(shared_dir("rw-hostile-ssh-"))
+                place = runas_target(base, name=target)
+                job = ensure_user(JOB_USER)
+                ensure_login_user(WORKER_USER)
+                ensure_sudo_rule(WORKER_USER, JOB_USER)
+                server = stack.enter_context(running_sshd(base, login=WORKER_USER))
+                workdir, honest = Path(place.target.workdir), place.toy
+                os.chown(workdir, job.pw_uid, job.pw_gid)  # the claim makes run dirs as it
+                config = ssh_target(server, workdir, name=target)
+                pipeline.api.add_target(config.model_copy(update={"run_as": JOB_USER}))
             provide_secrets(pipeline.api, every, [target])
             yield run_campaign(pipeline, target, honest)
         finally:
@@ -601,7 +621,7 @@ def test_a_hostile_job_s_stop_ends_cancelled_on_time_and_leaves_nothing(
     """The case's run was never ended before its stop; its stop ended `cancelled`
     within proof + end + reconcile periods + 10 s (`_budget`); nothing of the job is alive; the
     case's own point holds (secrets exact, the follow past a bad metrics line)."""
-    if case.kind == "hidden" and campaign.target == "ssh":
+    if case.kind == "hidden" and campaign.target in ("ssh", "ssh-runas"):
         request.applymarker(NOT_CONTAINED)
     outcome = campaign.outcomes[(case.name, mode)]
     assert outcome.problems == [], f"{campaign.target} {case.name} ({mode}): {outcome}"

@@ -1,7 +1,7 @@
 """The hostile-job matrix (test_hostile_jobs.py) on a local target whose jobs run as a
 user of their own (`run_as`: the worker root, each run contained by its cgroup), every
 test of it collected again here: a module of its own, so a test process of its own
-runs this campaign beside the other two."""
+runs this campaign beside the others (test_hostile_jobs_ssh_runas.py: an SSH one)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,24 @@
+"""The hostile-job matrix (test_hostile_jobs.py) on an SSH target whose jobs run as a
+user of their own (`run_as`): a real sshd whose only login is the control user, the
+jobs started through `sudo -n` with the sudoers line docs/security.md gives, no cgroup
+over SSH (the `env -i` daemon is the expected failure it is on the plain SSH target).
+Every test of the matrix is collected again here, in a module of its own, so a test
+process of its own runs this campaign beside the others."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from .test_hostile_jobs import *  # noqa: F403 - the matrix's tests, collected here again
+from .test_hostile_jobs import Campaign, campaign_on
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", params=["ssh-runas"])
+def campaign(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Campaign]:
+    yield from campaign_on(request, tmp_path_factory, request.param)
