@@ -1,7 +1,8 @@
 """The hostile-job matrix (test_hostile_jobs.py) on a local target whose jobs run as a
-user of their own (`run_as`: the worker root, each run contained by its cgroup), every
-test of it collected again here: a module of its own, so a test process of its own
-runs this campaign beside the others (test_hostile_jobs_ssh_runas.py: an SSH one)."""
+user of their own (`run_as`: the worker root, each run contained by its cgroup), over
+`RUN_AS_CASES`, the matrix's tests collected again here: a module of its own, so a test
+process of its own runs this campaign beside the others (test_hostile_jobs_ssh_runas.py:
+an SSH one)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,14 @@ from collections.abc import Iterator
 import pytest
 
 from .test_hostile_jobs import *  # noqa: F403 - the matrix's tests, collected here again
-from .test_hostile_jobs import Campaign, campaign_on
+from .test_hostile_jobs import (
+    MODES,
+    RUN_AS_CASES,
+    Campaign,
+    Case,
+    campaign_on,
+    check_outcome,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -19,4 +27,13 @@ pytestmark = pytest.mark.slow
 def campaign(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Campaign]:
-    yield from campaign_on(request, tmp_path_factory, request.param)
+    yield from campaign_on(request, tmp_path_factory, request.param, RUN_AS_CASES)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", RUN_AS_CASES, ids=[c.name for c in RUN_AS_CASES])
+def test_a_hostile_job_s_stop_ends_cancelled_on_time_and_leaves_nothing(
+    campaign: Campaign, case: Case, mode: str, request: pytest.FixtureRequest
+) -> None:
+    """The matrix's check (`check_outcome`), over the run-as cases (`RUN_AS_CASES`)."""
+    check_outcome(campaign, case, mode, request)
