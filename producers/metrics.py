@@ -24,9 +24,6 @@ a scrape answers `runwarden_store_up 0` and nothing else.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hmac
 import ipaddress
 import logging
 import secrets
@@ -51,6 +48,8 @@ from schemas import RunError, RunState, Settings, StopPhase
 from schemas.metrics import METRICS, RUNS, STOPS_IN_FLIGHT, WEBHOOK_PENDING
 from schemas.secrets import FLOWER_AUTH
 from store import RunStore
+
+from .basic_auth import credentials_match
 
 __all__ = ["DEFAULT_METRICS_PORT", "MetricsServer", "StoreCollector", "serve_metrics"]
 
@@ -134,23 +133,17 @@ class MetricsServer:
         self.thread.join(timeout=5)
 
 
-_AUTH_HEADER_BYTES: Final = 4 * 1024
 _Wsgi = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
 
 def _guarded(app: _Wsgi, credentials: str) -> _Wsgi:
-    """`app` behind HTTP basic auth with `credentials` (`user:password`), compared in
-    constant time; anything else is answered 401 with a challenge."""
-    expected = credentials.encode()
+    """`app` behind HTTP basic auth with `credentials` (`user:password`,
+    `basic_auth.credentials_match`); anything else is answered 401 with a challenge."""
+    user, _, password = credentials.encode().partition(b":")
 
     def guarded(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        header = str(environ.get("HTTP_AUTHORIZATION", ""))[:_AUTH_HEADER_BYTES]
-        scheme, _, encoded = header.strip().partition(" ")
-        try:
-            given = base64.b64decode(encoded.strip(), validate=True)
-        except (binascii.Error, ValueError):
-            given = b""
-        if scheme.lower() == "basic" and hmac.compare_digest(given, expected):
+        header = environ.get("HTTP_AUTHORIZATION")
+        if credentials_match(header if isinstance(header, str) else None, user, password):
             return app(environ, start_response)
         start_response(
             "401 Unauthorized",

@@ -55,7 +55,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import pytest
 
@@ -649,6 +649,28 @@ def check_outcome(
     assert outcome.state is RunState.CANCELLED
     assert outcome.stop_s is not None
     assert 0 <= outcome.stop_s <= _budget(case)
+
+
+def run_as_campaign(target: str) -> tuple[Any, Callable[..., None]]:
+    """The `campaign` fixture (one campaign on `target`, over `RUN_AS_CASES`) and the
+    per-case test of a run-as campaign's module: it assigns both to those names after
+    collecting the matrix's other tests (`from .test_hostile_jobs import *`)."""
+
+    @pytest.fixture(scope="module", params=[target])
+    def campaign(
+        request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+    ) -> Iterator[Campaign]:
+        yield from campaign_on(request, tmp_path_factory, request.param, RUN_AS_CASES)
+
+    @pytest.mark.parametrize("mode", MODES)
+    @pytest.mark.parametrize("case", RUN_AS_CASES, ids=[c.name for c in RUN_AS_CASES])
+    def test_a_hostile_job_s_stop_ends_cancelled_on_time_and_leaves_nothing(
+        campaign: Campaign, case: Case, mode: str, request: pytest.FixtureRequest
+    ) -> None:
+        """The matrix's check (`check_outcome`), over the run-as cases."""
+        check_outcome(campaign, case, mode, request)
+
+    return campaign, test_a_hostile_job_s_stop_ends_cancelled_on_time_and_leaves_nothing
 
 
 @pytest.mark.parametrize("mode", MODES)
