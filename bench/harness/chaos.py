@@ -58,7 +58,6 @@ from schemas import (
     RunState,
     StopPhase,
 )
-from schemas.auth import WORKER
 from schemas.events import (
     TASK_CANCEL,
     TASK_END_TIMEOUT,
@@ -576,39 +575,37 @@ class Campaign:
                 time.sleep(0.5)
 
     def _messages(self) -> str:
-        """Sends again, at random, task bodies the service already got, each a new
-        message signed as its first sender signed it (a producer that publishes again,
-        a redelivery under a new id): a launch (same key), a snapshot request of a run
-        with a stop, a cancel of a run being cancelled, the deadline countdowns of a
-        stop open or closed (the workers' own)."""
+        """Sends again, at random, task bodies the service already got: a launch (same
+        key), a snapshot request of a run with a stop, a cancel of a run being
+        cancelled, the deadline countdowns of a stop open or closed."""
         with self._lock:
             specs = list(self.specs.items())
         if not specs:
             return "none"
         sent = []
-        send = self.pipeline.send
+        app = self.api.app
         for _ in range(self.rng.randint(1, 4)):
             run_id, spec = self.rng.choice(specs)
             with contextlib.suppress(Exception):
                 kind = self.rng.choice(["launch", "request", "cancel", "deadline"])
                 if kind == "launch":
-                    send(TASK_LAUNCH, spec.model_dump(mode="json"))
+                    app.send_task(TASK_LAUNCH, kwargs={"body": spec.model_dump(mode="json")})
                     sent.append("launch")
                     continue
                 stop = self.api.get_stop(run_id)
                 history = self.api.store.stops.history(run_id)
                 if kind == "request" and stop is not None:
                     body = {"run_id": run_id, "reason": str(stop.reason), "asked_by": "chaos"}
-                    send(TASK_SNAPSHOT_REQUEST, body)
+                    app.send_task(TASK_SNAPSHOT_REQUEST, kwargs={"body": body})
                     sent.append("request")
                 elif kind == "cancel" and stop is not None and stop.phase is StopPhase.CANCELLING:
-                    send(TASK_CANCEL, {"run_id": run_id})
+                    app.send_task(TASK_CANCEL, kwargs={"body": {"run_id": run_id}})
                     sent.append("cancel")
                 elif kind == "deadline" and (stop is not None or history):
                     some = stop if stop is not None else history[0]
                     body = {"run_id": run_id, "stop_id": some.stop_id}
                     for task in (TASK_PROOF_TIMEOUT, TASK_END_TIMEOUT):
-                        send(task, body, WORKER, countdown=self.rng.uniform(0, 3))
+                        app.send_task(task, kwargs={"body": body}, countdown=self.rng.uniform(0, 3))
                     sent.append("deadline" if stop is not None else "late-deadline")
         return ",".join(sent) or "none"
 
