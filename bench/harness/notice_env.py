@@ -28,6 +28,7 @@ from workers.executors.notices import (
 )
 
 from .fakecloud import FAKES, FakeCloud
+from .processes import kill_session
 
 __all__ = [
     "CLIENTS",
@@ -159,8 +160,7 @@ class Watched:
                 os.killpg(self.proc.pid, 9)
             self.proc.communicate()
         # Its children and requests share its session: none may outlive it.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, 9)
+        kill_session(self.proc.pid)
         for scratch in Path("/tmp").glob(f"rw-notice.{self.proc.pid}.*"):
             shutil.rmtree(scratch, ignore_errors=True)
 

@@ -29,6 +29,7 @@ from workers.executors import quote
 
 from . import warm
 from .paths import ROOT, TOY_TRAINER
+from .processes import kill_job_groups, kill_processes_in
 from .redis_server import RedisServer
 from .sshd import SshServer
 from .users import JOB_USER, as_the_worker, ensure_user, job_python
@@ -318,11 +319,14 @@ class Pipeline:
                     break
 
     def kill_jobs(self) -> None:
-        """SIGKILLs the process group of every job still there (best effort: for the
-        teardown of a test that failed half-way), and reaps them."""
-        for pgid in self.job_groups():
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pgid, signal.SIGKILL)
+        """SIGKILLs what is left of every job (best effort: for the teardown of a test
+        that failed half-way), and reaps them: each recorded run's group while it is
+        still the job's (`kill_job_groups`: never a group by a `job.pid` alone, which
+        may be another test's by now), and every process working or named under the
+        workdir (`kill_processes_in`)."""
+        with contextlib.suppress(Exception):  # the store may be gone already
+            kill_job_groups(self.api.list_runs())
+        kill_processes_in(self.workdir)
         time.sleep(0.1)
         self.reap_jobs()
 

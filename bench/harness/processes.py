@@ -18,6 +18,7 @@ from pathlib import Path
 
 from schemas import RunRecord, RunState
 from store import RunStore
+from workers.executors.liveness import group_is_the_jobs
 
 __all__ = [
     "assert_one_followed_job",
@@ -26,7 +27,9 @@ __all__ = [
     "hidden_processes",
     "job_processes",
     "job_processes_of",
+    "kill_job_groups",
     "kill_processes_in",
+    "kill_session",
     "processes_carrying",
     "processes_carrying_any",
     "read_proc",
@@ -117,6 +120,39 @@ def kill_processes_in(path: Path | str) -> list[int]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(p, signal.SIGKILL)
     return sorted(found)
+
+
+def kill_job_groups(runs: Iterable[RunRecord]) -> list[int]:
+    """SIGKILLs the process group of each of `runs`' jobs while it is still the job's
+    (`group_is_the_jobs`, by its leader's start time), for a teardown. Never a group
+    by its pid alone: pids wrap within a suite (`pid_max` is 32768 here), so the pid of
+    a job that ended long ago may lead another test's job's group by now. A job
+    without a known start time is left (`kill_processes_in` finds it by its
+    directory). Returns the groups signalled."""
+    killed = []
+    for run in runs:
+        job = run.job
+        if job is None or job.start is None or job.pid <= 1:
+            continue
+        with contextlib.suppress(OSError):
+            if group_is_the_jobs(job.pid, job.start):
+                os.killpg(job.pid, signal.SIGKILL)
+                killed.append(job.pid)
+    return killed
+
+
+def kill_session(sid: int) -> list[int]:
+    """SIGKILLs every process of the session `sid` (field 6 of `/proc/<pid>/stat`),
+    found one by one: once its leader is reaped, a `killpg(sid)` may reach whatever
+    group took that pid since (pids wrap within a suite). Returns their pids."""
+    found = []
+    for p in _pids():
+        stat = read_proc(f"/proc/{p}/stat").rsplit(b")", 1)
+        if len(stat) == 2 and stat[1].split()[3:4] == [str(sid).encode()]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
+                found.append(p)
+    return found
 
 
 def processes_carrying(entry: str) -> list[int]:

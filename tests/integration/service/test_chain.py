@@ -15,7 +15,6 @@ The continuation keeps every per-run setting of the launch, as `resume` does: it
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -28,6 +27,7 @@ import pytest
 from bench.harness.fakecloud import FakeCloud
 from bench.harness.notice_env import running
 from bench.harness.pipeline import Pipeline, running_pipeline, toy
+from bench.harness.processes import kill_job_groups
 from bench.harness.sshd import SshServer, running_sshd
 from schemas import (
     ArtifactsPhase,
@@ -88,10 +88,7 @@ def service(tmp_path: Path, gcp: FakeCloud) -> Iterator[tuple[Pipeline, SshServe
         try:
             yield pipeline, server
         finally:
-            for run in pipeline.api.list_runs():
-                if run.job is not None and not run.state.is_terminal:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(run.job.pid, signal.SIGKILL)
+            kill_job_groups(r for r in pipeline.api.list_runs() if not r.state.is_terminal)
 
 
 def preempt(

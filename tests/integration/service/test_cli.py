@@ -38,6 +38,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from bench.harness.pipeline import CLOCKS, Pipeline, running_pipeline, signed
+from bench.harness.processes import kill_job_groups, kill_processes_in
 from bench.harness.users import as_the_worker_args
 from producers import cli
 from producers.cli import common as cli_common
@@ -270,10 +271,7 @@ def _kill_jobs(pipeline: Pipeline) -> None:
     """SIGKILLs the group of every job of a run not recorded as ended (best effort,
     for a test that failed half-way)."""
     with contextlib.suppress(Exception):
-        for run in pipeline.api.list_runs():
-            if run.job is not None and not run.state.is_terminal and run.job.pid > 1:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(run.job.pid, signal.SIGKILL)
+        kill_job_groups(run for run in pipeline.api.list_runs() if not run.state.is_terminal)
 
 
 @pytest.fixture(scope="module")
@@ -703,8 +701,8 @@ def test_an_adoption_delivered_again_follows_the_run_it_made(pipeline: Pipeline)
         assert runs == ["adopted-twice"]
         pipeline.api.cancel("adopted-twice")
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(job.pid, signal.SIGKILL)
+        # By its directory: reaped by then, its pid may be another test's.
+        kill_processes_in(run_dir)
 
 
 def test_follow_adopts_a_run_directory_started_by_hand(pipeline: Pipeline) -> None:

@@ -12,13 +12,10 @@ everything the job run as JOB_USER cannot.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
 import secrets
 import shutil
-import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +24,7 @@ from typing import Final
 import pytest
 
 from bench.harness.pipeline import Pipeline, running_pipeline
+from bench.harness.processes import kill_processes_in
 from bench.harness.users import JOB_USER, as_the_worker, ensure_user, job_python, shared_dir
 from producers.embedded import EmbeddedRedis
 from schemas import ArtifactsPhase, RunRecord, RunState, Settings, TargetConfig
@@ -125,15 +123,6 @@ def worker_pids(pipeline: Pipeline) -> list[int]:
     return found
 
 
-def kill_groups(workdir: Path) -> None:
-    """SIGKILLs the group of every job under `workdir` (teardown of a failed test)."""
-    for path in workdir.glob("*/job.pid"):
-        with contextlib.suppress(OSError, ValueError):
-            pgid = int(path.read_text().strip())
-            if pgid > 1:
-                os.killpg(pgid, signal.SIGKILL)
-
-
 @pytest.fixture(scope="module")
 def service() -> Iterator[Service]:
     uid = ensure_user(JOB_USER).pw_uid
@@ -182,7 +171,7 @@ def service() -> Iterator[Service]:
                     yield Service(pipeline, base, python, source, paths, uid)
                 finally:
                     pipeline.kill_jobs()
-                    kill_groups(base / "jobs")
+                    kill_processes_in(base / "jobs")
         finally:
             embedded.stop()
 
