@@ -28,7 +28,7 @@ from schemas.ledger import CancelDecided, CancelFailed, JobCancelled
 from schemas.run import check_cancel
 from schemas.snapshot import Proof
 
-from .cancel_mark import CANCEL_RETRY_MAX_S, CANCEL_RETRY_S, cancel_key
+from .cancel_mark import CANCEL_RETRY_MAX_S, CANCEL_RETRY_S, cancel_key, cancelling_now
 from .context import Context, utcnow
 from .executors import CANCEL_DEADLINE_S, ExecError, ProtocolError
 from .finish import finish, read_proof
@@ -76,6 +76,8 @@ def on_deadline(ctx: Context, run_id: str, stop_id: str, now: datetime) -> str:
         log.warning("run %s: its status cannot be read: %s", run_id, error)
         status = None
     if status is not None and status.is_finished:
+        if cancelling_now(ctx, run_id):
+            return "cancelling"  # a producer's cancel records the end after its sweep
         finish(ctx, run, status, executor)
         return "ended"
     if stop.phase is StopPhase.WAITING_PROOF:

@@ -96,16 +96,19 @@ def judge_proofs(
 
 
 def _release(ctx: Context, executor: Executor, run: RunRecord) -> None:
-    """Ends what is left of the run's job in its cgroup before its end is recorded
-    (`Executor.release`), unless a cancel is under way: that one ends the cgroup
-    itself, each process with its SIGTERM and grace. A failure is logged, never in
-    the way of the end."""
-    if run.job is None or run.job.cgroup is None or cancelling_now(ctx, run.id):
+    """Ends what is left of the run's job, in its cgroup and carrying its mark, before
+    its end is recorded (`Executor.release`), unless a cancel is under way: that one
+    ends them itself, each process with its SIGTERM and grace, and records the end
+    after. So a cancel whose worker died half-way (its marker lapsed) leaves no
+    process behind the end another task records. A failure is logged, never in the
+    way of the end."""
+    job = run.job
+    if job is None or (job.cgroup is None and job.mark is None) or cancelling_now(ctx, run.id):
         return
     try:
-        executor.release(run.job)
+        executor.release(job)
     except ExecError as error:
-        log.warning("run %s: its cgroup could not be emptied: %s", run.id, error)
+        log.warning("run %s: what is left of its job could not be ended: %s", run.id, error)
 
 
 def finish(

@@ -262,10 +262,12 @@ def _act(ctx: Context, item: _Item, executor: Executor, now: datetime) -> int:
         notice_request(ctx, run, update.request, now)
     if _finished(update):
         assert isinstance(update.status, JobStatus)
-        if update.status.kind == "exited" and cancelling_now(ctx, run.id):
-            # Between the kill and the `cancelled` marker a dead job's `exit_code` may be
-            # one it forged before the kill: the cancel records the end from its own
-            # reading, after the marker (a cancel that dies lapses in CANCEL_RETRY_S).
+        if cancelling_now(ctx, run.id):
+            # The cancel records the end itself, from its own reading once its sweep is
+            # done: a dead group says `cancelled` while the sweep still waits to SIGKILL
+            # an escaped process deaf to SIGTERM, and a dead job's `exit_code` may be
+            # one it forged before the kill. A cancel that dies lapses in
+            # CANCEL_RETRY_S; the end recorded then ends what is left (`finish`).
             return 0
         if not _confirmed(run, update.status, executor):
             return 0

@@ -123,10 +123,12 @@ class Executor(Protocol):
         ...
 
     def release(self, job: JobId) -> None:
-        """Ends what is left of the finished `job` in its cgroup (`JobId.cgroup`) at
-        once, SIGTERM then `cgroup.kill` 0.1 s later (its wrapper gave every process
-        it could find SIGTERM and 10 s; what is left hid from it), and removes the
-        cgroup. Nothing for a job without one.
+        """Ends what is left of the finished `job` at once: every process in its
+        cgroup (`JobId.cgroup`) and every process still carrying its mark
+        (`JobId.mark`), SIGTERM then SIGKILL 0.1 s later (its wrapper or a cancel gave
+        every process it could find SIGTERM and a grace; what is left hid from them,
+        or outlived a cancel cut short), and removes the cgroup. Nothing for a job
+        with neither (`scripts.release_script`).
 
         Raises:
             CommandError: something survived SIGKILL for 5 s.

@@ -294,9 +294,9 @@ class ScriptExecutor:
         _checked(result, "cancel")
 
     def release(self, job: JobId) -> None:
-        if job.cgroup is None:
+        if job.cgroup is None and job.mark is None:
             return
-        script = scripts.release_script(job.cgroup)
+        script = scripts.release_script(job)
         _checked(self._transport.run(script.text, action="release", args=script.args), "release")
 
     def download(

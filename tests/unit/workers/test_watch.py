@@ -1,7 +1,9 @@
 """`workers.watch`: a follow tick over a real run directory of a local target, over
 fakeredis. A dead job's `exit_code` is its end, except while a cancel of its run is
 under way: the job may have forged it before the kill, and the cancel records the
-end from its own reading once its `cancelled` marker is written. A tick sees the
+end from its own reading once its `cancelled` marker is written (and a dead group
+under a cancel's `cancelling` marker is left to that cancel too: its sweep may still
+be ending an escaped process). A tick sees the
 proof of a stop that waits for it (the end deadline from the proof's own time, once,
 whoever races it), and never one whose checkpoint is a link."""
 
@@ -47,13 +49,14 @@ def dead_pid() -> int:
     return done.pid
 
 
+@pytest.mark.parametrize("left", ["exit_code", "cancelling"])
 @pytest.mark.parametrize("cancelling", [False, True])
-def test_an_exit_code_during_a_cancel_is_left_to_the_cancel(
-    tmp_path: Path, cancelling: bool
+def test_an_end_during_a_cancel_is_left_to_the_cancel(
+    tmp_path: Path, cancelling: bool, left: str
 ) -> None:
     ctx, store, _ = policy_worker(tmp_path)
     run = running_run(store, tmp_path, "r1", job=JobId(dir=str(tmp_path / "r1"), pid=dead_pid()))
-    (tmp_path / "r1" / "exit_code").write_text("0\n")
+    (tmp_path / "r1" / left).write_text("0\n")
     if cancelling:
         assert store.locks.once(cancel_key(run.id), ttl_s=CANCEL_RETRY_S)
     found = watch_target(ctx, "local", datetime.now(UTC))
@@ -69,19 +72,27 @@ def test_an_exit_code_during_a_cancel_is_left_to_the_cancel(
         assert store.runs.get(run.id).state is RunState.CANCELLED
     else:
         assert found["ended"] == 1
-        assert after.state is RunState.SUCCEEDED
+        assert after.state is (RunState.SUCCEEDED if left == "exit_code" else RunState.CANCELLED)
 
 
+@pytest.mark.parametrize("held", ["cgroup", "mark", "neither"])
 @pytest.mark.parametrize("cancelling", [False, True])
-def test_the_end_of_a_contained_job_empties_its_cgroup_unless_a_cancel_does(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cancelling: bool
+def test_the_end_of_a_job_ends_what_it_left_unless_a_cancel_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cancelling: bool, held: str
 ) -> None:
-    """What a job that ended left in its cgroup is ended before its end is recorded
-    (`Executor.release`); not while a cancel is under way, which ends the cgroup with
-    each process's SIGTERM and grace (an end recorded meanwhile must not cut it)."""
+    """What a job that ended left in its cgroup or carrying its mark is ended before
+    its end is recorded (`Executor.release`); not while a cancel is under way, which
+    ends them with each process's SIGTERM and grace (an end recorded meanwhile must
+    not cut it); nothing is asked of a job with neither."""
     ctx, store, _ = policy_worker(tmp_path)
-    cgroup = f"/sys/fs/cgroup/x/runwarden/{new_mark()}"
-    job = JobId(dir=str(tmp_path / "r1"), pid=dead_pid(), cgroup=cgroup)
+    mark = new_mark()
+    cgroup = f"/sys/fs/cgroup/x/runwarden/{mark}" if held == "cgroup" else None
+    job = JobId(
+        dir=str(tmp_path / "r1"),
+        pid=dead_pid(),
+        cgroup=cgroup,
+        mark=mark if held == "mark" else None,
+    )
     run = running_run(store, tmp_path, "r1", job=job)
     released: list[JobId] = []
     monkeypatch.setattr(type(ctx.executor("local")), "release", lambda self, j: released.append(j))
@@ -89,7 +100,7 @@ def test_the_end_of_a_contained_job_empties_its_cgroup_unless_a_cancel_does(
         assert store.locks.once(cancel_key(run.id), ttl_s=CANCEL_RETRY_S)
     record = finish(ctx, run, JobStatus.CANCELLED, ctx.executor("local"))
     assert record.state is RunState.CANCELLED
-    assert released == ([] if cancelling else [job])
+    assert released == ([] if cancelling or held == "neither" else [job])
 
 
 # --- a proof seen by the follow -------------------------------------------------------

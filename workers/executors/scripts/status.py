@@ -205,10 +205,15 @@ def cancel_script(job: JobId) -> Script:
     return Script(sh("group", "sweep", "cgroup", "cancel"), args)
 
 
-def release_script(cgroup: str) -> Script:
-    """A script that ends what is left of a finished job in its `cgroup` at once
-    (SIGTERM, `cgroup.kill` 0.1 s later: the job's wrapper gave every process it could
-    find SIGTERM and 10 s before it wrote `exit_code`, so what is left hid from it)
-    and removes the cgroup (`sh/release.sh`); exit 5 when something survives 5 s. A
-    cgroup that is gone is no error."""
-    return Script(sh("group", "cgroup", "release"), (cgroup,))
+def release_script(job: JobId) -> Script:
+    """A script that ends what is left of the finished `job` at once (`sh/release.sh`):
+    every process in its cgroup (`JobId.cgroup`) and every process still carrying its
+    mark (`JobId.mark`), SIGTERM then SIGKILL (`cgroup.kill`) 0.1 s later: its
+    wrapper gave every process it could find SIGTERM and 10 s before it wrote
+    `exit_code`, or a cancel gave them SIGTERM and its grace, so what is left hid
+    from them or outlived a cancel cut short (its worker killed). The emptied cgroup
+    is removed; exit 5 when something survives 5 s. A cgroup that is gone is no
+    error. A process that left the cgroup-less group and cleared its environment is
+    out of its reach, as of the cancel's."""
+    entry = "" if job.mark is None else mark_entry(job.mark)
+    return Script(sh("group", "cgroup", "sweep", "release"), (job.cgroup or "", entry))

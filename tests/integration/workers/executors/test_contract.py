@@ -15,8 +15,17 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
+from bench.harness.processes import processes_carrying
 from schemas import JobCommand, JobId, JobStatus
-from schemas.protocol import CANCEL_FILE, CANCELLING_FILE, CLAIM_FILE, EXIT_FILE, PID_FILE
+from schemas.protocol import (
+    CANCEL_FILE,
+    CANCELLING_FILE,
+    CLAIM_FILE,
+    EXIT_FILE,
+    MARK_ENV,
+    PID_FILE,
+    new_mark,
+)
 from workers.executors import (
     CommandError,
     Downloaded,
@@ -315,6 +324,37 @@ def test_cancel_escalates_to_sigkill_and_the_whole_group_goes(target: Target) ->
     assert not group_alive(job.pid)
     assert not process_alive(child)
     assert target.executor.status(job) == JobStatus.CANCELLED
+
+
+def test_release_ends_at_once_what_a_job_killed_from_outside_left_carrying_its_mark(
+    target: Target,
+) -> None:
+    """A job's group SIGKILLed from outside (no wrapper's sweep, no cancel's: its end
+    reads `lost`) leaves a loop of its own session, deaf to SIGTERM: the release that
+    comes before its end is recorded (`workers.finish`) ends it at once, not after a
+    grace; a second release finds nothing and is no error."""
+    mark = new_mark()
+    entry = f"{MARK_ENV}={mark}"
+    deaf = (
+        "setsid sh -c 'trap \"\" TERM; : > looping; while :; do sleep 1; done'"
+        " </dev/null >/dev/null 2>&1 &"
+    )
+    job = spawn(target, f"{deaf}\nexec sleep 600", env={MARK_ENV: mark})
+    assert job.mark == mark
+    try:
+        wait_for((Path(job.dir) / "looping").exists)
+        os.killpg(job.pid, signal.SIGKILL)
+        assert wait_for(lambda: finished(target, job)) == JobStatus.LOST
+        assert processes_carrying(entry) != []  # the loop outlived its group
+        started = time.monotonic()
+        target.executor.release(job)
+        assert time.monotonic() - started < 3
+        assert processes_carrying(entry) == []
+        target.executor.release(job)
+    finally:
+        for pid in processes_carrying(entry):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_a_job_that_handles_sigterm_ends_fast(target: Target) -> None:
