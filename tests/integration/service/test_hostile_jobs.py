@@ -51,7 +51,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -371,20 +371,34 @@ def _processes(outcomes: Iterable[Outcome]) -> dict[str, list[int]]:
     return found
 
 
-def _wait_ended(pipeline: Pipeline, ids: list[str], within_s: float = 180.0) -> None:
+def _wait_ended(
+    pipeline: Pipeline,
+    ids: list[str],
+    outcomes: Mapping[str, Outcome],
+    within_s: float = 180.0,
+) -> dict[str, list[int]]:
     """Waits until every run of `ids` has ended, at most `within_s` (the runs that
-    have not are found by the checks)."""
+    have not are found by the checks). Returns the live processes of each run of
+    `outcomes` (by run id) seen as soon as its end was (within 0.2 s): none may be
+    left once the end is recorded."""
     deadline = time.monotonic() + within_s
     left = list(ids)
+    at_end: dict[str, list[int]] = {}
     while time.monotonic() < deadline:
         # Only the runs still going are read again (a hundred records parsed five
         # times a second was a good part of this process's CPU).
         records = pipeline.api.store.runs.get_many(left)
         going = [r is None or not r.state.is_terminal for r in records]
+        ended = [
+            outcomes[i] for i, still in zip(left, going, strict=True) if not still and i in outcomes
+        ]
+        if ended:
+            at_end.update(_processes(ended))
         left = [i for i, still in zip(left, going, strict=True) if still]
         if not left:
-            return
+            break
         time.sleep(0.2)
+    return at_end
 
 
 def run_campaign(
@@ -435,7 +449,10 @@ def run_campaign(
     # Mode (a)'s stops once mode (b)'s have ended: each mode is one storm of 56 stops
     # at once, and the two never add up (their cancels share the workers' processes;
     # how fast a storm drains is a throughput, not this matrix's point).
-    _wait_ended(pipeline, [o.run_id for o in outcomes.values() if o.mode == "deadline"])
+    by_id = {o.run_id: o for o in outcomes.values()}
+    at_end = _wait_ended(
+        pipeline, [o.run_id for o in outcomes.values() if o.mode == "deadline"], by_id
+    )
 
     # The short honest run ends by itself in the middle of the cancels.
     honest_short = api.launch(
@@ -465,18 +482,18 @@ def run_campaign(
         pool.submit(api.stop, honest_long, asked_by="hostile-test")
         list(pool.map(stop, [o for o in outcomes.values() if o.mode == "stop"]))
 
-    _wait_ended(pipeline, [o.run_id for o in outcomes.values()] + [honest_long, honest_short])
+    at_end |= _wait_ended(
+        pipeline,
+        [o.run_id for o in outcomes.values() if o.mode == "stop"] + [honest_long, honest_short],
+        by_id,
+    )
     monitor.stop()
 
-    # Nothing of a job alive afterwards: a cancel's sweep may still be killing an
-    # escaped process that ignores SIGTERM (SIGKILL after 10 s).
+    # Nothing of a job alive once its end is recorded (the cancel records it after its
+    # sweep), nor after every run ended.
     alive: dict[str, list[int]] = {}
-    gone_by = time.monotonic() + 15
-    while time.monotonic() < gone_by:
-        alive = {k: v for k, v in _processes(outcomes.values()).items() if v}
-        if not alive:
-            break
-        time.sleep(0.2)
+    for run_id, pids in [*at_end.items(), *_processes(outcomes.values()).items()]:
+        alive[run_id] = sorted({*alive.get(run_id, []), *pids})
 
     for outcome in outcomes.values():
         _judge(pipeline, outcome, alive.get(outcome.run_id, []), shadow_lines)
