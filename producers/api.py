@@ -24,14 +24,12 @@ from schemas import (
     SnapshotReason,
     StopState,
     TargetConfig,
+    UnknownTarget,
 )
 from schemas.auth import (
-    OPERATOR,
     Unauthenticated,
     new_task_id,
     sign,
-    sign_target,
-    verify_target,
 )
 from schemas.budget import StopBudget, stop_budget
 from schemas.chain import MAX_CHAIN
@@ -59,6 +57,7 @@ from schemas.job import check_secret_name
 from schemas.ledger import LedgerEvent
 from schemas.run import ADOPTED_COMMAND, check_cancel, check_resumable, check_snapshot_request
 from schemas.secrets import SecretsError, producer_key_file
+from schemas.target_sig import TARGET_KEY
 from store import RunStore
 
 from .defaults import DOCTOR_WAIT_S
@@ -367,9 +366,30 @@ class Runwarden:
 
     # --- targets --------------------------------------------------------------------
 
+    def _target_key(self) -> SecretStr:
+        """The operator's Ed25519 private key of targets (`schemas.target_sig`).
+
+        Raises:
+            SecretsError: this client has none (or it cannot be read).
+        """
+        key = self.settings.secrets.read(TARGET_KEY)
+        if key is None:
+            raise SecretsError(
+                f"no operator target key ({TARGET_KEY}) in {self.settings.secrets.path}: "
+                "targets are added and removed where `runwarden serve` made it"
+            )
+        return key
+
+    def _stored_version(self, name: str) -> int | None:
+        try:
+            return self.store.targets.get_signed(name).version
+        except UnknownTarget:
+            return None
+
     def add_target(self, config: TargetConfig) -> None:
-        """Adds or replaces a target, signed with the operator's key: only a client
-        with it defines targets (a worker refuses any other record).
+        """Adds or replaces a target, signed with the operator's Ed25519 key at a new
+        version (`schemas.target_sig`): only a client with it defines targets (a worker
+        refuses any other record, and any record older than one it saw).
 
         Raises:
             InvalidPath: an upload root holds, or is inside, this service's state or
@@ -378,8 +398,10 @@ class Runwarden:
             BadRequest: an allowed secret no launch could pass (a name the shells set
                 themselves, `IFS`, or one of the service's own, `RUNWARDEN_*`:
                 `schemas.job.check_secret_name`).
-            SecretsError: this client has no operator key.
+            SecretsError: this client has no operator target key.
         """
+        from schemas.target_sig import next_version, sign_record  # noqa: PLC0415
+
         for secret in config.allow_secrets:
             try:
                 check_secret_name(secret)
@@ -393,26 +415,31 @@ class Runwarden:
                     "uploaded: give the directory of your projects alone"
                 )
         data = config.model_dump(mode="json")
-        signature = sign_target(config.name, data, self._key(OPERATOR))
-        self.store.targets.put(config.name, data, signature)
+        key = self._target_key()
+        version = next_version(self._stored_version(config.name))
+        signature = sign_record(config.name, data, version, key)
+        self.store.targets.put(config.name, data, signature, version)
 
     def list_targets(self) -> list[TargetConfig]:
         return [TargetConfig.model_validate(c) for c in self.store.targets.all().values()]
 
     def verified_targets(self) -> dict[str, bool | None]:
-        """Per stored target, whether its record is signed by this service's operator
-        key, as a worker checks it (False: unsigned, forged or changed in Redis, and
-        refused by every worker); None for all when this client has no operator key
-        to check with."""
+        """Per stored target (tombstones left out), whether its record is signed by
+        this service's operator key, as a worker checks it (False: unsigned, forged
+        or changed in Redis, and refused by every worker); None for all when this
+        client has no operator key to check with."""
+        from schemas.target_sig import public_key_of, verify_record  # noqa: PLC0415
+
         records = self.store.targets.all_signed()
+        live = {name: record for name, record in records.items() if record.config is not None}
         try:
-            key = self._key(OPERATOR)
-        except SecretsError:
-            return dict.fromkeys(records)
+            public = public_key_of(self._target_key())
+        except (SecretsError, Unauthenticated):
+            return dict.fromkeys(live)
         verified: dict[str, bool | None] = {}
-        for name, (config, signature) in records.items():
+        for name, record in live.items():
             try:
-                verify_target(name, config, signature, key)
+                verify_record(name, record, public)
             except Unauthenticated:
                 verified[name] = False
             else:
@@ -420,4 +447,23 @@ class Runwarden:
         return verified
 
     def remove_target(self, name: str) -> bool:
-        return self.store.targets.remove(name)
+        """Removes target `name` with the operator's signed tombstone at a new version,
+        so an older record written back is refused by every worker that saw the
+        tombstone; whether it existed (a tombstone already there: False).
+
+        Raises:
+            SecretsError: this client has no operator target key.
+        """
+        from schemas.target_sig import next_version, sign_record  # noqa: PLC0415
+
+        try:
+            stored = self.store.targets.get_signed(name)
+        except UnknownTarget:
+            return False
+        if stored.config is None:
+            return False
+        version = next_version(stored.version)
+        self.store.targets.put_removed(
+            name, version, sign_record(name, None, version, self._target_key())
+        )
+        return True

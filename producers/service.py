@@ -39,6 +39,7 @@ from schemas.errors import require_extra
 from schemas.events import DEFAULT_QUEUE, QUEUE, QUEUE_RETRIEVE, QUEUE_WATCH
 from schemas.health import SERVE_TTL_S, SERVE_WRITE_S, ServeChild, ServeState
 from schemas.secrets import FLOWER_AUTH, producer_key_file
+from schemas.target_sig import ensure_key_pair
 from store import RunStore
 
 from .api import Runwarden
@@ -191,6 +192,7 @@ class Service:
         said = []
         for producer in (OPERATOR, WORKER):
             self.settings.secrets.ensure(producer_key_file(producer))
+        ensure_key_pair(self.settings.secrets)  # the targets' signatures
         if self.embedded is not None:
             self.embedded.start(orphan_wait_s=ORPHAN_WAIT_S)
             self._supervisor.children.append(

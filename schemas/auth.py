@@ -1,7 +1,8 @@
 """Who sent a message: every task that changes something carries a signature by its
 producer's key, so a worker knows who asked (a stop's `asked_by` comes from it) and
-refuses anyone else. Target records are signed by the operator, so no message and no
-write to Redis can define one.
+refuses anyone else. Target records are signed by the operator with another kind of
+key (Ed25519, `schemas.target_sig`), so no message, no write to Redis and no worker
+can define one.
 
 The signed form, in the task's keyword arguments beside `body`:
 
@@ -16,10 +17,8 @@ text without its final line end) over the UTF-8 bytes of
 
 and the canonical body is the body as JSON with sorted keys, no whitespace, and every
 non-ASCII character escaped (Python: `json.dumps(body, sort_keys=True,
-separators=(",", ":"), ensure_ascii=True)`). A target is signed the same way with
-the operator's key, over `"runwarden-target/1\\n" + <name> + "\\n" + <canonical
-config>`. The message is sent with that task id (`send_task(..., task_id=...)`; a
-fresh UUID: [`new_task_id`]).
+separators=(",", ":"), ensure_ascii=True)`). The message is sent with that task id
+(`send_task(..., task_id=...)`; a fresh UUID: [`new_task_id`]).
 
 A signature older than the allowed age, or more than `FUTURE_SKEW_S` in the future,
 is refused, and so is one made for another message than the one carrying it (its task
@@ -53,9 +52,7 @@ __all__ = [
     "canonical",
     "new_task_id",
     "sign",
-    "sign_target",
     "verify",
-    "verify_target",
 ]
 
 OPERATOR: Final = "operator"
@@ -68,7 +65,6 @@ FUTURE_SKEW_S: Final = 300.0
 _VERSION: Final = "runwarden/2"
 _MAX_TASK_ID: Final = 200
 """Longest task id a signature may name (Celery's are 36-character UUIDs)."""
-_TARGET_VERSION: Final = "runwarden-target/1"
 
 
 class Unauthenticated(BadRequest):
@@ -160,26 +156,6 @@ def verify(
     if not hmac.compare_digest(_mac(key, text), sig):
         raise Unauthenticated(f"{task}: the signature of {producer!r} does not match")
     return producer
-
-
-def sign_target(name: str, config: Mapping[str, Any], key: SecretStr) -> str:
-    """The operator's signature of target `name` with `config`."""
-    return _mac(key, f"{_TARGET_VERSION}\n{name}\n{canonical(dict(config))}")
-
-
-def verify_target(name: str, config: Mapping[str, Any], signature: Any, key: SecretStr) -> None:
-    """Checks that the operator signed target `name` with `config`.
-
-    Raises:
-        Unauthenticated: when the signature is missing or does not match.
-    """
-    if not isinstance(signature, str):
-        raise Unauthenticated(
-            f"target {name!r} is not signed by the operator: add it again with "
-            "`runwarden targets add`"
-        )
-    if not hmac.compare_digest(sign_target(name, config, key), signature):
-        raise Unauthenticated(f"target {name!r} is not signed by the operator: refused")
 
 
 def asked_by(producer: str, claimed: str) -> str:

@@ -9,7 +9,8 @@ cause stays visible.
     │   ├── InvalidPath
     │   ├── BadRequest                   a task body that does not fit its schema
     │   │   └── Unauthenticated          not signed by a known producer, or a target
-    │   │                                not signed by the operator (schemas.auth)
+    │   │                                not signed by the operator or older than
+    │   │                                one seen (schemas.auth, schemas.target_sig)
     │   ├── SecretsError                 a secret cannot be read or written
     │   │                                (schemas.secrets)
     │   ├── BadForm                      a web form that is not a small urlencoded

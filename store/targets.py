@@ -1,8 +1,10 @@
 """Targets in the run store: where runs go, by name. A target config is stored as
-given (its meaning belongs to the executors), with the operator's signature
-(`schemas.auth.sign_target`), which a worker checks before it uses it; it never holds
-a secret. Stored value: `{"config": {...}, "signature": "<hex>"}` (a record of an
-older version, the bare config, reads as unsigned)."""
+given (its meaning belongs to the executors), with its version and the operator's
+Ed25519 signature (`schemas.target_sig`), which a worker checks before it uses it; it
+never holds a secret. Stored value: `{"config": {...}, "version": N, "signature":
+"<hex>"}`, or for a removed target its signed tombstone `{"removed": true, "version":
+N, "signature": "<hex>"}` (a record of an older form reads as unsigned).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from schemas import UnknownTarget
+from schemas.target_sig import SignedTarget
 
 from .base import StorePart, text, translated
 
@@ -65,13 +68,18 @@ def _target_json(config: Mapping[str, Any]) -> str:
 
 
 class Targets(StorePart):
-    """Targets (`RunStore.targets`): `put`, `get`, `all`, `remove`."""
+    """Targets (`RunStore.targets`): `put`, `put_removed`, `get`, `all`, `remove`."""
 
     @translated
     def put(
-        self, name: str, config: Mapping[str, Any], signature: str | None = None
+        self,
+        name: str,
+        config: Mapping[str, Any],
+        signature: str | None = None,
+        version: int | None = None,
     ) -> None:
-        """Adds or replaces target `name`, with the operator's `signature` of it.
+        """Adds or replaces target `name`, at `version` with the operator's `signature`
+        of it.
 
         `config` is a JSON object: `kind` (`local` or `ssh`), `workdir`, and for ssh
         the destination fields (host, port, user, identity path, known_hosts path...).
@@ -83,13 +91,25 @@ class Targets(StorePart):
                 valid `kind`, or holds a key that looks like a secret (`password`,
                 `passphrase`, `secret`, `token`, `private_key`, at any depth).
         """
-        document = {"config": json.loads(_target_json(config)), "signature": signature}
+        document = {
+            "config": json.loads(_target_json(config)),
+            "version": version,
+            "signature": signature,
+        }
         self._r.hset(self.keys.targets, _check_target_name(name), json.dumps(document))
 
     @translated
-    def get_signed(self, name: str) -> tuple[dict[str, Any], str | None]:
-        """The config of target `name` and its stored signature (None when unsigned).
-        Raises `UnknownTarget` when there is none."""
+    def put_removed(self, name: str, version: int, signature: str) -> None:
+        """Replaces target `name` with its tombstone at `version`, signed by the
+        operator: read as no target, and an older record written back is refused by
+        the workers that saw it (`workers.target_versions`)."""
+        document = {"removed": True, "version": version, "signature": signature}
+        self._r.hset(self.keys.targets, _check_target_name(name), json.dumps(document))
+
+    @translated
+    def get_signed(self, name: str) -> SignedTarget:
+        """The record of target `name` as stored, a tombstone included (its config
+        None). Raises `UnknownTarget` when there is none."""
         raw = self._r.hget(self.keys.targets, name)
         if raw is None:
             raise UnknownTarget(name)
@@ -97,33 +117,47 @@ class Targets(StorePart):
 
     @translated
     def get(self, name: str) -> dict[str, Any]:
-        """The config of target `name`. Raises `UnknownTarget` when there is none."""
-        return self.get_signed(name)[0]
+        """The config of target `name`. Raises `UnknownTarget` when there is none (or
+        only its tombstone)."""
+        config = self.get_signed(name).config
+        if config is None:
+            raise UnknownTarget(name)
+        return config
 
     @translated
     def all(self) -> dict[str, dict[str, Any]]:
-        """Every target and its config, ordered by name."""
-        raw = self._r.hgetall(self.keys.targets)
-        items = {text(name): _unwrap(json.loads(value))[0] for name, value in raw.items()}
-        return dict(sorted(items.items()))
+        """Every target and its config, ordered by name (tombstones left out)."""
+        return {
+            name: record.config
+            for name, record in self.all_signed().items()
+            if record.config is not None
+        }
 
     @translated
-    def all_signed(self) -> dict[str, tuple[dict[str, Any], str | None]]:
-        """Every target, its config and its stored signature (None: unsigned), ordered
-        by name."""
+    def all_signed(self) -> dict[str, SignedTarget]:
+        """Every target's record as stored, tombstones included, ordered by name."""
         raw = self._r.hgetall(self.keys.targets)
         items = {text(name): _unwrap(json.loads(value)) for name, value in raw.items()}
         return dict(sorted(items.items()))
 
     @translated
     def remove(self, name: str) -> bool:
-        """Forgets target `name`; whether it existed. Runs recorded on it keep its
-        name (and stay followed): their target can be added again."""
+        """Forgets target `name`'s record (its tombstone too); whether it existed. The
+        service removes a target with `put_removed`; this is for the store's own
+        tests and a cleanup. Runs recorded on it keep its name (and stay followed)."""
         return bool(self._r.hdel(self.keys.targets, name))
 
 
-def _unwrap(document: Any) -> tuple[dict[str, Any], str | None]:
-    if isinstance(document, dict) and set(document) == {"config", "signature"}:
-        config, signature = document["config"], document["signature"]
-        return dict(config), signature if isinstance(signature, str) else None
-    return dict(document) if isinstance(document, dict) else {}, None
+def _unwrap(document: Any) -> SignedTarget:
+    if not isinstance(document, dict):
+        return SignedTarget({})
+    version = document.get("version")
+    signature = document.get("signature")
+    version = version if isinstance(version, int) and not isinstance(version, bool) else None
+    signature = signature if isinstance(signature, str) else None
+    if document.get("removed") is True and set(document) == {"removed", "version", "signature"}:
+        return SignedTarget(None, version, signature)
+    if "config" in document and set(document) <= {"config", "version", "signature"}:
+        config = document["config"]
+        return SignedTarget(dict(config) if isinstance(config, dict) else {}, version, signature)
+    return SignedTarget(dict(document))  # the bare config of the oldest form: unsigned

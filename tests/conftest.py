@@ -280,10 +280,8 @@ def env_without_runwarden(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def put_signed_target(store: Any, settings: Any, config: dict[str, Any]) -> None:
-    """Stores target `config` signed with the operator's key of `settings` (created
-    in its secrets directory when missing), as `runwarden targets add` does."""
-    from schemas.auth import OPERATOR, sign_target
-    from schemas.secrets import producer_key_file
+    """Stores target `config` signed as `runwarden targets add` signs it
+    (`bench.harness.pipeline.put_signed_target`)."""
+    from bench.harness.pipeline import put_signed_target as put
 
-    key, _ = settings.secrets.ensure(producer_key_file(OPERATOR))
-    store.targets.put(config["name"], config, sign_target(config["name"], config, key))
+    put(store, settings, config)

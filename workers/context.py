@@ -23,12 +23,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from schemas import NotFound, RunRecord, Settings, StoreError, TargetConfig
+from schemas import NotFound, RunRecord, Settings, StoreError, TargetConfig, UnknownTarget
 from schemas.metrics import SCRIPT_TIMEOUTS, Sample
 from store import RunStore
 
 from .executors import Executor, InvalidArgument, LocalExecutor, RunAsExecutor, ScriptExecutor
 from .identity import Identities
+from .target_versions import TargetVersions
 from .webhooks import WebhookDelivery
 
 __all__ = ["Context", "Scheduler", "build_executor", "utcnow"]
@@ -66,6 +67,7 @@ class Context:
     def __post_init__(self) -> None:
         self.worker_id = self.worker_id or f"{os.uname().nodename}:{os.getpid()}"
         self.identities = Identities(self.settings)
+        self.target_versions = TargetVersions(self.settings.state_dir)
         self.webhooks = WebhookDelivery(self.store, self.settings)
 
     def executor(self, target: str) -> Executor:
@@ -109,14 +111,18 @@ class Context:
         """The configuration of target `name`, signed by the operator.
 
         Raises:
-            UnknownTarget: when there is no such target.
+            UnknownTarget: when there is no such target (or only its tombstone).
             Unauthenticated: when the record is not signed by the operator (written
-                into Redis by anyone else): it is never used.
+                into Redis by anyone else), or is older than one this machine saw
+                (written back), or the versions seen cannot be recorded: it is never
+                used.
             StoreError: when the store cannot be read.
         """
-        raw, signature = self.store.targets.get_signed(name)
-        self.identities.check_target(name, raw, signature)
-        return TargetConfig.model_validate(raw)
+        record = self.store.targets.get_signed(name)
+        self.target_versions.check(name, self.identities.check_target(name, record))
+        if record.config is None:
+            raise UnknownTarget(name)  # its signed tombstone: removed
+        return TargetConfig.model_validate(record.config)
 
     def send(self, task: str, run_id: str) -> None:
         """Sends `task` for `run_id` now (body `{"run_id": ...}`). A failure to send is

@@ -1,7 +1,9 @@
 """Who a message comes from, on the worker: the producers' keys (files
 `producer.<name>.key` of the secrets directory, `schemas.secrets`), the check of a
-task's signature (`schemas.auth`), and the signature of the workers' own messages
-(countdowns, fan-outs, the policies' requests), signed as `worker`."""
+task's signature (`schemas.auth`), the signature of the workers' own messages
+(countdowns, fan-outs, the policies' requests), signed as `worker`, and the check of a
+target record's signature: the operator's Ed25519 signature, by its public key alone
+(`schemas.target_sig`)."""
 
 from __future__ import annotations
 
@@ -13,8 +15,9 @@ from typing import Any, Final
 from pydantic import SecretStr
 
 from schemas import Settings
-from schemas.auth import WORKER, Unauthenticated, sign, verify, verify_target
+from schemas.auth import WORKER, Unauthenticated, canonical, sign, verify
 from schemas.secrets import SecretsError, producer_key_file
+from schemas.target_sig import TARGET_PUBLIC_KEY, SignedTarget, verify_record
 
 __all__ = ["RELOAD_S", "Identities"]
 
@@ -27,6 +30,9 @@ message costs one `stat`; the directory is read at most once a period, and whene
 it changed, whatever producer messages name (a flood from unknown producers
 included)."""
 _PREFIX, _SUFFIX = "producer.", ".key"
+_VERIFIED_MAX: Final = 4096
+"""Target records whose signature this process checked, kept so a record is verified
+once, not at every use (forgotten all at once past this many)."""
 
 
 class Identities:
@@ -38,6 +44,8 @@ class Identities:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self._keys: dict[str, SecretStr] = {}
+        self._target_public: str | None = None
+        self._verified: set[tuple[str, int, str, str]] = set()
         self._read_at = float("-inf")
         self._seen: int | None = None
         self._lock = threading.Lock()
@@ -61,7 +69,12 @@ class Identities:
                     continue  # not a producer's key file: never trusted
                 if key is not None and key.get_secret_value():
                     keys[producer] = key
+        try:
+            public = secrets.read(TARGET_PUBLIC_KEY)
+        except SecretsError:
+            public = None
         self._keys = keys
+        self._target_public = None if public is None else public.get_secret_value().strip()
         self._read_at = time.monotonic()
 
     def keys(self) -> dict[str, SecretStr]:
@@ -107,15 +120,27 @@ class Identities:
         auth = sign(task, kwargs["body"], WORKER, key, at=time.time(), task_id=task_id)
         return {**kwargs, "auth": auth}
 
-    def check_target(self, name: str, config: dict[str, Any], signature: str | None) -> None:
-        """Checks the operator's signature of target `name`.
+    def check_target(self, name: str, record: SignedTarget) -> int:
+        """Checks that the operator signed target `name`'s stored `record` (a tombstone
+        included), by its public key (`schemas.target_sig.TARGET_PUBLIC_KEY` in the
+        secrets directory, read again as the producers' keys are); returns its
+        version.
 
         Raises:
-            Unauthenticated: unsigned, signed otherwise, or no operator key here.
+            Unauthenticated: unsigned, signed otherwise, or no public key here.
         """
-        key = self.keys().get("operator")
-        if key is None:
+        self.keys()  # the public key is read with them
+        public = self._target_public
+        if not public:
             raise Unauthenticated(
-                f"no operator key in {self.settings.secrets.path}: targets cannot be checked"
+                f"no operator public key ({TARGET_PUBLIC_KEY}) in "
+                f"{self.settings.secrets.path}: targets cannot be checked"
             )
-        verify_target(name, config, signature, key)
+        body = "" if record.config is None else canonical(record.config)
+        known = (name, record.version or 0, record.signature or "", body)
+        if known not in self._verified:
+            verify_record(name, record, public)
+            if len(self._verified) >= _VERIFIED_MAX:
+                self._verified.clear()
+            self._verified.add(known)
+        return known[1]

@@ -1,7 +1,9 @@
 """`reconcile`: the durability sweep, run by beat's `runwarden.reconcile`. Whatever a
 lost message or a killed worker left undone, it does again (docs/architecture.md,
 "Durability"): the deadlines whose countdown did not run, the retrievals that are due,
-the launches whose worker died (`settle_launches`) and the continuations that wait.
+the launches whose worker died (`settle_launches`) and the continuations that wait;
+and it reads every target record, so this machine knows the newest version of each
+soon after the operator stored it (`note_target_versions`).
 
 Each part reads a durable table of the store (deadlines, retrievals, `preparing`
 runs, continuations) and sends a task, or settles one run under the lock its own
@@ -15,6 +17,7 @@ from datetime import datetime, timedelta
 from typing import Final
 
 from schemas import NotFound, RunState, UnknownTarget
+from schemas.auth import Unauthenticated
 from schemas.chain import CONTINUE_RETRY_S
 from schemas.events import TASK_CONTINUE, TASK_RETRIEVE
 
@@ -37,6 +40,7 @@ log = logging.getLogger("runwarden")
 __all__ = [
     "RETRIEVE_RESEND_S",
     "continue_due",
+    "note_target_versions",
     "reconcile",
     "resend_due_retrievals",
     "settle_launches",
@@ -75,7 +79,25 @@ def reconcile(ctx: Context, now: datetime, limit: int = 200) -> int:
     settle_launches(ctx, now, limit)
     continue_due(ctx, now, limit)
     remove_empty()
+    note_target_versions(ctx)
     return sent
+
+
+def note_target_versions(ctx: Context) -> None:
+    """Checks every target record, tombstones included, as a use does
+    (`Context.target`: the operator's signature, a version no older than one seen),
+    so this machine's highest version of each grows once the operator's change is
+    stored, not at the target's next use: a record written back before that use is
+    refused too. A record refused is logged (someone wrote into Redis).
+
+    Raises:
+        StoreError: the store cannot be read.
+    """
+    for name, record in ctx.store.targets.all_signed().items():
+        try:
+            ctx.target_versions.check(name, ctx.identities.check_target(name, record))
+        except Unauthenticated as error:
+            log.warning("target %s: refused: %s", name, error)
 
 
 def resend_due_retrievals(ctx: Context, now: datetime, limit: int) -> None:

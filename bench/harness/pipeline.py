@@ -21,10 +21,19 @@ from pathlib import Path
 from typing import Any
 
 from producers.api import Runwarden
-from schemas import RunRecord, Settings, SshOptions, StopPhase, StopState, TargetConfig
-from schemas.auth import OPERATOR, WORKER, new_task_id, sign, sign_target
+from schemas import (
+    RunRecord,
+    Settings,
+    SshOptions,
+    StopPhase,
+    StopState,
+    TargetConfig,
+    UnknownTarget,
+)
+from schemas.auth import OPERATOR, WORKER, new_task_id, sign
 from schemas.events import DEFAULT_QUEUE, QUEUE, QUEUE_RETRIEVE, QUEUE_WATCH
 from schemas.secrets import producer_key_file
+from schemas.target_sig import TARGET_KEY, ensure_key_pair, next_version, sign_record
 from workers.executors import quote
 
 from . import warm
@@ -74,10 +83,19 @@ def send_signed(
 
 
 def put_signed_target(store: Any, settings: Settings, config: dict[str, Any]) -> None:
-    """Stores target `config` signed with the operator's key of `settings` (created
-    in its secrets directory when missing), as `runwarden targets add` does."""
-    key, _ = settings.secrets.ensure(producer_key_file(OPERATOR))
-    store.targets.put(config["name"], config, sign_target(config["name"], config, key))
+    """Stores target `config` at a new version signed with the operator's target key
+    of `settings` (its pair made in the secrets directory when missing), as
+    `runwarden targets add` does, without `add_target`'s checks of the config."""
+    ensure_key_pair(settings.secrets)
+    key = settings.secrets.read(TARGET_KEY)
+    assert key is not None
+    name = config["name"]
+    try:
+        stored = store.targets.get_signed(name).version
+    except UnknownTarget:
+        stored = None
+    version = next_version(stored)
+    store.targets.put(name, config, sign_record(name, config, version, key), version)
 
 
 def read_small(path: Path, limit: int = 64) -> str:
@@ -390,6 +408,7 @@ def running_pipeline(
     settings = Settings(**fields)
     for producer in (OPERATOR, WORKER):  # as `runwarden serve` creates them
         settings.secrets.ensure(producer_key_file(producer))
+    ensure_key_pair(settings.secrets)
     api = Runwarden(settings)
     workdir = tmp / "work"
     workdir.mkdir()

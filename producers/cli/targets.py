@@ -1,4 +1,5 @@
-"""`runwarden targets add|ls|rm`: where runs go."""
+"""`runwarden targets add|ls|rm|keys`: where runs go, and the operator's key pair
+that signs them."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from .common import client, fail, json_option, print_json, print_table, run_op, 
 if TYPE_CHECKING:
     from schemas import TargetConfig
 
-__all__ = ["targets_add", "targets_ls", "targets_rm"]
+__all__ = ["targets_add", "targets_keys", "targets_ls", "targets_rm"]
 
 
 @targets_app.command("add")
@@ -193,3 +194,29 @@ def targets_rm(
     if not run_op(lambda: api.remove_target(name)):
         fail(f"no target {name!r}", 2)
     say(f"removed target {name}")
+
+
+@targets_app.command("keys")
+def targets_keys(
+    as_json: Annotated[bool, json_option("the key files (key_file, public_key_file)")] = False,
+) -> None:
+    """Make the operator's Ed25519 key pair that signs target records, in this
+    machine's secrets directory (once; existing keys are kept; `runwarden serve` makes
+    it too), and print where it is: the private key stays where targets are added and
+    removed; give the public key file to every worker's secrets directory.
+    docs/security.md: targets.
+
+    \b
+    Example:
+      runwarden targets keys
+    """
+    from schemas import Settings
+    from schemas.target_sig import TARGET_KEY, TARGET_PUBLIC_KEY, ensure_key_pair
+
+    settings = Settings()
+    run_op(lambda: ensure_key_pair(settings.secrets))
+    key, public = settings.secrets.path / TARGET_KEY, settings.secrets.path / TARGET_PUBLIC_KEY
+    if as_json:
+        print_json({"key_file": str(key), "public_key_file": str(public)})
+        return
+    say(f"private key {key}\npublic key  {public}")

@@ -27,6 +27,7 @@ CREDENTIALS = {
     "flower-basic-auth",
     "producer.operator.key",
     "producer.worker.key",
+    "operator.target.pub",
 }
 
 

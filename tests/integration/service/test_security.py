@@ -1,7 +1,8 @@
 """Trust boundaries through `runwarden serve` (the embedded default, with Flower and
 the web view): what a launch may ask of a target, targets that only the operator can
-define, credentials on no command line and in no environment of the service's own
-processes, Redis, Flower and the web view never open."""
+define (and no one can roll back or revive), credentials on no command line and in no
+environment of the service's own processes, Redis, Flower and the web view never
+open."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import redis
 
 from bench.harness.users import as_the_worker_args
 from schemas import Settings
+from workers.target_versions import VERSIONS_FILE
 
 from ...conftest import ROOT
 from .test_cli import _embedded_env, ok, refused, run_cli
@@ -214,3 +216,53 @@ def test_redis_flower_and_the_web_view_are_never_open(served: Served) -> None:
         request = urllib.request.Request(url, headers={"Authorization": good})
         with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
             assert response.status == 200, url
+
+
+def _versions(served: Served) -> dict[str, int]:
+    try:
+        found = json.loads((served.settings.state_dir / VERSIONS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def test_a_target_written_back_or_revived_is_refused(served: Served) -> None:
+    """The operator tightens `here` (no more HF_TOKEN) and removes `gone`; someone with
+    Redis writes each one's old record back (signed by the operator, but older): once
+    the workers saw the new versions (reconcile reads every record), both are refused,
+    nothing is claimed, and the secret reaches no job."""
+    client = redis.Redis.from_url(served.settings.store_url())
+    common = ("--upload-root", str(served.root), *AS_THE_WORKER)
+    gone_dir = served.root.parent / "gone-runs"
+    ok(run_cli(served.env, "targets", "add", "gone", "--workdir", str(gone_dir), *common))
+    allowing, old_gone = client.hget("rw:targets", "here"), client.hget("rw:targets", "gone")
+    assert allowing is not None
+    assert old_gone is not None
+    try:
+        ok(run_cli(served.env, "targets", "add", "here", "--workdir", str(served.workdir),
+                   *common))  # fmt: skip
+        ok(run_cli(served.env, "targets", "rm", "gone"))
+        stored = {n: json.loads(client.hget("rw:targets", n) or "{}")["version"]
+                  for n in ("here", "gone")}  # fmt: skip
+        assert json.loads(client.hget("rw:targets", "gone") or "{}").get("removed") is True
+        deadline = time.monotonic() + 15
+        while any(_versions(served).get(n, 0) < v for n, v in stored.items()):
+            assert time.monotonic() < deadline, (_versions(served), stored)
+            time.sleep(0.2)
+
+        client.hset("rw:targets", "here", allowing)  # rolled back
+        client.hset("rw:targets", "gone", old_gone)  # revived
+        before = set(os.listdir(served.workdir)) if served.workdir.exists() else set()
+        line = refused(_launch(served, "--secret", "HF_TOKEN", script="env > env.seen"), 1)
+        assert "target 'here'" in line
+        assert "older than version" in line
+        line = refused(run_cli(served.env, "launch", "--target", "gone", "--", "true"), 1)
+        assert "target 'gone'" in line
+        assert "older than version" in line
+        after = set(os.listdir(served.workdir)) if served.workdir.exists() else set()
+        assert after == before
+        assert not gone_dir.exists()  # nothing claimed
+    finally:
+        # The module's other tests use `here` as the fixture made it.
+        ok(run_cli(served.env, "targets", "add", "here", "--workdir", str(served.workdir),
+                   "--allow-secret", "HF_TOKEN", *common))  # fmt: skip

@@ -1,4 +1,5 @@
-"""`store.targets`: targets' configs, round trip and refusals."""
+"""`store.targets`: targets' configs, round trip and refusals; records with their
+version and signature, and tombstones, which read as no target."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 import pytest
 
 from schemas.errors import UnknownTarget
+from schemas.target_sig import SignedTarget
 from store import RunStore
 
 
@@ -26,6 +28,25 @@ def test_targets_round_trip(store: RunStore) -> None:
     assert not store.targets.remove("here")
     with pytest.raises(UnknownTarget, match="here"):
         store.targets.get("here")
+
+
+def test_a_record_keeps_its_version_and_a_tombstone_reads_as_no_target(store: RunStore) -> None:
+    config = {"kind": "local", "workdir": "/w"}
+    store.targets.put("here", config, "ab" * 64, 7)
+    assert store.targets.get_signed("here") == SignedTarget(config, 7, "ab" * 64)
+    store.targets.put_removed("here", 8, "cd" * 64)
+    assert store.targets.get_signed("here") == SignedTarget(None, 8, "cd" * 64)
+    with pytest.raises(UnknownTarget, match="here"):
+        store.targets.get("here")
+    assert store.targets.all() == {}
+    assert list(store.targets.all_signed()) == ["here"]
+    # Older forms and odd values read as unsigned, never as a tombstone.
+    store._r.hset(store.keys.targets, "old", '{"config": {"kind": "local"}, "signature": "ab"}')
+    store._r.hset(store.keys.targets, "bare", '{"kind": "local", "workdir": "/x"}')
+    store._r.hset(store.keys.targets, "odd", '{"removed": true, "version": true, "x": 1}')
+    assert store.targets.get_signed("old") == SignedTarget({"kind": "local"}, None, "ab")
+    assert store.targets.get_signed("bare") == SignedTarget({"kind": "local", "workdir": "/x"})
+    assert store.targets.get_signed("odd").config is not None
 
 
 @pytest.mark.parametrize(
