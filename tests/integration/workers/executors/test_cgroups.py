@@ -300,7 +300,10 @@ def test_a_run_as_job_that_kills_or_pauses_its_cancel_is_cancelled_by_its_cgroup
             dir=str(base / "runs" / "run"),
             script=(
                 f"setsid env -i {job_python()} {base / 'fighter.py'} {signal_name} {base}"
-                " </dev/null >/dev/null 2>&1 &\nexec sleep 600\n"
+                " </dev/null >/dev/null 2>&1 &\n"
+                # Deaf to SIGTERM: the user's cancel waits for its SIGKILL, time in
+                # which the daemon surely finds it (one that ends at once may not be).
+                "trap '' TERM\nexec sleep 600\n"
             ),
             env={MARK_ENV: cgroup.name},
             cgroup=str(cgroup),
