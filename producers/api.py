@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from pydantic import BaseModel, SecretStr
@@ -56,7 +57,7 @@ from schemas.idempotency import new_launch_key
 from schemas.job import check_secret_name
 from schemas.ledger import LedgerEvent
 from schemas.run import ADOPTED_COMMAND, check_cancel, check_resumable, check_snapshot_request
-from schemas.secrets import SecretsError, producer_key_file
+from schemas.secrets import SecretsError, producer_key_file, producer_redis_password_file
 from schemas.target_sig import TARGET_KEY
 from store import RunStore
 
@@ -363,6 +364,47 @@ class Runwarden:
         (`producers.health.read_health`): bounded in time, never raises for a Redis
         that is down (the report says so)."""
         return read_health(self.settings, late_after_s=late_after_s)
+
+    # --- producers' Redis users -------------------------------------------------------
+
+    def add_producer_user(self, name: str) -> tuple[str, Path, bool]:
+        """Creates (or updates) producer `name`'s Redis user (`store/acl.py`: it can
+        publish the public tasks and read their results, nothing else), with a password
+        made once in this machine's secrets directory
+        (`schemas.secrets.producer_redis_password_file`), through this client's
+        connection, which must be allowed `ACL` (the operator's). Returns the user, the
+        password file (the producer's `redis-password`) and whether the user outlives a
+        restart of the server: always for the embedded server, whose configuration
+        `runwarden serve` writes with every producer's user at each start; for another,
+        when it has an ACL file (`ACL SAVE`), else it lasts until the server restarts.
+
+        Raises:
+            SecretsError: an invalid name, or the password cannot be written.
+            StoreError: the server refused (no ACL rights) or cannot be reached.
+        """
+        from store.acl import producer_user, save_users, set_producer_user  # noqa: PLC0415
+
+        file_name = producer_redis_password_file(name)
+        password, _ = self.settings.secrets.ensure(file_name)
+        set_producer_user(self.store.client, name, password)
+        # The embedded server's configuration holds the users, written at each start.
+        saved = save_users(self.store.client) or self.settings.redis_url is None
+        return producer_user(name), self.settings.secrets.path / file_name, saved
+
+    def remove_producer_user(self, name: str) -> bool:
+        """Deletes producer `name`'s Redis user (its connections are closed by the
+        server) and its password file; whether the user existed.
+
+        Raises:
+            SecretsError: an invalid name.
+            StoreError: the server refused or cannot be reached.
+        """
+        from store.acl import delete_producer_user, save_users  # noqa: PLC0415
+
+        existed = delete_producer_user(self.store.client, name)
+        save_users(self.store.client)
+        self.settings.secrets.remove(producer_redis_password_file(name))
+        return existed
 
     # --- targets --------------------------------------------------------------------
 

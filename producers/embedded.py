@@ -24,7 +24,7 @@ from typing import Any
 import redis
 
 from schemas import RunError, Settings
-from schemas.secrets import REDIS_PASSWORD
+from schemas.secrets import REDIS_PASSWORD, producer_passwords
 
 from .children import dying_with_parent
 
@@ -135,6 +135,10 @@ class EmbeddedRedis:
             # Redis quotes a value in double quotes with C-style escapes.
             quoted = password.get_secret_value().replace("\\", "\\\\").replace('"', '\\"')
             out.write(f'requirepass "{quoted}"\n')
+            # Each producer's own user (store/acl.py), from its password file.
+            from store.acl import producer_users_config  # noqa: PLC0415
+
+            out.write(producer_users_config(producer_passwords(self.settings.secrets)))
         os.chmod(config, 0o600)
         self.process = subprocess.Popen(
             dying_with_parent(

@@ -35,6 +35,8 @@ __all__ = [
     "SecretsDir",
     "SecretsError",
     "producer_key_file",
+    "producer_passwords",
+    "producer_redis_password_file",
 ]
 
 MAX_SECRET_BYTES: Final = 64 * 1024
@@ -65,6 +67,39 @@ def producer_key_file(name: str) -> str:
             "'-', starting with a letter"
         )
     return f"producer.{name}.key"
+
+
+def producer_redis_password_file(name: str) -> str:
+    """The file name of the password of producer `name`'s Redis user
+    (`redis-password.producer-<name>`), kept by the operator; the producer's own
+    secrets directory holds it as its `redis-password`.
+
+    Raises:
+        SecretsError: for a name that is not a producer's name.
+    """
+    producer_key_file(name)  # the same names
+    return f"{REDIS_PASSWORD}.producer-{name}"
+
+
+def producer_passwords(secrets: SecretsDir) -> dict[str, SecretStr]:
+    """The password of each producer's Redis user kept in `secrets` (its
+    `producer_redis_password_file`), for the producers that still have a key there;
+    a file that cannot be read is left out."""
+    prefix = f"{REDIS_PASSWORD}.producer-"
+    found: dict[str, SecretStr] = {}
+    for file_name in secrets.names():
+        name = file_name.removeprefix(prefix)
+        if name == file_name or PRODUCER_NAME.fullmatch(name) is None:
+            continue
+        try:
+            if secrets.read(producer_key_file(name)) is None:
+                continue
+            password = secrets.read(file_name)
+        except SecretsError:
+            continue
+        if password is not None and password.get_secret_value():
+            found[name] = password
+    return found
 
 
 class SecretsDir:

@@ -3,12 +3,15 @@ with its own signing key in this machine's secrets directory (`schemas.auth`).""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from .common import app, fail, json_option, one_line, print_json, run_op, say
 from .helpfmt import PlainTyper
+
+if TYPE_CHECKING:
+    from schemas import Settings
 
 __all__ = ["producers_add", "producers_ls", "producers_rm"]
 
@@ -29,6 +32,14 @@ ProducerName = Annotated[
 ]
 
 
+def serving(settings: Settings) -> bool:
+    """Whether the service's Redis answers (a configured URL is taken as answering:
+    its errors then say why)."""
+    from ..embedded import EmbeddedRedis
+
+    return settings.redis_url is not None or EmbeddedRedis(settings).ping()
+
+
 def _key_file(name: str) -> str:
     """The key file's name of producer `name`; an invalid name is bad input (exit 2)."""
     from schemas.secrets import SecretsError, producer_key_file
@@ -46,7 +57,10 @@ def producers_add(
 ) -> None:
     """Create the signing key of producer NAME (once; an existing key is kept) and
     print where it is: give that file to the service (it signs every message with
-    it), and put the same file in every worker's secrets directory. A stop it asks
+    it), and put the same file in every worker's secrets directory. When the
+    service's Redis can be reached, also create NAME's Redis user, which can publish
+    the public tasks and read their results and nothing else, and print the file of
+    its password (docs/security.md, "Redis users"). A stop it asks
     is recorded as asked by NAME. docs/integrating.md: a producer's key.
 
     \b
@@ -54,16 +68,42 @@ def producers_add(
       runwarden producers add billing
       runwarden producers add billing --json
     """
-    from schemas import Settings
+    from schemas import RunError, Settings
+    from schemas.auth import OPERATOR, WORKER
+    from schemas.secrets import producer_redis_password_file
+
+    from ..api import Runwarden
 
     settings = Settings()
     file_name = _key_file(name)
     _, created = run_op(lambda: settings.secrets.ensure(file_name))
     where = settings.secrets.path / file_name
+    record: dict[str, object] = {"name": name, "key_file": str(where), "created": created}
+    lines = [f"{'created' if created else 'kept'} {where}"]
+    if name not in (OPERATOR, WORKER) and not serving(settings):
+        # Its password is made now: `runwarden serve` makes the user at its start.
+        run_op(lambda: settings.secrets.ensure(producer_redis_password_file(name)))
+        record["redis_user"] = None
+        lines.append("no Redis user made yet (nothing is serving: `runwarden serve` makes it)")
+    elif name not in (OPERATOR, WORKER):
+        try:
+            user, password_file, saved = Runwarden(settings).add_producer_user(name)
+        except RunError as error:
+            # Its key works without a user of its own: it then shares the password.
+            record["redis_user"] = None
+            lines.append(f"no Redis user made ({one_line(error)})")
+        else:
+            record |= {"redis_user": user, "redis_password_file": str(password_file),
+                       "redis_user_saved": saved}  # fmt: skip
+            lines.append(
+                f"Redis user {user}: its password is {password_file} (the producer's "
+                "`redis-password`)" + ("" if saved else "; the server keeps it until it restarts")
+            )
     if as_json:
-        print_json({"name": name, "key_file": str(where), "created": created})
+        print_json(record)
         return
-    say(f"{'created' if created else 'kept'} {where}")
+    for line in lines:
+        say(line)
 
 
 @producers_app.command("ls")
@@ -95,7 +135,8 @@ def producers_ls(
 @producers_app.command("rm")
 def producers_rm(name: ProducerName) -> None:
     """Remove producer NAME's key: its messages are refused from then on (workers read
-    their keys again within seconds).
+    their keys again within seconds); and its Redis user, when the service's Redis can
+    be reached (its connections are closed).
 
     \b
     Example:
@@ -105,10 +146,23 @@ def producers_rm(name: ProducerName) -> None:
 
     if name in (OPERATOR, WORKER):
         fail(f"{name} is the service's own producer: it cannot be removed", 2)
-    from schemas import Settings
+    from schemas import RunError, Settings
+    from schemas.secrets import producer_redis_password_file
+
+    from ..api import Runwarden
 
     settings = Settings()
     file_name = _key_file(name)
     if not settings.secrets.remove(file_name):
         fail(f"no producer {name!r}", 2)
     say(f"removed producer {name}")
+    if not serving(settings):
+        settings.secrets.remove(producer_redis_password_file(name))
+        return
+    try:
+        if Runwarden(settings).remove_producer_user(name):
+            say(f"removed its Redis user producer-{name}")
+    except RunError as error:
+        # Its password goes anyway: `runwarden serve` never makes the user again.
+        settings.secrets.remove(producer_redis_password_file(name))
+        say(f"its Redis user was not removed ({one_line(error)})")

@@ -16,6 +16,7 @@ import redis
 from producers import embedded
 from producers.embedded import EmbeddedRedis, NotServing, redis_binary
 from schemas import Settings
+from schemas.secrets import producer_key_file, producer_redis_password_file
 from store import RunStore
 
 
@@ -79,5 +80,34 @@ def test_the_default_is_two_gib(tmp_path: Path) -> None:
         client = redis.Redis.from_url(settings.store_url(), socket_timeout=5)
         assert client.config_get("maxmemory") == {"maxmemory": str(2 * 1024**3)}
         client.close()
+    finally:
+        server.stop()
+
+
+def test_each_start_gives_every_producer_its_redis_user(tmp_path: Path) -> None:
+    """The users `producers add` made (a password file beside the producer's key) are
+    in the embedded server's configuration at each start (on Redis and on Valkey):
+    one that can only send and read results; none for a producer whose key is gone."""
+    settings = Settings(state_dir=tmp_path / "state")
+    for name in ("billing", "gone"):
+        settings.secrets.ensure(producer_redis_password_file(name))
+    settings.secrets.ensure(producer_key_file("billing"))  # `gone` has no key
+    server = EmbeddedRedis(settings)
+    server.start()
+    try:
+        socket = str(settings.embedded_socket)
+        password = settings.secrets.read(producer_redis_password_file("billing"))
+        assert password is not None
+        billing = redis.Redis(unix_socket_path=socket, username="producer-billing",
+                              password=password.get_secret_value(), socket_timeout=5)  # fmt: skip
+        assert billing.ping()
+        billing.lpush("runwarden", "{}")
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            billing.get("rw:targets")
+        billing.close()
+        gone = redis.Redis(unix_socket_path=socket, username="producer-gone", password="x")
+        with pytest.raises(redis.AuthenticationError):
+            gone.ping()
+        gone.close()
     finally:
         server.stop()

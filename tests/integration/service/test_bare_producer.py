@@ -23,8 +23,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
+import redis
 
 from bench.harness.pipeline import Pipeline, running_pipeline, toy
 from producers.service import Service, ServiceOptions
@@ -177,19 +179,36 @@ def key_file(pipeline: Pipeline, tmp_path_factory: pytest.TempPathFactory) -> Pa
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert result.returncode == 0, shown(result)
-    verb, _, where = result.stdout.rstrip("\n").partition(" ")
+    verb, _, where = result.stdout.splitlines()[0].partition(" ")
     assert verb == "created", shown(result)
     made = Path(where)
     assert made == pipeline.api.settings.secrets.path / f"producer.{PRODUCER}.key", shown(result)
+    # And its Redis user, its password in a file of the operator's secrets.
+    password = pipeline.api.settings.secrets.path / f"redis-password.producer-{PRODUCER}"
+    # A redis-server without an ACL file here: the user lasts until it restarts.
+    assert result.stdout.splitlines()[1:] == [
+        f"Redis user producer-{PRODUCER}: its password is {password} (the producer's "
+        "`redis-password`); the server keeps it until it restarts"
+    ], shown(result)
     given = tmp_path_factory.mktemp("billing-service") / made.name
     given.write_bytes(made.read_bytes())
     given.chmod(0o600)
     return given
 
 
+def user_url(pipeline: Pipeline) -> str:
+    """The Redis URL of the producer's own user (`store/acl.py`), as the operator hands
+    it over: the service's socket, the user, the password `producers add` made."""
+    file = pipeline.api.settings.secrets.path / f"redis-password.producer-{PRODUCER}"
+    password = quote(file.read_text().strip(), safe="")
+    return f"redis+socket://producer-{PRODUCER}:{password}@{pipeline.redis.socket_path}"
+
+
 @pytest.fixture(scope="module")
 def service(pipeline: Pipeline, key_file: Path) -> OtherService:
-    return OtherService(key_file.parent, pipeline.api.settings.broker_url(), key_file)
+    """The other service, connected as its own Redis user: every test of the module
+    sends through it."""
+    return OtherService(key_file.parent, user_url(pipeline), key_file)
 
 
 def launch_long(pipeline: Pipeline) -> str:
@@ -308,6 +327,11 @@ def test_a_revoked_or_rotated_key_is_refused_within_seconds(
     accepted and the old one still refused. The original key is put back after."""
     run_id = launch_long(pipeline)
     held = pipeline.api.settings.secrets.path / key_file.name
+    password = pipeline.api.settings.secrets.path / f"redis-password.producer-{PRODUCER}"
+    kept = password.read_bytes()
+    # The key's revocation, not the Redis user's (which `producers rm` removes too):
+    # the old key is sent through the operator's connection.
+    old_env = bare_env(pipeline.api.settings.broker_url(), key_file)
     body = json.dumps({"run_id": run_id})
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -321,10 +345,10 @@ def test_a_revoked_or_rotated_key_is_refused_within_seconds(
         return result.returncode == 1 and "Unauthenticated" in result.stderr
 
     try:
-        assert run_bare(service.script, service.env, "runwarden.follow", body).returncode == 0
+        assert run_bare(service.script, old_env, "runwarden.follow", body).returncode == 0
         assert cli("producers", "rm", PRODUCER).returncode == 0
         revoked = time.monotonic()
-        wait_for(lambda: refused(service.env), timeout_s=5)
+        wait_for(lambda: refused(old_env), timeout_s=5)
         print(f"revoked: refused {time.monotonic() - revoked:.2f} s after producers rm")
         made = cli("producers", "add", PRODUCER)
         assert made.stdout.startswith("created "), shown(made)
@@ -336,10 +360,54 @@ def test_a_revoked_or_rotated_key_is_refused_within_seconds(
             lambda: run_bare(service.script, new_env, "runwarden.follow", body).returncode == 0,
             timeout_s=5,
         )
-        assert refused(service.env)  # the old key, after the rotation
+        assert refused(old_env)  # the old key, after the rotation
     finally:
         # A new file (the directory changes): every worker reads it at its next message.
         held.unlink(missing_ok=True)
         held.write_bytes(key_file.read_bytes())
         held.chmod(0o600)
+        # Its Redis user as it was, for the module's other tests.
+        password.unlink(missing_ok=True)
+        password.write_bytes(kept)
+        password.chmod(0o600)
+        pipeline.api.add_producer_user(PRODUCER)
+        pipeline.api.cancel(run_id)
+
+
+def test_the_service_s_redis_user_can_do_nothing_else(
+    pipeline: Pipeline, service: OtherService
+) -> None:
+    """Connected as its own Redis user (`store/acl.py`), the service that sends stops
+    and reads their results (the tests above) cannot read a run's record or log, list
+    or delete keys, push to the workers' internal queue, or use Celery's remote
+    control: each is refused by Redis, and nothing changed."""
+    from celery import Celery
+
+    run_id = launch_long(pipeline)
+    try:
+        url = user_url(pipeline).replace("redis+socket://", "unix://", 1)
+        mine = redis.Redis.from_url(url)
+        assert mine.ping()
+        tries = [
+            lambda: mine.get(f"rw:run:{run_id}"),
+            lambda: mine.xrange(f"rw:log:{run_id}"),
+            lambda: mine.keys("*"),
+            lambda: mine.delete(f"rw:run:{run_id}"),
+            lambda: mine.lpush("runwarden.watch", "{}"),
+            lambda: mine.publish("/0.celery.pidbox", "{}"),
+            lambda: mine.execute_command("PSUBSCRIBE", "celery-task-meta-*"),
+            lambda: mine.acl_setuser("producer-billing", enabled=True),
+        ]
+        for attempt in tries:
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                attempt()
+        app = Celery(broker=user_url(pipeline), backend=user_url(pipeline))
+        with pytest.raises(Exception, match="no permissions"):
+            app.control.shutdown()
+        with pytest.raises(Exception, match="no permissions"):
+            app.control.revoke("any-task-id")
+        # The workers are all there, the run untouched.
+        assert pipeline.api.app.control.ping(timeout=2)
+        assert pipeline.api.get_run(run_id).state is RunState.RUNNING
+    finally:
         pipeline.api.cancel(run_id)

@@ -1013,13 +1013,16 @@ def test_producers_add_ls_rm(tmp_path: Path) -> None:
     env = _embedded_env(tmp_path / ("a-rather-long-state-directory-name-" * 2))
     secrets = Path(env["RUNWARDEN_STATE_DIR"]) / "secrets"
     key = secrets / "producer.billing.key"
-    out = ok(run_cli(env, "producers", "add", "billing", extra=NARROW))
-    assert out == f"created {key}\n"  # whole on its line, however long
-    assert len(out) > 80
+    out = ok(run_cli(env, "producers", "add", "billing", extra=NARROW)).splitlines()
+    assert out[0] == f"created {key}"  # whole on its line, however long
+    assert len(out[0]) > 80
+    # Nothing serves here: the key works without a Redis user of its own.
+    assert out[1] == "no Redis user made yet (nothing is serving: `runwarden serve` makes it)"
+    assert (secrets / "redis-password.producer-billing").stat().st_mode & 0o777 == 0o600
     assert key.stat().st_mode & 0o777 == 0o600
     made = key.read_text()
     assert as_json(run_cli(env, "producers", "add", "billing", "--json")) == {
-        "name": "billing", "key_file": str(key), "created": False,
+        "name": "billing", "key_file": str(key), "created": False, "redis_user": None,
     }  # fmt: skip
     assert key.read_text() == made  # an existing key is kept
     assert ok(run_cli(env, "producers", "ls")) == "billing\n"
@@ -1027,6 +1030,7 @@ def test_producers_add_ls_rm(tmp_path: Path) -> None:
     refused(run_cli(env, "producers", "add", "Bad Name"), 2, "invalid producer name")
     refused(run_cli(env, "producers", "rm", "operator"), 2, "cannot be removed")
     assert ok(run_cli(env, "producers", "rm", "billing")) == "removed producer billing\n"
+    assert not (secrets / "redis-password.producer-billing").exists()
     assert not key.exists()
     refused(run_cli(env, "producers", "rm", "billing"), 2, "no producer 'billing'")
     assert as_json(run_cli(env, "producers", "ls", "--json")) == []

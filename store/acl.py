@@ -1,0 +1,128 @@
+"""Redis ACL users of producers: each producer service connects to Redis as a user of
+its own, `producer-<name>`, that can publish the public tasks and read their results,
+and nothing else (docs/security.md, "Redis users").
+
+What such a user may do, all that Celery's Redis transport and result backend need to
+send a task and wait for its result (found against a real redis-server, kombu 5):
+
+- `LPUSH` (in `MULTI`/`EXEC`) to the queues of the public tasks, `runwarden`,
+  `runwarden.retrieve` and Celery's default `celery` (where a producer without
+  routes sends: the bare producer of docs/integrating.md), and their priority lists
+  (`<queue>\\x06\\x16<n>`), and `LLEN` of them;
+- read and add the exchange bindings (`_kombu.binding*` sets: kombu declares the
+  queue it sends to). A binding only routes a message; every task a worker runs is
+  signed, checked and idempotent wherever it arrives;
+- `GET` a result (`celery-task-meta-<task id>`) and `SUBSCRIBE` to its channel: a task
+  id is a random UUID the producer chose, and no pattern subscription or key listing
+  is allowed, so it reads no result whose id it does not know.
+
+It cannot read or write a store key (`rw:*`: runs, logs, metrics, targets), delete
+any key, list keys, push to the workers' internal queue (`runwarden.watch`), or send
+Celery's remote control (`PUBLISH` to the pidbox: shutdown, revoke, stop a queue).
+Its password is sent as its SHA-256 (`#<hex>`), so it never reaches Redis in clear.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Final
+
+from pydantic import SecretStr
+from redis import ResponseError
+
+from schemas.events import DEFAULT_QUEUE, QUEUE, QUEUE_RETRIEVE
+
+from .base import translated
+
+__all__ = [
+    "PRODUCER_USER_PREFIX",
+    "delete_producer_user",
+    "producer_rules",
+    "producer_user",
+    "producer_users_config",
+    "save_users",
+    "set_producer_user",
+]
+
+PRODUCER_USER_PREFIX: Final = "producer-"
+_PRIORITY_SEP: Final = "\x06\x16"
+"""kombu's separator between a queue's name and its priority (`<queue>\\x06\\x16<n>`)."""
+_COMMANDS: Final = (
+    "+lpush", "+llen", "+multi", "+exec", "+smembers", "+sadd", "+get",
+    "+subscribe", "+unsubscribe", "+ping", "+hello", "+select", "+info",
+)  # fmt: skip
+
+
+def producer_user(name: str) -> str:
+    """The Redis user of producer `name`."""
+    return f"{PRODUCER_USER_PREFIX}{name}"
+
+
+def producer_rules(password: SecretStr) -> list[str]:
+    """The `ACL SETUSER` rules of a producer's user with `password`: everything
+    reset, then what the module docstring lists."""
+    digest = hashlib.sha256(password.get_secret_value().encode()).hexdigest()
+    keys = []
+    for queue in (QUEUE, QUEUE_RETRIEVE, DEFAULT_QUEUE):
+        keys += [f"~{queue}", f"~{queue}{_PRIORITY_SEP}*"]
+    return [
+        "reset", "on", f"#{digest}", *keys, "~celery-task-meta-*",
+        "&celery-task-meta-*", "~_kombu.binding*", "-@all", *_COMMANDS,
+    ]  # fmt: skip
+
+
+def _conf_word(word: str) -> str:
+    """`word` as one double-quoted argument of a Redis configuration file."""
+    quoted = "".join(c if c.isprintable() and c not in '"\\' else f"\\x{ord(c):02x}" for c in word)
+    return f'"{quoted}"'
+
+
+def producer_users_config(passwords: dict[str, SecretStr]) -> str:
+    """The `user` lines of a Redis configuration file defining the user of each
+    producer of `passwords` (name -> password): how the embedded server gets them at
+    each start (`producers.embedded`)."""
+    lines = []
+    for name, password in sorted(passwords.items()):
+        words = [producer_user(name), *producer_rules(password)]
+        lines.append("user " + " ".join(_conf_word(w) for w in words) + "\n")
+    return "".join(lines)
+
+
+@translated
+def set_producer_user(client: Any, name: str, password: SecretStr) -> None:
+    """Creates or replaces producer `name`'s user on the server of `client` (a redis-py
+    client of a user allowed `ACL`: the operator's).
+
+    Raises:
+        StoreError: the server refused (no ACL rights, a server without ACLs) or
+            cannot be reached.
+    """
+    client.execute_command("ACL", "SETUSER", producer_user(name), *producer_rules(password))
+
+
+@translated
+def delete_producer_user(client: Any, name: str) -> bool:
+    """Deletes producer `name`'s user; whether it existed.
+
+    Raises:
+        StoreError: the server refused or cannot be reached.
+    """
+    return bool(client.execute_command("ACL", "DELUSER", producer_user(name)))
+
+
+@translated
+def save_users(client: Any) -> bool:
+    """Writes the server's users to its ACL file (`ACL SAVE`), so they survive a restart;
+    False when the server has no ACL file (its users then last until it restarts:
+    `runwarden serve` sets them again at each start of the embedded server).
+
+    Raises:
+        StoreError: the server refused for another reason or cannot be reached.
+    """
+    try:
+        client.execute_command("ACL", "SAVE")
+    except ResponseError as error:
+        if "acl file" in str(error).lower() or "aclfile" in str(error).lower():
+            return False
+        raise
+    return True
