@@ -14,8 +14,8 @@ is scraped:
   lateness, follow tick duration per target, retrievals by outcome and their bytes,
   runs ended, policy decisions, webhook deliveries, ledger events;
 - the gauges, computed from the state itself: stops in flight by phase, runs by
-  state (every run record is read: one MGET per 500 runs), webhook deliveries
-  waiting.
+  state (the sizes of the sets of runs by state, `Runs.count_by_state`: one round
+  trip, no record read, however many runs), webhook deliveries waiting.
 
 So the numbers survive a worker's restart and agree between scrapers; no
 `prometheus_client` multiprocess directory is needed. When the store cannot be read,
@@ -73,7 +73,7 @@ class StoreCollector(Collector):
         try:
             series = self.store.counters.series()
             stops = self.store.stops.in_progress()
-            runs = self.store.runs.find()
+            runs = self.store.runs.count_by_state()
             pending = self.store.webhooks.pending()
         except (RunError, ValueError) as error:
             log.warning("metrics: the run store cannot be read: %s", error)
@@ -109,10 +109,9 @@ class StoreCollector(Collector):
             if phase.is_open:
                 in_flight.add_metric([str(phase)], float(phases[str(phase)]))
         yield in_flight
-        states = Counter(str(run.state) for run in runs)
         by_state = GaugeMetricFamily(RUNS.name, RUNS.help, labels=["state"])
         for state in RunState:
-            by_state.add_metric([str(state)], float(states[str(state)]))
+            by_state.add_metric([str(state)], float(runs.get(state, 0)))
         yield by_state
         yield GaugeMetricFamily(WEBHOOK_PENDING.name, WEBHOOK_PENDING.help, value=float(pending))
 

@@ -10,6 +10,7 @@ key, only `[A-Za-z0-9_.-]` as `schemas.idempotency` checks it; `<target>` a targ
 | `P run:<id>` | string | the run record (`RunRecord` JSON) |
 | `P runs` | sorted set | run ids, score = `created` (unix seconds) |
 | `P runs:t:<target>` | sorted set | the same, for one target |
+| `P runs:s:<state>` | set | ids of the runs in `<state>` (a `RunState`), for the metrics (12) |
 | `P launch:<lkey>` | string | id of the run the launch with key `<lkey>` started (1) |
 | `P preparing` | sorted set | ids of the runs in `preparing`, score = `created` (2) |
 | `P preparing:keys` | hash | run id -> launch key, for the runs of `P preparing` with one (2) |
@@ -79,6 +80,9 @@ about 100 bytes: it never outgrows the record).
 children, their restarts and how each last ended; unix seconds on Redis's clock. The
 key lapses `schemas.health.SERVE_TTL_S` after the last write; a clean stop removes
 both.
+(12) Moved in every transaction that writes a record (`runs.index_preparing`, and the
+script that creates it); a store from before these sets gets them once from its
+records (`Runs.count_by_state`, under the marker `P runs:s` = "1").
 
 Celery's Redis transport keeps its own keys in the same database, without our
 prefix (`broker_*` below, read by `runwarden status`): each queue is a list named as
@@ -130,6 +134,14 @@ class Keys:
 
     def runs_of(self, target: str) -> str:
         return self._key("runs", "t", target)
+
+    def runs_in(self, state: str) -> str:
+        return self._key("runs", "s", state)
+
+    @property
+    def runs_by_state(self) -> str:
+        """The marker that the sets of `runs_in` hold every run."""
+        return self._key("runs", "s")
 
     # --- launches ---------------------------------------------------------------------
 

@@ -32,10 +32,14 @@ _CHUNK = 500
 
 def index_preparing(keys: Keys, pipe: Any, current: RunRecord, new: RunRecord) -> None:
     """Takes a run that leaves `preparing` out of the index of preparing runs (and
-    its launch key out of theirs), in the same transaction as its record."""
+    its launch key out of theirs), and moves it between the sets of runs by state
+    (`Keys.runs_in`), in the same transaction as its record."""
     if current.state is RunState.PREPARING and new.state is not RunState.PREPARING:
         pipe.zrem(keys.preparing, new.id)
         pipe.hdel(keys.preparing_keys, new.id)
+    if current.state is not new.state:
+        pipe.srem(keys.runs_in(str(current.state)), new.id)
+    pipe.sadd(keys.runs_in(str(new.state)), new.id)
 
 
 def index_continuation(keys: Keys, pipe: Any, record: RunRecord) -> None:
@@ -91,6 +95,7 @@ class Runs(StorePart):
             self.keys.runs_of(record.target),
             self.keys.preparing,
             self.keys.preparing_keys,
+            self.keys.runs_in(str(record.state)),
         ]
         if key is not None:
             keys.append(self.keys.launch(key))
@@ -135,6 +140,42 @@ class Runs(StorePart):
             None if raw is None else load_model(RunRecord, raw, f"record of run {run_id!r}")
             for run_id, raw in zip(run_ids, raws, strict=True)
         ]
+
+    @translated
+    def count_by_state(self) -> dict[RunState, int]:
+        """How many runs are in each state, from the sets of runs by state
+        (`Keys.runs_in`, kept by every write of a record): one round trip, whatever
+        the number of runs. On a store from before those sets, the first call builds
+        them from the records, once (`_index_states`)."""
+        if not self._r.exists(self.keys.runs_by_state):
+            self._index_states()
+        pipe = self._r.pipeline(transaction=False)
+        for state in RunState:
+            pipe.scard(self.keys.runs_in(str(state)))
+        return {state: int(n) for state, n in zip(RunState, pipe.execute(), strict=True)}
+
+    def _index_states(self) -> None:
+        """Puts every run in the set of its state and in no other, each under a watch
+        of its record (a writer meanwhile is never undone: the run is read again),
+        then sets the marker that they are complete."""
+        others = [self.keys.runs_in(str(state)) for state in RunState]
+        for raw_id in self._r.zrange(self.keys.runs, 0, -1):
+            run_id = text(raw_id)
+            key = self.keys.run(run_id)
+
+            def step(pipe: Any, key: str = key, run_id: str = run_id) -> None:
+                raw = pipe.get(key)
+                if raw is None:
+                    pipe.unwatch()
+                    return
+                record = load_model(RunRecord, raw, f"record of run {run_id!r}")
+                pipe.multi()
+                for other in others:
+                    pipe.srem(other, run_id)
+                pipe.sadd(self.keys.runs_in(str(record.state)), run_id)
+
+            self._compare_and_set([key], step, f"run {run_id!r} changes too often", run_id)
+        self._r.set(self.keys.runs_by_state, "1")
 
     @translated
     def find(

@@ -15,6 +15,7 @@ from schemas.errors import Conflict, InvalidRunId, NotFound, StoreError
 from schemas.job import JobId
 from schemas.run import ArtifactsPhase, RunRecord, RunState
 from store import RunStore
+from store.steps import end_run
 
 from ..conftest import record as running_record
 from ..workers.conftest import ended_run
@@ -241,3 +242,26 @@ def test_the_end_and_the_queued_retrieval_are_one_transaction(
     # A run that never had a job has nothing to retrieve.
     assert store.runs.create(running_record(id="nojob", job=None, state=RunState.PREPARING))
     assert store.runs.transition("nojob", RunState.FAILED).artifacts is None
+
+
+def test_runs_are_counted_by_state_without_reading_a_record(store: RunStore) -> None:
+    """Every write of a record moves its run between the sets of runs by state (the
+    creation, a transition, a launch's start, an end): the counts follow, read in one
+    round trip; a store from before those sets gets them once from its records."""
+    assert store.runs.count_by_state()[RunState.RUNNING] == 0
+    for run_id in ("a", "b", "c"):
+        assert store.runs.create(record(run_id))
+    store.launches.start("a", JOB)
+    running(store, "d")
+    running(store, "e")
+    end_run(store, "e", RunState.SUCCEEDED)
+    counts = store.runs.count_by_state()
+    assert (counts[RunState.PREPARING], counts[RunState.RUNNING]) == (2, 2)
+    assert (counts[RunState.SUCCEEDED], sum(counts.values())) == (1, 5)
+    # A store from before the sets (none of them, no marker): built once from records.
+    for state in RunState:
+        store.client.delete(store.keys.runs_in(str(state)))
+    store.client.delete(store.keys.runs_by_state)
+    store.client.sadd(store.keys.runs_in("failed"), "a")  # a stale entry is cleared
+    assert store.runs.count_by_state() == counts
+    assert store.client.get(store.keys.runs_by_state) is not None
