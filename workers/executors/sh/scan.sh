@@ -5,8 +5,11 @@
 #   wrapper, not its children, not zombies), and with /proc every process whose
 #   environment holds `$rw_entry` (the run's mark, `RUNWARDEN_RUN_ID=<mark>`, empty:
 #   none; not the wrapper, not its parent, not its children, whose environment a fork
-#   copied, not zombies, pid 1 never). Without /proc, the group's members come from
-#   `ps` (POSIX `-o`), and marks cannot be read; it returns 1 when `ps` fails too.
+#   copied, not zombies, pid 1 never), and every process of the run's cgroup when
+#   `$rw_cgp` names its `cgroup.procs` (wrapper.sh: one that cleared its environment
+#   and left the group is there; the same exclusions). Without /proc, the group's
+#   members come from `ps` (POSIX `-o`), and marks cannot be read; it returns 1 when
+#   `ps` fails too.
 # - `rw_count LIST` sets `rw_n` to the number of words of LIST.
 rw_scan() {
   rw_left=
@@ -41,6 +44,21 @@ rw_scan() {
         { [ "$#" -ge 2 ] && [ "$1" != Z ] && [ "$2" != "$$" ]; } || continue
         rw_left="$rw_left $rw_p"
       done
+    fi
+    if [ -n "${rw_cgp-}" ]; then
+      { while IFS= read -r rw_p; do
+          case $rw_p in ''|*[!0-9]*) continue ;; esac
+          { [ "$rw_p" != "$$" ] && [ "$rw_p" != "$PPID" ] && [ "$rw_p" -gt 1 ]; } || continue
+          case " $rw_left " in *" $rw_p "*) continue ;; esac
+          rw_l=; { IFS= read -r rw_l < "/proc/$rw_p/stat"; } 2>/dev/null || continue
+          rw_l=${rw_l##*) }
+          set -f
+          # shellcheck disable=SC2086
+          set -- $rw_l
+          set +f
+          { [ "$#" -ge 2 ] && [ "$1" != Z ] && [ "$2" != "$$" ]; } || continue
+          rw_left="$rw_left $rw_p"
+        done < "$rw_cgp"; } 2>/dev/null || :
     fi
   else
     rw_l=$(ps -A -o pid= -o ppid= -o pgid= -o stat= 2>/dev/null) || return 1

@@ -115,6 +115,26 @@ rw_c='' rw_l=''
 rw_all=$5 rw_kill=$6 rw_give_up=$7 rw_poll=$8
 # The wrapper's helpers never count as the run's.
 unset RUNWARDEN_RUN_ID
+# The run's cgroup, when runwarden gave it one (the launcher entered it before this
+# wrapper started: launcher.sh): its `cgroup.procs`, in which rw_scan also finds
+# what left the group and cleared its environment. Builtins only.
+rw_cgp='' rw_l=''
+{ while IFS= read -r rw_l; do case $rw_l in 0::/*) break ;; esac; rw_l=; done \
+  < "/proc/$$/cgroup"; } 2>/dev/null || rw_l=
+rw_l=${rw_l#0::}
+case $rw_l in
+*/runwarden/*)
+  # Each line of mountinfo: ID PARENT DEV ROOT MOUNT OPTIONS... - TYPE SOURCE ...
+  { while read -r _ _ _ rw_r rw_m rw_o; do
+      case " $rw_o " in *" - cgroup2 "*) ;; *) continue ;; esac
+      if [ "$rw_r" = / ] && [ -f "$rw_m$rw_l/cgroup.procs" ]; then
+        # shellcheck disable=SC2034  # read by rw_scan (scan.sh)
+        rw_cgp=$rw_m$rw_l/cgroup.procs
+        break
+      fi
+    done < /proc/self/mountinfo; } 2>/dev/null || :
+  ;;
+esac
 # Written once the job's shell started: the launcher reads the leader's start time
 # before it says `go`, so while the leader surely lives.
 printf '%s\n' "$$" > "job.pid.tmp.$$" && "$rw_mv" -f -- "job.pid.tmp.$$" job.pid

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -23,7 +24,8 @@ import pytest
 from bench.harness.hostile import FIGHTER
 from bench.harness.users import JOB_USER, as_user, ensure_user, job_python, shared_dir
 from schemas import JobCommand, JobStatus, Settings, TargetConfig
-from schemas.protocol import EXIT_FILE, MARK_ENV, new_mark
+from schemas.job import parse_job_end
+from schemas.protocol import END_FILE, MARK_ENV, new_mark
 from workers.cgroups import CGROUP_PARENT, EMPTY_AGE_S, containment, hierarchy, remove_empty
 from workers.executors import (
     CommandError,
@@ -136,13 +138,63 @@ def test_a_cancel_ends_a_child_that_left_the_session_and_cleared_its_environment
 
 
 @pytest.mark.parametrize("target", ["local", "shell"], indirect=True)
-def test_the_end_of_a_job_ends_what_it_left_in_its_cgroup(target: Target, cgroup: Path) -> None:
-    executor, command = _spawn(target, cgroup, HIDDEN + "sleep 0.5\nexit 3\n")
+def test_the_wrapper_s_sweep_finds_in_the_cgroup_what_cleared_its_environment(
+    target: Target, cgroup: Path
+) -> None:
+    """What left the session and cleared its environment (no group, no mark) is still
+    in the run's cgroup, where the wrapper's end sweep finds it: SIGTERM, and the run's
+    end says it (`leftovers`) once it is gone."""
+    soft = "setsid env -i /bin/sh -c 'while :; do sleep 1; done' </dev/null >/dev/null 2>&1 &\n"
+    executor, command = _spawn(target, cgroup, f"PATH=/usr/bin:/bin\n{soft}sleep 0.5\nexit 3\n")
     job = executor.spawn(command)
-    wait_for((Path(command.dir) / EXIT_FILE).exists, timeout_s=20)
-    # Running while its wrapper, which wrote `exit_code` last, has not ended yet.
-    wait_for(lambda: executor.status(job) == JobStatus.exited(3))
-    hidden = _the_hidden(cgroup)  # out of the wrapper's sweep: left behind
+    assert wait_for(lambda: executor.status(job).is_finished and executor.status(job), 20) == (
+        JobStatus.exited(3)
+    )
+    end = parse_job_end((Path(command.dir) / END_FILE).read_bytes())
+    assert end is not None
+    assert end.leftovers >= 1
+    assert end.survived == 0
+    assert _procs(cgroup) == []  # ended before `exit_code` was written
+
+
+def test_with_wait_for_all_the_run_waits_for_what_only_its_cgroup_holds(
+    cgroup: Path, tmp_path: Path
+) -> None:
+    """`--wait-for-all`: a run lasts while its cgroup holds a process of it, one that
+    cleared its environment and left the session too; it ends when that one does."""
+    executor = LocalExecutor(tmp_path)
+    command = JobCommand(
+        dir=str(tmp_path / "run"), script=HIDDEN + "exit 3\n", env={MARK_ENV: cgroup.name},
+        cgroup=str(cgroup), wait_for_all=True,
+    )  # fmt: skip
+    job = executor.spawn(command)
+    hidden = _the_hidden(cgroup)
+    time.sleep(1.5)  # more than a look of the wrapper
+    assert executor.status(job) is JobStatus.RUNNING
+    os.kill(hidden, signal.SIGKILL)
+    assert wait_for(lambda: executor.status(job).is_finished and executor.status(job), 20) == (
+        JobStatus.exited(3)
+    )
+    end = parse_job_end((Path(command.dir) / END_FILE).read_bytes())
+    assert end is not None
+    assert end.waited >= 1
+
+
+@pytest.mark.parametrize("target", ["local", "shell"], indirect=True)
+def test_release_ends_what_a_killed_wrapper_left_in_the_cgroup(
+    target: Target, cgroup: Path
+) -> None:
+    """A job whose wrapper is killed from outside (no sweep: its end reads `lost`)
+    leaves a child that cleared its environment and ignores SIGTERM: the release that
+    comes before its end is recorded ends it, and the emptied cgroup goes."""
+    executor, command = _spawn(target, cgroup, HIDDEN + "exec sleep 600\n")
+    job = executor.spawn(command)
+    hidden = _the_hidden(cgroup)
+    os.killpg(job.pid, signal.SIGKILL)
+    assert wait_for(lambda: executor.status(job).is_finished and executor.status(job)) == (
+        JobStatus.LOST
+    )
+    assert process_alive(hidden)
     executor.release(job)
     assert not process_alive(hidden)
     assert not cgroup.exists()
@@ -176,7 +228,8 @@ def test_a_run_as_job_is_contained_and_what_it_leaves_is_ended_by_the_user_s_rel
     """A target whose jobs run as another user: every process of the job is in the
     run's cgroup and the user's; a child that left the session, cleared its
     environment and ignores SIGTERM cannot move itself out of the cgroup; once the job
-    ended, the user's release ends that child (`cgroup.kill`, the file given to the
+    ended without its wrapper's sweep (killed from outside), the user's release ends
+    that child (`cgroup.kill`, the file given to the
     user) and the cgroup is empty (the worker's `remove_empty` removes it later: the
     user may not)."""
     user = ensure_user(JOB_USER)
@@ -185,7 +238,7 @@ def test_a_run_as_job_is_contained_and_what_it_leaves_is_ended_by_the_user_s_rel
         root = cgroup.parent.parent
         command = JobCommand(
             dir=str(base / "runs" / "run"),
-            script=ESCAPE + "sleep 0.5\nexit 3\n",
+            script=ESCAPE + "exec sleep 600\n",
             env={MARK_ENV: cgroup.name, "ROOT": str(root)},
             cgroup=str(cgroup),
         )
@@ -193,11 +246,11 @@ def test_a_run_as_job_is_contained_and_what_it_leaves_is_ended_by_the_user_s_rel
         job = executor.spawn(command)
         assert job.cgroup == str(cgroup)
         run = Path(command.dir)
-        wait_for((run / EXIT_FILE).exists, timeout_s=20)
-        # Running while its wrapper, which wrote `exit_code` last, has not ended yet.
-        wait_for(lambda: executor.status(job) == JobStatus.exited(3))
         hidden = _the_hidden(cgroup)
         wait_for((run / "escaped").exists)
+        # Its wrapper killed from outside: no sweep of its own finds the child.
+        os.killpg(job.pid, signal.SIGKILL)
+        wait_for(lambda: executor.status(job) == JobStatus.LOST)
         assert (run / "escaped").read_text() == "in\n"
         assert all(os.stat(f"/proc/{pid}").st_uid == user.pw_uid for pid in _procs(cgroup))
         assert hidden not in [int(p) for p in (root / "cgroup.procs").read_text().split()]
