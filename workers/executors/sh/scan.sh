@@ -10,6 +10,7 @@
 #   and left the group is there; the same exclusions). Without /proc, the group's
 #   members come from `ps` (POSIX `-o`), and marks cannot be read; it returns 1 when
 #   `ps` fails too.
+# - `rw_add PID` adds one such process to `rw_left` (rw_scan's own step).
 # - `rw_count LIST` sets `rw_n` to the number of words of LIST.
 rw_scan() {
   rw_left=
@@ -31,34 +32,11 @@ rw_scan() {
       # shellcheck disable=SC2013
       for rw_f in $(grep -lsxzF -- "$rw_entry" /proc/[0-9]*/environ 2>/dev/null); do
         rw_p=${rw_f#/proc/}; rw_p=${rw_p%/environ}
-        case $rw_p in ''|*[!0-9]*) continue ;; esac
-        { [ "$rw_p" != "$$" ] && [ "$rw_p" != "$PPID" ] && [ "$rw_p" -gt 1 ]; } || continue
-        case " $rw_left " in *" $rw_p "*) continue ;; esac
-        rw_l=; { IFS= read -r rw_l < "/proc/$rw_p/stat"; } 2>/dev/null || continue
-        rw_l=${rw_l##*) }
-        set -f
-        # shellcheck disable=SC2086
-        set -- $rw_l
-        set +f
-        # A subshell of this wrapper (the grep's) still has the mark in its environ.
-        { [ "$#" -ge 2 ] && [ "$1" != Z ] && [ "$2" != "$$" ]; } || continue
-        rw_left="$rw_left $rw_p"
+        rw_add "$rw_p"
       done
     fi
     if [ -n "${rw_cgp-}" ]; then
-      { while IFS= read -r rw_p; do
-          case $rw_p in ''|*[!0-9]*) continue ;; esac
-          { [ "$rw_p" != "$$" ] && [ "$rw_p" != "$PPID" ] && [ "$rw_p" -gt 1 ]; } || continue
-          case " $rw_left " in *" $rw_p "*) continue ;; esac
-          rw_l=; { IFS= read -r rw_l < "/proc/$rw_p/stat"; } 2>/dev/null || continue
-          rw_l=${rw_l##*) }
-          set -f
-          # shellcheck disable=SC2086
-          set -- $rw_l
-          set +f
-          { [ "$#" -ge 2 ] && [ "$1" != Z ] && [ "$2" != "$$" ]; } || continue
-          rw_left="$rw_left $rw_p"
-        done < "$rw_cgp"; } 2>/dev/null || :
+      { while IFS= read -r rw_p; do rw_add "$rw_p"; done < "$rw_cgp"; } 2>/dev/null || :
     fi
   else
     rw_l=$(ps -A -o pid= -o ppid= -o pgid= -o stat= 2>/dev/null) || return 1
@@ -78,6 +56,24 @@ rw_scan() {
     IFS=$rw_old
   fi
   return 0
+}
+rw_add() {
+  # Adds process $1 to rw_left unless it is no pid, this wrapper, its parent, pid 0
+  # or 1, already there, a zombie, or a child of this wrapper (its helpers: a subshell
+  # of it, the grep's, still has the mark in its environment and is in its cgroup).
+  case $1 in ''|*[!0-9]*) return 0 ;; esac
+  { [ "$1" != "$$" ] && [ "$1" != "$PPID" ] && [ "$1" -gt 1 ]; } || return 0
+  case " $rw_left " in *" $1 "*) return 0 ;; esac
+  rw_l=; { IFS= read -r rw_l < "/proc/$1/stat"; } 2>/dev/null || return 0
+  rw_l=${rw_l##*) }
+  rw_a=$1
+  set -f
+  # Split on purpose: the fields of /proc/PID/stat after the command name.
+  # shellcheck disable=SC2086
+  set -- $rw_l
+  set +f
+  { [ "$#" -ge 2 ] && [ "$1" != Z ] && [ "$2" != "$$" ]; } || return 0
+  rw_left="$rw_left $rw_a"
 }
 rw_count() {
   set -f
