@@ -118,11 +118,14 @@ class Follow(StorePart):
         self._script("follow", keys=keys, args=[run_id, target], client=pipe)
 
     @translated
-    def remove(self, run_id: str) -> bool:
-        """Stops following run `run_id`; whether it was followed. Its offsets are
-        kept (following it again continues where it stopped). Raises `NotFound`
-        when there is no such run."""
-        return bool(self.queue_remove(None, run_id, self._runs.get(run_id).target))
+    def remove(self, run_id: str, target: str | None = None) -> bool:
+        """Stops following run `run_id` (of `target`, else of the target its record
+        names); whether it was followed. Its offsets are kept (following it again
+        continues where it stopped). Given its target, the record is not read: a run
+        whose record is gone or unreadable can be dropped too. Raises `NotFound` when
+        there is no such run and no target is given."""
+        where = target if target is not None else self._runs.get(run_id).target
+        return bool(self.queue_remove(None, run_id, where))
 
     def queue_remove(self, pipe: Any, run_id: str, target: str) -> Any:
         """Queues on `pipe` (runs at once with None, and returns its reply) what

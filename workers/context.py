@@ -23,6 +23,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from redis.exceptions import RedisError
+
 from schemas import NotFound, RunRecord, Settings, StoreError, TargetConfig, UnknownTarget
 from schemas.metrics import SCRIPT_TIMEOUTS, Sample
 from store import RunStore
@@ -134,17 +136,30 @@ class Context:
             log.warning("run %s: cannot send the task %s", run_id, task)
 
     def records(self, run_ids: list[str]) -> list[RunRecord | None]:
-        """The records of `run_ids` in one round trip; an unreadable one is logged and
-        read as missing (it must not stop the others)."""
+        """The records of `run_ids` in one round trip; one that is gone, or stored
+        unreadable (a value that does not parse), is logged and read as missing (it
+        must not stop the others).
+
+        Raises:
+            StoreError: Redis itself failed (out of reach, a restart): never read as
+                missing, which would stop following runs that are fine.
+        """
         try:
             return self.store.runs.get_many(run_ids)
-        except StoreError:
+        except StoreError as error:
+            if isinstance(error.__cause__, RedisError):
+                raise
             found: list[RunRecord | None] = []
             for run_id in run_ids:
                 try:
                     found.append(self.store.runs.get(run_id))
-                except (StoreError, NotFound):
+                except StoreError as one:
+                    if isinstance(one.__cause__, RedisError):
+                        raise
                     log.exception("run %s: unreadable; no longer followed", run_id)
+                    found.append(None)
+                except NotFound:
+                    log.warning("run %s: no record; no longer followed", run_id)
                     found.append(None)
             return found
 

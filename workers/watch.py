@@ -105,7 +105,7 @@ def watch_target(ctx: Context, target: str, now: datetime) -> dict[str, int]:
     runs: list[RunRecord] = []
     for run_id, found in zip(ids, ctx.records(ids), strict=True):
         if found is None or found.job is None or found.state.is_terminal:
-            ctx.store.follow.remove(run_id)
+            ctx.store.follow.remove(run_id, target)
             continue
         runs.append(found)
     if not runs:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 from schemas import (
     JobId,
@@ -28,6 +29,7 @@ from schemas import (
     RunState,
     SnapshotReason,
     StopPhase,
+    StoreError,
 )
 from schemas.events import TASK_END_TIMEOUT
 from schemas.ledger import ProofSeen
@@ -334,3 +336,31 @@ def test_a_tick_takes_ends_and_lines_before_it_opens_the_stops_of_requests(
     assert all(ended_first and all(logs) for _, ended_first, logs in seen), seen
     assert store.runs.get("r1").state is RunState.SUCCEEDED
     assert all(store.stops.get(run.id) is not None for run in asking)
+
+
+def test_a_store_out_of_reach_never_stops_the_follow_of_a_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis restarting while a tick reads the records: the tick fails (retried next
+    time), every run stays followed. Before, each run read as "unreadable" and was
+    dropped from the follow for good (a chaos campaign's five runs that never ended)."""
+    ctx, store, _ = policy_worker(tmp_path)
+    run = running_run(store, tmp_path, "r1", job=JobId(dir=str(tmp_path / "r1"), pid=dead_pid()))
+
+    def down(*_: Any, **__: Any) -> Any:
+        try:
+            raise redis.ConnectionError("Error 2 connecting to redis.sock")
+        except redis.ConnectionError as error:
+            raise StoreError("run store: cannot reach Redis") from error
+
+    monkeypatch.setattr(type(store.runs), "get_many", down)
+    monkeypatch.setattr(type(store.runs), "get", down)
+    with pytest.raises(StoreError):
+        watch_target(ctx, "local", datetime.now(UTC))
+    monkeypatch.undo()
+    assert store.follow.runs("local") == [run.id]
+    # A record that does not parse is another matter: dropped from the follow by its
+    # target (reading its target from it failed, and so did every tick of the target).
+    store.client.set(store.keys.run(run.id), b"{not json")
+    watch_target(ctx, "local", datetime.now(UTC))
+    assert store.follow.runs("local") == []
