@@ -28,6 +28,7 @@ from schemas import (
     UnknownTarget,
 )
 from schemas.auth import (
+    OPERATOR,
     Unauthenticated,
     new_task_id,
     sign,
@@ -58,7 +59,14 @@ from schemas.job import check_secret_name
 from schemas.ledger import LedgerEvent
 from schemas.run import ADOPTED_COMMAND, check_cancel, check_resumable, check_snapshot_request
 from schemas.secrets import SecretsError, producer_key_file, producer_redis_password_file
-from schemas.target_sig import TARGET_KEY
+from schemas.target_sig import (
+    TARGET_KEY,
+    legacy_signature_ok,
+    next_version,
+    public_key_of,
+    sign_record,
+    verify_record,
+)
 from store import RunStore
 
 from .defaults import DOCTOR_WAIT_S
@@ -428,6 +436,29 @@ class Runwarden:
         except UnknownTarget:
             return None
 
+    def resign_targets(self) -> list[str]:
+        """Gives every target record of the form before versions (signed with the
+        operator's HMAC key, which this client holds) a version and the operator's
+        Ed25519 signature, so an upgrade keeps its targets; returns their names. A
+        record that does not verify under that key is left as it is (workers refuse
+        it).
+
+        Raises:
+            SecretsError: this client has no operator key or target key.
+            StoreError: the store cannot be read or written.
+        """
+
+        operator = self._key(OPERATOR)
+        signed = []
+        for name, record in self.store.targets.all_signed().items():
+            if record.config is None or not legacy_signature_ok(name, record, operator):
+                continue
+            version = next_version(None)
+            signature = sign_record(name, record.config, version, self._target_key())
+            self.store.targets.put(name, record.config, signature, version)
+            signed.append(name)
+        return signed
+
     def add_target(self, config: TargetConfig) -> None:
         """Adds or replaces a target, signed with the operator's Ed25519 key at a new
         version (`schemas.target_sig`): only a client with it defines targets (a worker
@@ -442,7 +473,6 @@ class Runwarden:
                 `schemas.job.check_secret_name`).
             SecretsError: this client has no operator target key.
         """
-        from schemas.target_sig import next_version, sign_record  # noqa: PLC0415
 
         for secret in config.allow_secrets:
             try:
@@ -470,7 +500,6 @@ class Runwarden:
         this service's operator key, as a worker checks it (False: unsigned, forged
         or changed in Redis, and refused by every worker); None for all when this
         client has no operator key to check with."""
-        from schemas.target_sig import public_key_of, verify_record  # noqa: PLC0415
 
         records = self.store.targets.all_signed()
         live = {name: record for name, record in records.items() if record.config is not None}
@@ -496,7 +525,6 @@ class Runwarden:
         Raises:
             SecretsError: this client has no operator target key.
         """
-        from schemas.target_sig import next_version, sign_record  # noqa: PLC0415
 
         try:
             stored = self.store.targets.get_signed(name)

@@ -199,6 +199,15 @@ class Service:
                 RedisChild("redis", up_since=time.monotonic(), embedded=self.embedded)
             )
             said.append(f"redis: embedded, {self.settings.embedded_socket}")
+        try:
+            # Target records of the form before versions, signed with the operator's
+            # HMAC key: given their Ed25519 signature, so an upgrade keeps them.
+            resigned = Runwarden(self.settings).resign_targets()
+        except RunwardenError as error:
+            said.append(f"targets: not checked for re-signing ({error})")
+        else:
+            if resigned:
+                said.append(f"targets signed again with the target key: {', '.join(resigned)}")
         port = self.options.metrics_port
         if port is not None:
             metrics = ThreadChild(

@@ -19,6 +19,8 @@ microseconds, past the version stored).
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -40,6 +42,7 @@ __all__ = [
     "TARGET_PUBLIC_KEY",
     "SignedTarget",
     "ensure_key_pair",
+    "legacy_signature_ok",
     "new_key_pair",
     "next_version",
     "public_key_of",
@@ -151,6 +154,21 @@ def sign_record(name: str, config: Mapping[str, Any] | None, version: int, key: 
         Unauthenticated: `key` is not an Ed25519 seed.
     """
     return _private(key).sign(_text(name, version, config)).hex()
+
+
+def legacy_signature_ok(name: str, record: SignedTarget, operator_key: SecretStr) -> bool:
+    """Whether `record` is a target record of the form before this one, signed by the
+    operator's HMAC key (`producer.operator.key`) over `"runwarden-target/1\\n" + name
+    + "\\n" + canonical config`, with no version: for `Runwarden.resign_targets`
+    alone, which gives such a record a version and an Ed25519 signature. Never
+    accepted as a signature by a worker."""
+    if record.config is None or record.version is not None:
+        return False
+    if not isinstance(record.signature, str):
+        return False
+    text = f"runwarden-target/1\n{name}\n{canonical(record.config)}".encode()
+    mac = hmac.new(operator_key.get_secret_value().encode(), text, hashlib.sha256).hexdigest()
+    return hmac.compare_digest(mac, record.signature)
 
 
 def verify_record(name: str, record: SignedTarget, public_key: str) -> int:
