@@ -51,14 +51,19 @@ def place() -> Iterator[tuple[SshServer, Path]]:
     ensure_login_user(WORKER_USER)
     job = ensure_user(JOB_USER)
     ensure_sudo_rule(WORKER_USER, JOB_USER)
-    with shared_dir("rw-ssh-runas-") as base, running_sshd(base, login=WORKER_USER) as server:
-        workdir = base / "runs"
-        workdir.mkdir()
-        os.chown(workdir, job.pw_uid, job.pw_gid)
-        yield server, workdir
-        # What a test's job left behind ends with the module: only this module's, never
-        # every process of the jobs' user (other tests run as that user meanwhile).
-        kill_processes_in(base)
+    with shared_dir("rw-ssh-runas-") as base:
+        try:
+            with running_sshd(base, login=WORKER_USER) as server:
+                workdir = base / "runs"
+                workdir.mkdir()
+                os.chown(workdir, job.pw_uid, job.pw_gid)
+                yield server, workdir
+        finally:
+            # What a test's job left behind ends with the module: only this module's,
+            # never every process of the jobs' user (other tests run as that user
+            # meanwhile). After the server's own stop: killing its supervisor first
+            # (its arguments are under `base`) left its sshd listening for good.
+            kill_processes_in(base)
 
 
 def _executor(server: SshServer, workdir: Path, run_as: str = JOB_USER) -> SshExecutor:
