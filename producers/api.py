@@ -61,6 +61,7 @@ from schemas.run import ADOPTED_COMMAND, check_cancel, check_resumable, check_sn
 from schemas.secrets import SecretsError, producer_key_file, producer_redis_password_file
 from schemas.target_sig import (
     TARGET_KEY,
+    TARGET_PUBLIC_KEY,
     legacy_signature_ok,
     next_version,
     public_key_of,
@@ -497,14 +498,15 @@ class Runwarden:
 
     def verified_targets(self) -> dict[str, bool | None]:
         """Per stored target (tombstones left out), whether its record is signed by
-        this service's operator key, as a worker checks it (False: unsigned, forged
-        or changed in Redis, and refused by every worker); None for all when this
-        client has no operator key to check with."""
-
+        this service's operator, as a worker checks it (False: unsigned, forged or
+        changed in Redis, and refused by every worker), by the public key a worker
+        holds (`operator.target.pub`), else the one of this client's private key;
+        None for all when this client has neither."""
         records = self.store.targets.all_signed()
         live = {name: record for name, record in records.items() if record.config is not None}
         try:
-            public = public_key_of(self._target_key())
+            held = self.settings.secrets.read(TARGET_PUBLIC_KEY)
+            public = held.get_secret_value().strip() if held else public_key_of(self._target_key())
         except (SecretsError, Unauthenticated):
             return dict.fromkeys(live)
         verified: dict[str, bool | None] = {}

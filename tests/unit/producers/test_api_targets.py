@@ -16,7 +16,7 @@ from producers.api import Runwarden
 from schemas import Settings, TargetConfig
 from schemas.auth import OPERATOR, canonical
 from schemas.secrets import producer_key_file
-from schemas.target_sig import ensure_key_pair, verify_record
+from schemas.target_sig import TARGET_KEY, TARGET_PUBLIC_KEY, ensure_key_pair, verify_record
 from store import RunStore
 
 
@@ -64,3 +64,14 @@ def test_a_removal_is_a_signed_tombstone_at_a_newer_version(tmp_path: Path) -> N
     assert verify_record("t", removed, public) == removed.version
     assert not api.remove_target("t")  # already removed
     assert api.list_targets() == []
+
+
+def test_targets_are_checked_with_the_public_key_alone(tmp_path: Path) -> None:
+    """A client holding the public key and not the private one (a worker's machine)
+    still tells which records verify; with neither, it cannot tell."""
+    api, _ = client(tmp_path)
+    api.add_target(TargetConfig(name="t", kind="local", workdir="/w"))
+    (api.settings.secrets.path / TARGET_KEY).unlink()
+    assert api.verified_targets() == {"t": True}
+    (api.settings.secrets.path / TARGET_PUBLIC_KEY).unlink()
+    assert api.verified_targets() == {"t": None}
