@@ -387,6 +387,24 @@ class RunAsExecutor(ScriptExecutor):
             _kill_cgroup(job.cgroup)
             super().cancel(job)
 
+    def release(self, job: JobId) -> None:
+        """As [`ScriptExecutor.release`], as the user. For a contained job of a root
+        worker, a release script cut short (a daemon of the user's kills or pauses its
+        scripts) does not leave the daemon behind the run's end: the worker, as root,
+        kills the run's cgroup (`cgroup.kill`) instead.
+
+        Raises:
+            ExecError: as [`ScriptExecutor.release`], when the job has no cgroup or
+                the worker is not root; `CommandError` when the cgroup still holds a
+                process 5 s after its kill.
+        """
+        try:
+            super().release(job)
+        except ExecError:
+            if job.cgroup is None or not self._hand_over:
+                raise
+            _kill_cgroup(job.cgroup)
+
     def _make_cgroup(self, cgroup: str) -> None:
         path = Path(cgroup)
         try:

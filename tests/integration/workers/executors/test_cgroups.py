@@ -307,6 +307,38 @@ def test_reconcile_removes_old_empty_run_cgroups_and_keeps_the_rest(cgroup: Path
                 path.rmdir()
 
 
+def test_a_run_as_job_that_locks_its_release_out_is_ended_by_its_cgroup(
+    cgroup: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job's user owns its cgroup's `cgroup.kill` (so its cancel and release can
+    use it), so the job can take that right away (`chmod 000`), leave a daemon deaf to
+    SIGTERM, and have its wrapper killed from outside: the user's release fails, and
+    the worker, root, kills the run's cgroup instead, so nothing of the job outlives
+    the end about to be recorded."""
+    ensure_user(JOB_USER)
+    with shared_dir() as base:
+        executor = RunAsExecutor(base / "runs", JOB_USER)
+        command = JobCommand(
+            dir=str(base / "runs" / "run"),
+            script=HIDDEN + f"chmod 000 {cgroup / 'cgroup.kill'}\n: > locked\nexec sleep 600\n",
+            env={MARK_ENV: cgroup.name},
+            cgroup=str(cgroup),
+        )
+        assert executor.claim(command.dir, "this test")
+        job = executor.spawn(command)
+        wait_for((Path(command.dir) / "locked").exists)
+        hidden = _the_hidden(cgroup)
+        os.killpg(job.pid, signal.SIGKILL)
+        wait_for(lambda: not process_alive(job.pid))
+        killed: list[str] = []
+        kill = runas._kill_cgroup
+        monkeypatch.setattr(runas, "_kill_cgroup", lambda c: (killed.append(c), kill(c)))
+        executor.release(job)
+        assert killed == [str(cgroup)]  # the user's release could not end it
+        assert not process_alive(hidden)
+        assert _procs(cgroup) == []
+
+
 def test_the_grace_of_a_cgroup_goes_by_the_clock_not_the_naps(
     cgroup: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
