@@ -44,7 +44,7 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal
@@ -379,12 +379,7 @@ class RunAsExecutor(ScriptExecutor):
                 worker is not root; `CommandError` when the cgroup still holds a
                 process 5 s after its kill.
         """
-        try:
-            super().cancel(job)
-        except ExecError:
-            if job.cgroup is None or not self._hand_over:
-                raise
-            _kill_cgroup(job.cgroup)
+        if self._killed_instead(job, super().cancel):
             super().cancel(job)
 
     def release(self, job: JobId) -> None:
@@ -398,12 +393,20 @@ class RunAsExecutor(ScriptExecutor):
                 the worker is not root; `CommandError` when the cgroup still holds a
                 process 5 s after its kill.
         """
+        self._killed_instead(job, super().release)
+
+    def _killed_instead(self, job: JobId, step: Callable[[JobId], None]) -> bool:
+        """Runs the user's `step` of `job`; when it fails on a contained job of a root
+        worker, kills the run's cgroup as root instead ([`_kill_cgroup`]) and returns
+        True (False: the step did it). Raises the step's error otherwise."""
         try:
-            super().release(job)
+            step(job)
         except ExecError:
             if job.cgroup is None or not self._hand_over:
                 raise
             _kill_cgroup(job.cgroup)
+            return True
+        return False
 
     def _make_cgroup(self, cgroup: str) -> None:
         path = Path(cgroup)
