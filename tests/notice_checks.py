@@ -4,8 +4,6 @@ can watch which cloud, and checks of the watcher's end and of its requests."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from bench.harness.fakecloud import FakeCloud
 from bench.harness.notice_env import ENVS, Env, Watched, none_naming, wait_until
 
@@ -51,7 +49,7 @@ def settled(watch: Watched, fake: FakeCloud) -> None:
     assert watch.proc.returncode == 0, watch.proc.stderr.read() if watch.proc.stderr else ""
     # busybox's timeout leaves a watcher process for up to a second after a request.
     assert none_naming(fake.port, 2.5)
-    assert not list(Path("/tmp").glob(f"rw-notice.{watch.proc.pid}.*"))
+    assert not watch.scratch()
     names = [p.name for p in watch.dir.rglob("*")]
     assert not [n for n in names if "rw-tmp" in n or (n.startswith("notice.") and "." in n[7:])]
 

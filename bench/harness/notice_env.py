@@ -104,6 +104,7 @@ class Watched:
         self.job = subprocess.Popen(["sleep", "600"], start_new_session=True)
         (self.dir / PID_FILE).write_text(f"{self.job.pid}\n")
         self.proc: subprocess.Popen[bytes] | None = None
+        self._nonces: dict[int, str] = {}
 
     def start(
         self,
@@ -122,7 +123,16 @@ class Watched:
             start_new_session=True,
             env={"PATH": str(self.bin), "HOME": "/nonexistent", **(extra_env or {})},
         )
+        self._nonces[self.proc.pid] = script.args[6]
         return self.proc
+
+    def scratch(self, proc: subprocess.Popen[bytes] | None = None) -> list[Path]:
+        """The scratch directories in /tmp of the watcher `proc` (the last one started
+        by default), found by its pid and nonce: pids wrap within a suite, and a
+        watcher another test killed may have left one under the same pid."""
+        proc = proc or self.proc
+        assert proc is not None
+        return list(Path("/tmp").glob(f"rw-notice.{proc.pid}.{self._nonces[proc.pid]}*"))
 
     @property
     def request(self) -> Path:

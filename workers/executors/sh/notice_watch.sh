@@ -258,21 +258,27 @@ rw_probe() {
 }
 rw_kids=
 rw_end_clients() {
+  # Ends the requests whose pids are in $1; rw_again=1 when a pid file was still
+  # empty (its wrapper between open and write).
+  rw_again=
   for rw_k in "$1"/*.pid; do
     [ -f "$rw_k" ] || continue
     rw_c=; IFS= read -r rw_c < "$rw_k" || :
-    case $rw_c in ''|*[!0-9]*) ;; *) kill "$rw_c" 2>/dev/null ;; esac
+    case $rw_c in ''|*[!0-9]*) rw_again=1 ;; *) kill "$rw_c" 2>/dev/null ;; esac
   done
 }
 rw_stop() {
   # Ends the children, then the requests they had under way, then removes the
   # scratch. It is renamed first: a request starting then cannot record its pid
   # (its wrapper then never starts the client), and one that recorded it is in
-  # the renamed directory, read twice (a wrapper may be between open and write).
+  # the renamed directory, read again after a nap only when a wrapper was between
+  # open and write: the removal comes at once otherwise, before a release's KILL
+  # (0.1 s after its TERM) can leave the scratch behind.
   for rw_k in $rw_kids; do kill "$rw_k" 2>/dev/null; done
   rw_g="$rw_t.end"
   mv -f -- "$rw_t" "$rw_g" 2>/dev/null || rw_g=$rw_t
-  rw_end_clients "$rw_g"; rw_nap; rw_end_clients "$rw_g"
+  rw_end_clients "$rw_g"
+  if [ -n "$rw_again" ]; then rw_nap; rw_end_clients "$rw_g"; fi
   rw_i=0
   while [ -d "$rw_g" ] && [ "$rw_i" -lt 10 ]; do
     rm -rf -- "$rw_g" 2>/dev/null || :

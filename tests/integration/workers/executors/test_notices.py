@@ -315,7 +315,7 @@ def test_it_exits_with_the_job_and_writes_nothing(
             time.sleep(1.0)
             assert not watch.request.exists()
             assert not watch.notice.exists()
-            assert not list(Path("/tmp").glob(f"rw-notice.{proc.pid}.*"))
+            assert not watch.scratch(proc)
             if marker != "directory":
                 assert watch.state() == "done: the job ended"
     finally:
@@ -334,7 +334,7 @@ def test_sigterm_ends_it_and_its_requests(root: Path) -> None:
             proc.wait(timeout=POLL_S + 2)
             assert proc.returncode == 0
             assert watch.state() == "done: stopped by a signal"
-            assert not list(Path("/tmp").glob(f"rw-notice.{proc.pid}.*"))
+            assert not watch.scratch(proc)
             assert none_naming(gcp.port, 2.5)
     finally:
         watch.cleanup()

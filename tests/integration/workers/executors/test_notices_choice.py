@@ -230,7 +230,7 @@ def test_huge_and_garbage_answers_do_no_harm(root: Path, env: Env) -> None:
             time.sleep(2.0)
             assert proc.poll() is None
             assert not watch.request.exists()
-            scratch = list(Path("/tmp").glob(f"rw-notice.{proc.pid}.*/*"))
+            scratch = [f for d in watch.scratch(proc) for f in d.iterdir()]
             assert scratch
             assert all(p.stat().st_size <= 65536 for p in scratch)
             gcp.misbehaviour = Misbehaviour(body=b'{"garbage": [1, 2', status=200)
@@ -286,8 +286,8 @@ def test_the_scratch_directory_is_private_to_one_watcher(root: Path) -> None:
             first = watch.start("gcp", {"gcp": gcp.url}, POLL_S)
             second = watch.start("gcp", {"gcp": gcp.url}, POLL_S)  # another one beside it
             polling(gcp, "/computeMetadata/v1/instance/preempted", 4)
-            assert len(list(Path("/tmp").glob(f"rw-notice.{first.pid}.*"))) == 1
-            assert len(list(Path("/tmp").glob(f"rw-notice.{second.pid}.*"))) == 1
+            assert len(watch.scratch(first)) == 1
+            assert len(watch.scratch(second)) == 1
             gcp.notice_on()
             assert wait_until(watch.request.exists, SEEN_S) is not None
             first.wait(timeout=POLL_S + 2)
