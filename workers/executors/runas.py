@@ -7,7 +7,8 @@ What runs as whom (docs/protocol.md, "Jobs run as another user"):
 - As the job's user, every script that touches a run directory, each started by
   [`RunAsTransport`] behind a change of user: claim, upload (the unpacking `tar`),
   spawn (the launcher, and so the job's wrapper and everything under it, and the
-  on-target watchdog), status, follow, reads, `put_file` (`snapshot.request`),
+  on-target watchdog), status and follow (a worker that is not root), reads,
+  `put_file` (`snapshot.request`),
   manifest and download (the archiving `tar`), the disk probe, and cancel (which
   then signals the job's group and sweeps the processes carrying the run's mark as
   their owner). The command in front of `sh`:
@@ -26,13 +27,17 @@ What runs as whom (docs/protocol.md, "Jobs run as another user"):
   cut short (a job of the user's can pause or kill it), it kills the cgroup itself
   and runs the user's cancel again ([`RunAsExecutor.cancel`]). Root never writes
   into a directory the job owns (a link the job put there could lead the write
-  anywhere: `cancelling`, a temporary file), and reads nothing there natively: the
-  worker gets what the job's user can read, through the user's scripts, a file the
-  job made 0600 included.
+  anywhere: `cancelling`, a temporary file). It reads there natively only what
+  the follow needs: otherwise the worker gets what the job's user can read, through
+  the user's scripts, a file the job made 0600 included. The follow tick and the
+  status of a job not found running a root worker reads itself ([`rundir`]: through
+  descriptors, no link followed, only regular files the user owns), so no process
+  of the user can pause or kill the tick every run of the target depends on.
 
-The worker's own Python code reads only the scripts' output; the native fast paths of
-[`LocalExecutor`](local.LocalExecutor) are not used (a `read_from` is a script too),
-and a script costs two more `exec`s (setpriv, env: a few ms) or a `sudo` (some 15 ms).
+Apart from that, the worker's own Python code reads only the scripts' output; the
+native fast paths of [`LocalExecutor`](local.LocalExecutor) are not used (a
+`read_from` is a script too), and a script costs two more `exec`s (setpriv, env: a
+few ms) or a `sudo` (some 15 ms).
 """
 
 from __future__ import annotations
@@ -49,13 +54,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal
 
-from schemas import JobCommand, JobId, check_user_name
+from schemas import JobCommand, JobId, JobStatus, check_user_name
 from schemas.protocol import RUN_AS_PATH, check_run_cgroup, user_environment
 
 from . import scripts
 from .doctor import DoctorOptions
-from .errors import CommandError, ExecError, InvalidArgument, IoError
+from .errors import CommandError, ExecError, InvalidArgument, IoError, ProtocolError
+from .rundir import follow_here, status_here
 from .scripts.common import sh
+from .scripts.follow import FollowEntry, FollowUpdate
 from .shell import ScriptExecutor, check_remote
 from .transport import SCRIPT_NAME, LocalTransport, error_line
 
@@ -394,6 +401,27 @@ class RunAsExecutor(ScriptExecutor):
                 process 5 s after its kill.
         """
         self._killed_instead(job, super().release)
+
+    def follow(
+        self,
+        entries: Sequence[FollowEntry],
+        timeout_s: float = scripts.FOLLOW_TIMEOUT_S,
+        log_chunk: int = scripts.FOLLOW_CHUNK_BYTES,
+    ) -> list[FollowUpdate]:
+        """As [`ScriptExecutor.follow`]. A root worker reads the run directories itself
+        ([`rundir.follow_here`]: through descriptors, no link followed, only the job
+        user's regular files): no script of the user's runs, so no process of the
+        user can pause, kill or write into the tick of every run of the target."""
+        if not self._hand_over:
+            return super().follow(entries, timeout_s, log_chunk)
+        return follow_here(entries, self._user.uid, log_chunk=log_chunk)
+
+    def _script_statuses(self, jobs: Sequence[JobId]) -> list[JobStatus | ProtocolError]:
+        # The jobs not found running by the kernel: a root worker reads their
+        # markers itself too, as the follow does.
+        if not self._hand_over:
+            return super()._script_statuses(jobs)
+        return [status_here(job, self._user.uid) for job in jobs]
 
     def _killed_instead(self, job: JobId, step: Callable[[JobId], None]) -> bool:
         """Runs the user's `step` of `job`; when it fails on a contained job of a root

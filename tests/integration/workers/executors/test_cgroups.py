@@ -30,6 +30,7 @@ from workers.cgroups import CGROUP_PARENT, EMPTY_AGE_S, containment, hierarchy, 
 from workers.executors import (
     CommandError,
     Executor,
+    FollowEntry,
     LocalExecutor,
     LocalTransport,
     RunAsExecutor,
@@ -400,6 +401,15 @@ def test_a_run_as_job_that_kills_or_pauses_its_cancel_is_cancelled_by_its_cgroup
         # (a script lives a few ms: asked 30 times, the daemon would catch some).
         for _ in range(30):
             assert executor.statuses([job, job]) == [JobStatus.RUNNING] * 2
+        # Nor is its follow: the worker reads the run directory itself, so the tick
+        # of every run of the target goes on (a paused script held it 30 s, a killed
+        # one failed it).
+        log = Path(command.dir) / "job.log"
+        log.write_bytes(b"step 1\n")
+        os.chown(log, executor.user.uid, executor.user.gid)
+        for _ in range(30):
+            [update] = executor.follow([FollowEntry(job, 0, 0)])
+            assert (update.status, update.log) == (JobStatus.RUNNING, b"step 1\n")
         killed: list[str] = []
         kill = runas._kill_cgroup
         monkeypatch.setattr(runas, "_kill_cgroup", lambda c: (killed.append(c), kill(c)))
