@@ -5,7 +5,9 @@ with a log, metrics and a `snapshot.json`, in three forms:
 - baseline: no proof asked (the runs have no stop);
 - proof read: every proof read (the first tick of a stop, or a changed proof);
 - proof unchanged: each proof's signature from the previous tick given, and the same
-  (a proof found not valid yet, as `workers.watch` remembers it).
+  (a proof found not valid yet, as `workers.watch` remembers it);
+- read by the worker: the baseline's tick read by the worker itself, no script
+  (`rundir.follow_here`, what a root worker does for a `--run-as` target).
 
 Each is printed with its ratio to the baseline, in the same script, on this machine.
 
@@ -22,12 +24,14 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from schemas import JobId
 from workers.executors import LocalExecutor
+from workers.executors.rundir import follow_here
 from workers.executors.scripts.follow import FollowEntry
 
 
@@ -45,11 +49,11 @@ def _runs(root: Path, count: int) -> list[JobId]:
     return jobs
 
 
-def _median_ms(executor: LocalExecutor, entries: list[FollowEntry], ticks: int) -> float:
+def _median_ms(tick: Callable[[], object], ticks: int) -> float:
     took = []
     for _ in range(ticks):
         started = time.perf_counter()
-        executor.follow(entries, timeout_s=30)
+        tick()
         took.append(time.perf_counter() - started)
     return statistics.median(took) * 1000
 
@@ -77,9 +81,12 @@ def main() -> None:
         base = None
         print(f"one follow tick over {runs} runs, median of {ticks} (2 cores: +-10% is noise)")
         for name, entries in forms.items():
-            ms = _median_ms(executor, entries, ticks)
+            ms = _median_ms(lambda e=entries: executor.follow(e, timeout_s=30), ticks)  # type: ignore[misc]
             base = base or ms
             print(f"{name:<20} {ms:8.1f} ms  {ms / base:5.2f}x the baseline")
+        plain = forms["baseline (no proof)"]
+        ms = _median_ms(lambda: follow_here(plain, os.getuid()), ticks)
+        print(f"{'read by the worker':<20} {ms:8.1f} ms  {ms / (base or ms):5.2f}x the baseline")
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ What runs as whom (docs/protocol.md, "Jobs run as another user"):
   the follow needs: otherwise the worker gets what the job's user can read, through
   the user's scripts, a file the job made 0600 included. The follow tick and the
   status of a job not found running a root worker reads itself ([`rundir`]: through
-  descriptors, no link followed, only regular files the user owns), so no process
+  descriptors, no link followed, only regular files the user may read), so no process
   of the user can pause or kill the tick every run of the target depends on.
 
 Apart from that, the worker's own Python code reads only the scripts' output; the
@@ -60,7 +60,7 @@ from schemas.protocol import RUN_AS_PATH, check_run_cgroup, user_environment
 from . import scripts
 from .doctor import DoctorOptions
 from .errors import CommandError, ExecError, InvalidArgument, IoError, ProtocolError
-from .rundir import follow_here, status_here
+from .rundir import Reader, follow_here, status_here
 from .scripts.common import sh
 from .scripts.follow import FollowEntry, FollowUpdate
 from .shell import ScriptExecutor, check_remote
@@ -340,6 +340,7 @@ class RunAsExecutor(ScriptExecutor):
             except OSError as error:
                 raise IoError(base, error) from error
         self._user = job
+        self._reader = Reader(job.uid, frozenset(os.getgrouplist(job.name, job.gid)))
         self._hand_over = root and os.geteuid() != job.uid
         self._runas = RunAsTransport(job, worker_is_root=root, sudo=sudo)
         super().__init__(self._runas, base)
@@ -409,19 +410,20 @@ class RunAsExecutor(ScriptExecutor):
         log_chunk: int = scripts.FOLLOW_CHUNK_BYTES,
     ) -> list[FollowUpdate]:
         """As [`ScriptExecutor.follow`]. A root worker reads the run directories itself
-        ([`rundir.follow_here`]: through descriptors, no link followed, only the job
-        user's regular files): no script of the user's runs, so no process of the
-        user can pause, kill or write into the tick of every run of the target."""
+        ([`rundir.follow_here`]: through descriptors, no link followed, only regular
+        files the job's user may read by their modes): no script of the user's runs,
+        so no process of the user can pause, kill or write into the tick of every
+        run of the target."""
         if not self._hand_over:
             return super().follow(entries, timeout_s, log_chunk)
-        return follow_here(entries, self._user.uid, log_chunk=log_chunk)
+        return follow_here(entries, self._reader, log_chunk=log_chunk)
 
     def _script_statuses(self, jobs: Sequence[JobId]) -> list[JobStatus | ProtocolError]:
         # The jobs not found running by the kernel: a root worker reads their
         # markers itself too, as the follow does.
         if not self._hand_over:
             return super()._script_statuses(jobs)
-        return [status_here(job, self._user.uid) for job in jobs]
+        return [status_here(job, self._reader) for job in jobs]
 
     def _killed_instead(self, job: JobId, step: Callable[[JobId], None]) -> bool:
         """Runs the user's `step` of `job`; when it fails on a contained job of a root

@@ -7,10 +7,11 @@ Guarantees, beyond the scripts':
 
 - Every file is opened from a descriptor of the run directory, one component at a
   time, without following a link (`O_NOFOLLOW`) nor waiting for a FIFO's writer
-  (`O_NONBLOCK`), and read only when the descriptor is a regular file owned by the
-  job's user (`owner`): a link, a FIFO, a device, or a hard link to a file of another
-  user (root's own included) is not there. Reads are bounded in bytes by the same
-  limits as the scripts', and a regular file never blocks.
+  (`O_NONBLOCK`), and read only when the descriptor is a regular file the job's user
+  may read by its mode (a [`Reader`]), as the scripts run as that user read: a link,
+  a FIFO, a device, or a hard link to a file of root's the user may not read is not
+  there. Reads are bounded in bytes by the same limits as the scripts', and a
+  regular file never blocks.
 - A run's failure (its directory unreadable, an I/O error) stays that run's: its
   update carries a [`ProtocolError`] status, the others theirs.
 - The answer for each run is what `scripts.parse_follow` gives for the script's
@@ -25,7 +26,7 @@ import os
 import re
 import stat
 from collections.abc import Iterator, Sequence
-from typing import Final
+from typing import Final, NamedTuple
 
 from schemas import JobId, JobStatus
 from schemas.protocol import END_LIMIT, PROOF_LIMIT
@@ -42,7 +43,7 @@ from .scripts.follow import (
 )
 from .scripts.status import parse_status
 
-__all__ = ["follow_here", "status_here"]
+__all__ = ["Reader", "follow_here", "status_here"]
 
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -54,17 +55,37 @@ _REQUEST_BYTES: Final = 64
 _REASON_BYTES: Final = 32
 
 
-class _Run:
-    """One run directory, open: reads relative to its descriptor."""
+class Reader(NamedTuple):
+    """The user files are read for: its uid and every group it is in."""
 
-    def __init__(self, fd: int, owner: int | None) -> None:
+    uid: int
+    gids: frozenset[int]
+
+    def may_read(self, info: os.stat_result) -> bool:
+        """Whether the user may read a file of status `info` by its mode bits (the
+        owner's, else the group's, else the others', as the kernel decides; root
+        may read anything)."""
+        if self.uid == 0:
+            return True
+        if info.st_uid == self.uid:
+            return bool(info.st_mode & stat.S_IRUSR)
+        if info.st_gid in self.gids:
+            return bool(info.st_mode & stat.S_IRGRP)
+        return bool(info.st_mode & stat.S_IROTH)
+
+
+class _Run:
+    """One run directory, open: reads relative to its descriptor, for `reader` (None:
+    as this process may)."""
+
+    def __init__(self, fd: int, reader: Reader | None) -> None:
         self.fd = fd
-        self.owner = owner
+        self.reader = reader
 
     @contextlib.contextmanager
     def open(self, name: str) -> Iterator[tuple[int, os.stat_result] | None]:
         """The regular file `name` (`a/b`: each component opened without following a
-        link) owned by the run's user, open, with its status; None when it is not one.
+        link) the reader may read, open, with its status; None when it is not one.
 
         Raises:
             OSError: an error other than the file, or one of its directories, not
@@ -77,7 +98,7 @@ class _Run:
             return
         try:
             info = os.fstat(fd)
-            ok = stat.S_ISREG(info.st_mode) and self.owner in (None, info.st_uid)
+            ok = stat.S_ISREG(info.st_mode) and (self.reader is None or self.reader.may_read(info))
             yield (fd, info) if ok else None
         finally:
             os.close(fd)
@@ -102,7 +123,7 @@ class _Run:
 
     def read(self, name: str, limit: int, offset: int = 0) -> bytes | None:
         """At most `limit` bytes of `name` from `offset`, None when it is not a
-        regular file of the run's user."""
+        regular file the reader may read."""
         with self.open(name) as found:
             return None if found is None else os.pread(found[0], limit, offset)
 
@@ -169,17 +190,23 @@ def _open_dir(path: str) -> int | None:
         raise
 
 
-def status_here(job: JobId, owner: int | None) -> JobStatus | ProtocolError:
+def status_here(job: JobId, reader: Reader | None) -> JobStatus | ProtocolError:
     """The status of `job` read here, as the status script decides it; a
-    [`ProtocolError`] when its run directory cannot be read."""
+    [`ProtocolError`] when its run directory cannot be read.
+
+    Raises:
+        InvalidArgument: for a pid no script may signal (0, 1, negative), as
+            `scripts.status_script` does.
+    """
+    check_job_pid(job)
     try:
         fd = _open_dir(job.dir)
         try:
-            return _status(job, None if fd is None else _Run(fd, owner))
+            return _status(job, None if fd is None else _Run(fd, reader))
         finally:
             if fd is not None:
                 os.close(fd)
-    except (OSError, ProtocolError, InvalidArgument) as error:
+    except (OSError, ProtocolError) as error:
         return _failed(job, error)
 
 
@@ -217,14 +244,14 @@ def _tail(run: _Run, name: str, offset: int, chunk: int, skip: bool) -> tuple[by
 
 
 def _one(
-    entry: FollowEntry | tuple[JobId, int, int], owner: int | None, chunk: int, log_chunk: int
+    entry: FollowEntry | tuple[JobId, int, int], reader: Reader | None, chunk: int, log_chunk: int
 ) -> FollowUpdate:
     job, log_offset, metrics_offset = entry[0], entry[1], entry[2]
     fd = _open_dir(job.dir)
     if fd is None:
         return FollowUpdate(_status(job, None), None, log_chunk=log_chunk)
     try:
-        run = _Run(fd, owner)
+        run = _Run(fd, reader)
         status = _status(job, run)
         request = _request(run)
         notice = run.read("notice.json", NOTICE_READ_BYTES)
@@ -272,19 +299,28 @@ def _one(
 
 def follow_here(
     entries: Sequence[FollowEntry | tuple[JobId, int, int]],
-    owner: int | None,
+    reader: Reader | None,
     chunk: int = FOLLOW_CHUNK_BYTES,
     log_chunk: int = FOLLOW_CHUNK_BYTES,
 ) -> list[FollowUpdate]:
     """A follow tick over `entries` read here: per run, what `scripts.parse_follow`
     gives for the follow script's answer on the same files (`chunk` and `log_chunk`
-    as there), only files owned by the user `owner` read (None: any owner). A run
+    as there), only files `reader` may read (None: what this process may). A run
     whose directory cannot be read gets a [`ProtocolError`] status and nothing else;
-    never raises for one run's files."""
+    never raises for one run's files.
+
+    Raises:
+        InvalidArgument: for a pid no script may signal or a negative offset, as
+            `scripts.follow_script` does, before anything is read.
+    """
+    for entry in entries:
+        check_job_pid(entry[0])
+        if entry[1] < 0 or entry[2] < 0:
+            raise InvalidArgument("offsets are non-negative")
     updates: list[FollowUpdate] = []
     for entry in entries:
         try:
-            updates.append(_one(entry, owner, chunk, log_chunk))
-        except (OSError, ProtocolError, InvalidArgument) as error:
+            updates.append(_one(entry, reader, chunk, log_chunk))
+        except (OSError, ProtocolError) as error:
             updates.append(FollowUpdate(_failed(entry[0], error), None, log_chunk=log_chunk))
     return updates

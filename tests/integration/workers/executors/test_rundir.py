@@ -16,12 +16,13 @@ import pytest
 
 from schemas import JobId, JobStatus
 from workers.executors import FollowEntry
-from workers.executors.rundir import follow_here, status_here
+from workers.executors.rundir import Reader, follow_here, status_here
 from workers.executors.scripts import follow_script, parse_follow
 from workers.executors.scripts.follow import FollowUpdate
 from workers.executors.transport import LocalTransport
 
 LOG_CHUNK = 64
+ME = Reader(os.getuid(), frozenset(os.getgroups()))
 
 
 def _start(pid: int) -> int:
@@ -123,7 +124,7 @@ def test_the_worker_reads_a_run_as_the_follow_script_does(
         FollowEntry(JobId(dir=str(tmp_path / "gone"), pid=dead, start=1), 0, 0),
     ]
     script = _script(entries)
-    here = follow_here(entries, os.getuid(), 256, LOG_CHUNK)
+    here = follow_here(entries, ME, 256, LOG_CHUNK)
     assert [_comparable(u) for u in here] == [_comparable(u) for u in script]
     # The proof's signature: unchanged is not read again, either way.
     if here[1].proof_sig:
@@ -132,7 +133,7 @@ def test_the_worker_reads_a_run_as_the_follow_script_does(
             _script(again)[0]
         )
         assert follow_here(again, None, 256, LOG_CHUNK)[0].proof_unchanged
-    assert status_here(job, os.getuid()) == (here[0].status if not alive else JobStatus.RUNNING)
+    assert status_here(job, ME) == (here[0].status if not alive else JobStatus.RUNNING)
 
 
 def test_an_adopted_job_s_status_is_decided_as_the_script_decides_it(
@@ -164,19 +165,29 @@ def test_a_link_on_the_way_is_never_followed(tmp_path: Path, groups: tuple[int, 
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a file to another user")
-def test_only_the_job_user_s_files_are_read(tmp_path: Path, groups: tuple[int, int, int]) -> None:
+def test_only_what_the_job_s_user_may_read_is_read(
+    tmp_path: Path, groups: tuple[int, int, int]
+) -> None:
+    """Files read for user 4242 (group 4242, and 4343), by their modes as the kernel
+    decides: a hard link to a file of root's the user may not read is not there."""
     _, _, dead = groups
     run = tmp_path / "run"
     _write(run, {"exit_code": b"7\n", "job.log": b"mine\n", "snapshot.request": b"disk\n"})
-    os.chown(run / "job.log", 4242, 4242)
     entry = FollowEntry(JobId(dir=str(run), pid=dead, start=1), 0, 0)
-    as_owner = follow_here([entry], 0)[0]
-    assert (as_owner.status, as_owner.log, as_owner.request) == (
-        JobStatus.exited(7),
-        b"",
-        "disk",
-    )
-    # A hard link to root's own file in the place of the proof: not read for user 4242.
-    os.link(run / "exit_code", run / "linked")
-    other = follow_here([entry], 4242)[0]
-    assert (other.status, other.log, other.request) == (JobStatus.LOST, b"mine\n", None)
+    user = Reader(4242, frozenset({4242, 4343}))
+
+    def read() -> tuple[object, bytes, str | None]:
+        update = follow_here([entry], user)[0]
+        return update.status, update.log, update.request
+
+    os.chmod(run / "exit_code", 0o600)  # root's, for root only
+    os.chown(run / "job.log", 4242, 0)
+    os.chmod(run / "job.log", 0o044)  # the user's: its owner bits say no, the others yes
+    os.chown(run / "snapshot.request", 0, 4343)
+    os.chmod(run / "snapshot.request", 0o040)  # one of its groups may read it
+    assert read() == (JobStatus.LOST, b"", "disk")
+    os.chmod(run / "exit_code", 0o604)
+    os.chmod(run / "job.log", 0o400)
+    os.chown(run / "snapshot.request", 0, 5000)
+    assert read() == (JobStatus.exited(7), b"mine\n", None)
+    assert follow_here([entry], Reader(0, frozenset()))[0].request == "disk"
