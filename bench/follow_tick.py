@@ -1,13 +1,15 @@
 """One follow tick's cost over many runs whose stops wait for a proof: the median wall
-time of the tick's one script (`LocalExecutor.follow`) over RUNS run directories, each
-with a log, metrics and a `snapshot.json`, in three forms:
+time of the tick's one script (`sh/follow.sh`, as a target over SSH or a run-as one
+of a worker that is not root runs it; here through `LocalTransport`) over RUNS run
+directories, each with a log, metrics and a `snapshot.json`, in three forms:
 
 - baseline: no proof asked (the runs have no stop);
 - proof read: every proof read (the first tick of a stop, or a changed proof);
 - proof unchanged: each proof's signature from the previous tick given, and the same
   (a proof found not valid yet, as `workers.watch` remembers it);
 - read by the worker: the baseline's tick read by the worker itself, no script
-  (`rundir.follow_here`, what a root worker does for a `--run-as` target).
+  (`rundir.follow_here`: what `LocalExecutor.follow` does, and a root worker for a
+  `--run-as` target).
 
 Each is printed with its ratio to the baseline, in the same script, on this machine.
 
@@ -30,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from schemas import JobId
-from workers.executors import LocalExecutor
+from workers.executors import LocalExecutor, LocalTransport, ScriptExecutor
 from workers.executors.rundir import follow_here
 from workers.executors.scripts.follow import FollowEntry
 
@@ -67,7 +69,8 @@ def main() -> None:
     runs, ticks = (5, 3) if args.tiny else (args.runs, args.ticks)
     with tempfile.TemporaryDirectory(prefix="rw-follow-tick-") as tmp:
         root = Path(tmp)
-        executor = LocalExecutor(root)
+        LocalExecutor(root)  # makes the workdir as a target does
+        executor = ScriptExecutor(LocalTransport(), str(root))
         jobs = _runs(root, runs)
         first = executor.follow([FollowEntry(job, 0, 0, proof=True) for job in jobs])
         seen = [update.proof_sig for update in first]
