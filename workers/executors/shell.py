@@ -49,7 +49,7 @@ from .probe import disk_probe_script, parse_disk_probe
 from .safetree import Downloaded, SafeTree
 from .scripts import FollowEntry, FollowUpdate
 from .scripts.common import check_job_pid
-from .transport import Completed, Transport, error_line
+from .transport import DEFAULT_TIMEOUT_S, Completed, Transport, error_line
 from .untar import extract_stream
 from .uploadtree import add_to_tar, open_checked, upload_nodes
 
@@ -277,10 +277,19 @@ class ScriptExecutor:
         if not jobs:
             return []
         script = scripts.status_script(jobs)
-        result = _checked(
-            self._transport.run(script.text, action="status", args=script.args), "status"
-        )
+        result = _checked(self._deciding(script, "status"), "status")
         return scripts.parse_statuses(result.stdout, len(jobs))
+
+    def _deciding(
+        self, script: scripts.Script, action: str, timeout_s: float | None = DEFAULT_TIMEOUT_S
+    ) -> Completed:
+        """Runs `script`, one that only reads run directories to decide what a job's
+        state is (status, follow), as the target runs such scripts: here through the
+        transport as every script; an SSH target with a jobs' user runs it as its
+        login user ([`SshExecutor`](ssh.SshExecutor))."""
+        return self._transport.run(
+            script.text, action=action, timeout_s=timeout_s, args=script.args
+        )
 
     def cancel(self, job: JobId) -> None:
         script = scripts.cancel_script(job)
@@ -370,10 +379,7 @@ class ScriptExecutor:
         # (scripts.parse_follow): no content of a job's file can forge a record.
         token = _secrets.token_hex(16)
         script = scripts.follow_script(entries, token, log_chunk=log_chunk)
-        result = self._transport.run(
-            script.text, action="follow", timeout_s=timeout_s, args=script.args
-        )
-        _checked(result, "follow")
+        result = _checked(self._deciding(script, "follow", timeout_s), "follow")
         return scripts.parse_follow(result.stdout, token, len(entries), log_chunk)
 
     def check_checkpoints(

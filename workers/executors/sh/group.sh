@@ -2,7 +2,8 @@
 # Process groups:
 # - `rw_signal PGID SIG` signals a whole process group under dash (`kill -s SIG --
 #   -PID`) and busybox (`kill -s SIG -PID`); `rw_alive PGID` tells whether any process
-#   of the group exists (a zombie counts: whoever started the job reaps it).
+#   of the group exists (a zombie counts: whoever started the job reaps it), by /proc
+#   too when `rw_others` is set (a script of another user than the job's).
 # - `rw_start PID` sets `rw_st` to the start time of process PID (field 22 of
 #   /proc/PID/stat, clock ticks since boot), empty when unknown (no such process, no
 #   /proc). Read with builtins only: no process is started.
@@ -16,7 +17,26 @@
 #   it): 0 as soon as CMD fails (what it waits for came), else 1. Most processes end
 #   within milliseconds of their signal: a wait of 0.1 s turns looks this way first.
 rw_signal() { kill -s "$2" -- "-$1" 2>/dev/null || kill -s "$2" "-$1" 2>/dev/null; }
-rw_alive() { rw_signal "$1" 0; }
+rw_alive() {
+  rw_signal "$1" 0 && return 0
+  [ -n "${rw_others-}" ] || return 1
+  # Run as another user than the job's (`rw_others`: an SSH target's login user, its
+  # jobs' user another), for whom `kill` fails alike for a group it may not signal:
+  # /proc says instead, with builtins (the leader, else any member of the group).
+  [ -e "/proc/$1" ] && return 0
+  rw_a1=$1
+  for rw_f in /proc/[0-9]*/stat; do
+    rw_l=; { IFS= read -r rw_l < "$rw_f"; } 2>/dev/null || continue
+    rw_l=${rw_l##*) }
+    set -f
+    # Split on purpose: the fields of /proc/PID/stat after the command name.
+    # shellcheck disable=SC2086
+    set -- $rw_l
+    set +f
+    [ "$#" -ge 3 ] && [ "$3" = "$rw_a1" ] && return 0
+  done
+  return 1
+}
 rw_nap() { sleep 0.1 2>/dev/null || sleep 1; }
 rw_cs() {
   # Centiseconds since boot in rw_c (empty without /proc/uptime), read with a builtin.

@@ -11,10 +11,12 @@ scripts as the local executor.
   is never added. Keys come from files and the agent; nothing ever prompts.
 - Every failure is an `ExecError`; paramiko and socket errors are translated.
 - A target whose jobs run as another user (`run_as`) runs every script as that user
-  through `sudo -n` ([`SshTransport`]) but one: whether a job's leader still runs is
-  asked of the login user (`sh/leaders.sh`), whom no job can pause, kill or answer
-  for, and only the jobs it does not find running go to the jobs' user's status
-  script.
+  through `sudo -n` ([`SshTransport`]) but those that decide a job's state, which run
+  as the login user, whom no job can pause, kill or answer for: whether a job's
+  leader still runs (`sh/leaders.sh`), the status of the jobs it does not find
+  running, and the follow tick of every run of the target. They read the run
+  directories as any other user may (the jobs' umask leaves them readable; a job
+  that hides its files hides them from its own follow only).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from schemas import JobId
 from .. import scripts
 from ..errors import CommandError
 from ..shell import ScriptExecutor
-from ..transport import error_line
+from ..transport import DEFAULT_TIMEOUT_S, Completed, error_line
 from .config import SshDestination, resolve_destination
 from .connection import CLIENT_REKEY_BYTES, MAX_SHELLS, WINDOW_SIZE, SshConnection, connection_pool
 from .transport import SshTransport
@@ -82,6 +84,21 @@ class SshExecutor(ScriptExecutor):
             raise CommandError("status", error_line(result.stderr, result.exit_code))
         answers = iter(scripts.parse_leaders(result.stdout, len(known)))
         return [job.start is not None and next(answers) for job in jobs]
+
+    def _deciding(
+        self, script: scripts.Script, action: str, timeout_s: float | None = DEFAULT_TIMEOUT_S
+    ) -> Completed:
+        # As the login user when jobs run as another: no process of the jobs' user can
+        # pause, kill or write into the follow of every run of the target, nor the
+        # status of an ended job (a job that makes its files unreadable to the login
+        # user blinds its own follow only).
+        if self._ssh.run_as is None:
+            return super()._deciding(script, action, timeout_s)
+        # rw_others: liveness by /proc where `kill -0` cannot tell (group.sh).
+        text = f"rw_others=1\n{script.text}"
+        return self._ssh.run(
+            text, action=action, timeout_s=timeout_s, args=script.args, control=True
+        )
 
     @classmethod
     def connect(

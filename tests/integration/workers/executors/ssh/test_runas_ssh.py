@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import subprocess
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,12 +33,12 @@ from bench.harness.users import (
     job_python,
     shared_dir,
 )
-from schemas import JobCommand, JobStatus, Settings
+from schemas import JobCommand, JobId, JobStatus, Settings
 from schemas.protocol import EXIT_FILE
 from store import RunStore
 from workers.context import Context
 from workers.doctor import doctor
-from workers.executors import CommandError, ExecError, InvalidArgument, SshExecutor
+from workers.executors import CommandError, ExecError, FollowEntry, InvalidArgument, SshExecutor
 from workers.executors.ssh import connection_pool
 
 from .....conftest import put_signed_target, wait_for
@@ -139,6 +140,19 @@ def test_a_job_that_kills_its_user_s_scripts_cannot_end_or_stall_its_status(
         # Asked of the login user: a script the daemon kills would say otherwise.
         for _ in range(30):
             assert executor.statuses([job, job]) == [JobStatus.RUNNING] * 2
+        # So is the follow of every run of the target, and the status of an ended
+        # job: the daemon kills the scripts of its user only.
+        wait_for((run / "job.log").exists)
+        ended = workdir / "ended"
+        _write_as_job(ended, {"exit_code": "4\n", "job.log": "done\n"})
+        dead = subprocess.Popen(["true"])
+        dead.wait()
+        gone = JobId(dir=str(ended), pid=dead.pid, start=1)
+        for _ in range(10):
+            updates = executor.follow([FollowEntry(job, 0, 0), FollowEntry(gone, 0, 0)])
+            assert [u.status for u in updates] == [JobStatus.RUNNING, JobStatus.exited(4)]
+            assert updates[1].log == b"done\n"
+            assert executor.statuses([gone]) == [JobStatus.exited(4)]
         # The cancel runs as the jobs' user, whom the daemon fights: it fails.
         with pytest.raises(ExecError):
             executor.cancel(job)
@@ -146,6 +160,16 @@ def test_a_job_that_kills_its_user_s_scripts_cannot_end_or_stall_its_status(
         kill_processes_in(run)  # the job and the daemon (its argument is under the workdir)
         kill_processes_in(workdir / "fighter.py")
     wait_for(lambda: not Path(f"/proc/{job.pid}").exists())
+
+
+def _write_as_job(run: Path, files: dict[str, str]) -> None:
+    """A run directory of the jobs' user, as its umask leaves one (0755, files 0644)."""
+    user = pwd.getpwnam(JOB_USER)
+    run.mkdir()
+    os.chown(run, user.pw_uid, user.pw_gid)
+    for name, text in files.items():
+        (run / name).write_text(text)
+        os.chown(run / name, user.pw_uid, user.pw_gid)
 
 
 def test_a_login_sudo_refuses_is_one_clear_error(place: tuple[SshServer, Path]) -> None:
