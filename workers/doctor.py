@@ -19,12 +19,13 @@ its workdir, as the first operation on that target would anyway.
 
 from __future__ import annotations
 
+import os
 from datetime import datetime
 
 from schemas import TargetConfig
 from schemas.doctor import DoctorCheck, DoctorReport
 
-from .cgroups import CGROUP_PARENT, containment, hierarchy
+from .cgroups import CGROUP_PARENT, cgroup_base, containment
 from .context import Context
 from .executors import ExecError
 from .permits import root_unsaid
@@ -37,13 +38,14 @@ def _containment_check(config: TargetConfig, ctx: Context) -> DoctorCheck:
     (`workers.cgroups`), or why not, and what that leaves open."""
     why = containment(config, ctx.settings)
     if why is None:
-        root = hierarchy()
-        return DoctorCheck(
-            name="cgroup",
-            status="ok",
-            found=f"a cgroup v2 per run under {root}/{CGROUP_PARENT}",
-            breaks="",
-        )
+        base = cgroup_base()
+        found = f"a cgroup v2 per run under {base}/{CGROUP_PARENT}"
+        if os.geteuid() != 0:
+            found += (
+                " (the worker's own cgroup, delegated to its user: a job of that user "
+                "may move itself out; --run-as with a root worker keeps it in)"
+            )
+        return DoctorCheck(name="cgroup", status="ok", found=found, breaks="")
     return DoctorCheck(
         name="cgroup",
         status="warn",

@@ -22,11 +22,26 @@ from pathlib import Path
 import pytest
 
 from bench.harness.hostile import FIGHTER
-from bench.harness.users import JOB_USER, as_user, ensure_user, job_python, shared_dir
+from bench.harness.users import (
+    JOB_USER,
+    WORKER_USER,
+    as_user,
+    ensure_user,
+    job_python,
+    shared_dir,
+)
 from schemas import JobCommand, JobStatus, Settings, TargetConfig
 from schemas.job import parse_job_end
 from schemas.protocol import END_FILE, MARK_ENV, new_mark
-from workers.cgroups import CGROUP_PARENT, EMPTY_AGE_S, containment, hierarchy, remove_empty
+from workers import cgroups
+from workers.cgroups import (
+    CGROUP_PARENT,
+    EMPTY_AGE_S,
+    containment,
+    hierarchy,
+    own_cgroup,
+    remove_empty,
+)
 from workers.executors import (
     CommandError,
     Executor,
@@ -38,6 +53,7 @@ from workers.executors import (
     runas,
     shell,
 )
+from workers.executors.runas import RunAsTransport, job_user
 from workers.executors.scripts import status as status_scripts
 
 from ....conftest import Target, process_alive, wait_for
@@ -211,6 +227,26 @@ def test_a_target_says_whether_its_runs_are_contained() -> None:
     ssh = {"destination": "u@h", "identity": "/k", "known_hosts": "/kh"}
     over_ssh = TargetConfig(name="s", kind="ssh", workdir="/w", ssh=ssh)
     assert "SSH" in str(containment(over_ssh, settings))
+
+
+def test_a_worker_that_is_not_root_says_what_it_lacks(monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = Settings()
+    local = TargetConfig(name="l", kind="local", workdir="/w")
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(cgroups, "delegated", lambda: None)
+    assert "not delegated" in str(containment(local, settings))
+    assert cgroups.cgroup_base() is None
+    monkeypatch.setattr(cgroups, "delegated", lambda: Path("/sys/fs/cgroup/svc"))
+    assert containment(local, settings) is None
+    assert cgroups.cgroup_base() == Path("/sys/fs/cgroup/svc")
+    as_another = local.model_copy(update={"run_as": "nobody"})
+    assert "another user" in str(containment(as_another, settings))
+    # The cgroup a process is in, from /proc/<pid>/cgroup (a hybrid host has v1 lines).
+    mount = Path("/sys/fs/cgroup/unified")
+    assert own_cgroup(mount, "1:name=systemd:/x\n0::/a/b.scope\n") == mount / "a" / "b.scope"
+    assert own_cgroup(mount, "0::/\n") == mount
+    assert own_cgroup(mount, "0::/a/../b\n") is None
+    assert own_cgroup(mount, "1:cpu:/a\n") is None
 
 
 # Out of the job's session and environment, and deaf to SIGTERM, as HIDDEN; also
@@ -417,3 +453,52 @@ def test_a_run_as_job_that_kills_or_pauses_its_cancel_is_cancelled_by_its_cgroup
         assert killed == [str(cgroup)]  # the user's first cancel was cut short
         assert _procs(cgroup) == []
         assert executor.status(job) is JobStatus.CANCELLED
+
+
+def test_a_worker_that_is_not_root_contains_its_runs_in_its_delegated_cgroup() -> None:
+    """A worker that is not root, started in a cgroup the operator gave its user
+    (the directory and its `cgroup.procs`, as systemd's Delegate=yes does): the
+    launcher, as that user, makes the run's cgroup under it and moves itself in (the
+    kernel allows it: the common ancestor is the user's), so a child that left the
+    session and cleared its environment is held, and the cancel, as that user, ends
+    it with the cgroup. Played here by the worker's scripts run as WORKER_USER from
+    within the delegated cgroup (`RunAsTransport.entering`: root puts them there)."""
+    mount = hierarchy()
+    assert mount is not None, "no writable cgroup v2 hierarchy: these tests need root"
+    user = ensure_user(WORKER_USER)
+    base = mount / f"rw-test-delegated-{new_mark()[:12]}"
+    base.mkdir()
+    for path in (base, base / "cgroup.procs", base / "cgroup.threads"):
+        os.chown(path, user.pw_uid, user.pw_gid)
+    assert own_cgroup(mount, f"0::/{base.name}\n") == base
+    try:
+        with shared_dir() as work:
+            os.chown(work, user.pw_uid, user.pw_gid)
+            transport = RunAsTransport(job_user(WORKER_USER), worker_is_root=True)
+            executor = ScriptExecutor(transport, str(work))
+            cgroup = base / CGROUP_PARENT / new_mark()
+            command = JobCommand(
+                dir=str(work / "run"),
+                script=HIDDEN + "while :; do sleep 1; done\n",
+                env={MARK_ENV: cgroup.name},
+                cgroup=str(cgroup),
+            )
+            assert executor.claim(command.dir, "this test")
+            with transport.entering(str(base)):
+                job = executor.spawn(command)
+            hidden = _the_hidden(cgroup)
+            assert job.pid in _procs(cgroup)
+            # Made by the worker's user, not root: nothing else made it.
+            assert cgroup.stat().st_uid == user.pw_uid
+            executor.cancel(job)
+            assert not process_alive(hidden)
+            assert not cgroup.exists()
+            assert executor.status(job) is JobStatus.CANCELLED
+    finally:
+        for path in sorted(base.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+            if path.is_dir():
+                with contextlib.suppress(OSError):
+                    (path / "cgroup.kill").write_text("1")
+                with contextlib.suppress(OSError):
+                    path.rmdir()
+        base.rmdir()
