@@ -23,8 +23,10 @@ from workers.executors.liveness import group_is_the_jobs
 __all__ = [
     "assert_one_followed_job",
     "children",
+    "command_lines",
     "descends_from_this_process",
     "hidden_processes",
+    "is_worker_script",
     "job_processes",
     "job_processes_of",
     "kill_job_groups",
@@ -102,6 +104,24 @@ def hidden_processes(path: str) -> list[int]:
             if len(stat) == 2 and stat[1].split()[:1] != [b"Z"]:
                 found.append(p)
     return found
+
+
+def is_worker_script(pid: int) -> bool:
+    """Whether process `pid` is one of the worker's scripts (`sh -c SCRIPT rw ARG...`,
+    `transport.SCRIPT_NAME`), which name a run directory among their arguments too."""
+    args = read_proc(f"/proc/{pid}/cmdline").split(b"\0")
+    return len(args) > 3 and args[1] == b"-c" and args[3] == b"rw"
+
+
+def command_lines(pids: Iterable[int], width: int = 80) -> list[str]:
+    """`pid: command line` of each of `pids` (arguments joined by blanks, cut to
+    `width` characters), to say what a leftover process is."""
+    lines = []
+    for pid in pids:
+        args = read_proc(f"/proc/{pid}/cmdline").split(b"\0")
+        text = " ".join(a.decode("utf-8", "replace") for a in args if a)
+        lines.append(f"{pid}: {text[:width]}")
+    return lines
 
 
 def kill_processes_in(path: Path | str) -> list[int]:

@@ -76,7 +76,12 @@ from bench.harness.pipeline import (
     ssh_target,
     toy,
 )
-from bench.harness.processes import hidden_processes, job_processes_of
+from bench.harness.processes import (
+    command_lines,
+    hidden_processes,
+    is_worker_script,
+    job_processes_of,
+)
 from bench.harness.sshd import running_sshd
 from bench.harness.users import (
     JOB_USER,
@@ -348,7 +353,7 @@ def _leftovers(run: RunRecord, alive: list[int]) -> list[str]:
     """What is left of the run's job: the processes `alive` found by `/proc`, and what
     its cgroup still holds (a process that left the session and cleared its
     environment included), when it has one."""
-    problems = [f"processes alive afterwards: {alive}"] if alive else []
+    problems = [f"processes alive afterwards: {command_lines(alive)}"] if alive else []
     if run.job is not None and run.job.cgroup is not None:
         try:
             held = Path(run.job.cgroup, "cgroup.procs").read_text().split()
@@ -367,7 +372,10 @@ def _processes(outcomes: Iterable[Outcome]) -> dict[str, list[int]]:
     found = job_processes_of(o.run_id for o in outcomes)
     for outcome in outcomes:
         if outcome.case.kind == "hidden" and outcome.run_dir:
-            found[outcome.run_id] += hidden_processes(outcome.run_dir)
+            # Not the worker's own scripts, which name the run directory too.
+            found[outcome.run_id] += [
+                p for p in hidden_processes(outcome.run_dir) if not is_worker_script(p)
+            ]
     return found
 
 
