@@ -19,9 +19,14 @@ mark>`:
   user, it may write to the base's `cgroup.procs`): contained against what a job
   leaves behind, not against a job that means to leave; `doctor` says so.
 
-Elsewhere (a target over SSH, a worker that is not root without a delegated cgroup
-or with jobs of another user, no cgroup v2) a run is not contained: its process
-group and its mark are all a cancel has, and `show` and `doctor` say so.
+A target over SSH whose login user may make cgroups there (root, or a delegated
+cgroup: `SshExecutor.cgroup_base` asks it once) gets `<base>/runwarden/<run mark>`
+made by its launcher, as that user, the same way.
+
+Elsewhere (a target over SSH with a login that may not, or whose jobs run as another
+user; a worker that is not root without a delegated cgroup or with jobs of another
+user; no cgroup v2) a run is not contained: its process group and its mark are all
+a cancel has, and `show` and `doctor` say so.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import functools
 import os
 import time
 from pathlib import Path
-from typing import Final
+from typing import Final, Protocol, runtime_checkable
 
 from schemas import RunRecord, Settings, TargetConfig
 from schemas.protocol import CGROUP_PARENT
@@ -39,6 +44,7 @@ from schemas.protocol import CGROUP_PARENT
 __all__ = [
     "CGROUP_PARENT",
     "EMPTY_AGE_S",
+    "RemoteBase",
     "cgroup_base",
     "containment",
     "delegated",
@@ -119,13 +125,31 @@ def cgroup_base() -> Path | None:
     return hierarchy() if os.geteuid() == 0 else delegated()
 
 
-def containment(target: TargetConfig, settings: Settings) -> str | None:
+@runtime_checkable
+class RemoteBase(Protocol):
+    """An executor of a target over SSH, which asks the target where its runs' cgroups
+    go (`SshExecutor.cgroup_base`)."""
+
+    def cgroup_base(self) -> tuple[str | None, str]: ...
+
+
+def _remote(executor: object | None) -> tuple[str | None, str]:
+    if isinstance(executor, RemoteBase):
+        return executor.cgroup_base()
+    return None, "a target over SSH gets no cgroup without its executor"
+
+
+def containment(
+    target: TargetConfig, settings: Settings, executor: object | None = None
+) -> str | None:
     """Why runs on `target` are not contained, for people; None when they are (each
-    gets a cgroup of its own)."""
+    gets a cgroup of its own). A target over SSH is asked through its `executor`
+    (a root login, or one whose cgroup is delegated to it: `SshExecutor.cgroup_base`)."""
     if not settings.cgroups:
         return "cgroups are turned off (RUNWARDEN_CGROUPS=0)"
     if target.kind != "local":
-        return "a target over SSH gets no cgroup from runwarden yet"
+        base, why = _remote(executor)
+        return None if base is not None else why
     if os.geteuid() != 0:
         if target.run_as is not None:
             return "the worker is not root: it cannot put the jobs of another user in a cgroup"
@@ -141,13 +165,18 @@ def containment(target: TargetConfig, settings: Settings) -> str | None:
     return None
 
 
-def run_cgroup(target: TargetConfig, run: RunRecord, settings: Settings) -> str | None:
+def run_cgroup(
+    target: TargetConfig, run: RunRecord, settings: Settings, executor: object | None = None
+) -> str | None:
     """The cgroup directory (not made yet) the job of `run` starts in, or None when
     its target's runs are not contained ([`containment`]) or the run has no mark."""
-    root = cgroup_base()
-    if root is None or run.mark is None or containment(target, settings) is not None:
+    if run.mark is None or containment(target, settings, executor) is not None:
         return None
-    return str(root / CGROUP_PARENT / run.mark)
+    if target.kind != "local":
+        base = _remote(executor)[0]
+        return None if base is None else f"{base.rstrip('/')}/{CGROUP_PARENT}/{run.mark}"
+    root = cgroup_base()
+    return None if root is None else str(root / CGROUP_PARENT / run.mark)
 
 
 def remove_empty() -> int:

@@ -25,7 +25,7 @@ from datetime import datetime
 from schemas import TargetConfig
 from schemas.doctor import DoctorCheck, DoctorReport
 
-from .cgroups import CGROUP_PARENT, cgroup_base, containment
+from .cgroups import CGROUP_PARENT, RemoteBase, cgroup_base, containment
 from .context import Context
 from .executors import ExecError
 from .permits import root_unsaid
@@ -33,10 +33,22 @@ from .permits import root_unsaid
 __all__ = ["doctor"]
 
 
-def _containment_check(config: TargetConfig, ctx: Context) -> DoctorCheck:
+def _remote_base(executor: object) -> str | None:
+    return executor.cgroup_base()[0] if isinstance(executor, RemoteBase) else None
+
+
+def _containment_check(config: TargetConfig, ctx: Context, executor: object) -> DoctorCheck:
     """Whether this worker contains each run of the target in a cgroup of its own
     (`workers.cgroups`), or why not, and what that leaves open."""
-    why = containment(config, ctx.settings)
+    why = containment(config, ctx.settings, executor)
+    if why is None and config.kind != "local":
+        remote = _remote_base(executor)
+        return DoctorCheck(
+            name="cgroup",
+            status="ok",
+            found=f"a cgroup v2 per run under {remote}/{CGROUP_PARENT}, made by the login user",
+            breaks="",
+        )
     if why is None:
         base = cgroup_base()
         found = f"a cgroup v2 per run under {base}/{CGROUP_PARENT}"
@@ -114,11 +126,10 @@ def doctor(ctx: Context, target: str, now: datetime) -> DoctorReport:
     """
     config = ctx.target(target)
     try:
-        findings = ctx.executor(target).doctor(
-            disk_used_fraction=ctx.settings.disk_used_fraction
-        )
+        findings = ctx.executor(target).doctor(disk_used_fraction=ctx.settings.disk_used_fraction)
         checks, clock = findings.checks, findings.clock
-        checks = (*checks, _containment_check(config, ctx), _job_user_check(config))
+        containment_check = _containment_check(config, ctx, ctx.executor(target))
+        checks = (*checks, containment_check, _job_user_check(config))
     except ExecError as error:
         found = " ".join(str(error).split())[:500] or type(error).__name__
         checks = (

@@ -322,7 +322,7 @@ def _prepare(
             ),
             watchdog_poll_s=ctx.settings.watchdog_poll_s,
             wait_for_all=spec.wait_for_all,
-            cgroup=run_cgroup(permit.target, run, ctx.settings),
+            cgroup=run_cgroup(permit.target, run, ctx.settings, executor),
             **notice_command(ctx, run),
         )
     except Exception as error:

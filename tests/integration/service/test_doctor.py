@@ -25,6 +25,7 @@ from bench.harness.sshd import SshServer
 from schemas import SshOptions, TargetConfig
 from schemas.doctor import DoctorReport
 from schemas.events import TASK_DOCTOR
+from workers.cgroups import CGROUP_PARENT, hierarchy
 from workers.executors.scripts.doctor import UTILITIES
 
 from ...conftest import ROOT
@@ -141,15 +142,14 @@ def test_a_complete_ssh_target(pipeline: Pipeline, sshd: SshServer, tmp_path: Pa
     add_ssh_target(pipeline, sshd, "remote", str(tmp_path / "runs"))
     result = rw(pipeline, "doctor", "remote")
     assert result.returncode == 0, show(result)
-    # All there, but its runs are not contained, nor their user a separate one: said
-    # plainly.
-    assert result.stdout.splitlines()[-1] == "usable, with 2 warning(s)"
+    # All there, its runs contained (the login user is root: the launcher makes each
+    # run's cgroup there), but their user not a separate one: said plainly.
+    assert result.stdout.splitlines()[-1] == "usable, with 1 warning(s)"
     table = rows(result.stdout)
     user = "none: jobs run as the SSH login user, as the worker's scripts there do"
     assert table["job-user"][1:3] == ["warn", user]
-    found = "none: a target over SSH gets no cgroup from runwarden yet"
-    assert table["cgroup"][1:3] == ["warn", found]
-    assert table["cgroup"][3].startswith("containment: a process of a run that leaves")
+    found = f"a cgroup v2 per run under {hierarchy()}/{CGROUP_PARENT}, made by the login user"
+    assert table["cgroup"][1:3] == ["ok", found]
     assert table["tar"][2].startswith("GNU tar")
     assert not (tmp_path / "runs").exists()  # the first claim makes it, not the doctor
 
@@ -162,8 +162,8 @@ def test_an_ssh_workdir_nobody_can_make(pipeline: Pipeline, sshd: SshServer) -> 
     assert table["workdir"][1] == "missing"
     assert "cannot make it in /proc" in table["workdir"][2]
     assert "every launch" in table["workdir"][3]
-    # cgroup, job-user
-    assert result.stdout.splitlines()[-1].startswith("1 missing, 2 warning(s)")
+    # job-user (its runs would be contained: the login user is root)
+    assert result.stdout.splitlines()[-1].startswith("1 missing, 1 warning(s)")
     report = report_of(pipeline, "proc", 1)
     assert [c.name for c in report.missing] == ["workdir"]
 

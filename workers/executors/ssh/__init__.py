@@ -21,13 +21,15 @@ scripts as the local executor.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
 from schemas import JobId
 
 from .. import scripts
-from ..errors import CommandError
+from ..errors import CommandError, ExecError
+from ..scripts.common import sh
 from ..shell import ScriptExecutor
 from ..transport import DEFAULT_TIMEOUT_S, Completed, error_line
 from .config import SshDestination, resolve_destination
@@ -65,7 +67,34 @@ class SshExecutor(ScriptExecutor):
         """
         self.destination = destination
         self._ssh = SshTransport(destination, run_as=run_as)
+        self._base_lock = threading.Lock()
+        self._base: tuple[str | None, str] | None = None
         super().__init__(self._ssh, workdir)
+
+    def cgroup_base(self) -> tuple[str | None, str]:
+        """Where runs of this target get their cgroups (`<base>/runwarden/<mark>`, which
+        the launcher makes and enters as the login user), or None and why not, for
+        people: asked of the target once (`sh/cgroup_base.sh`: the cgroup v2 mount for
+        a root login, else the login's own cgroup when delegated to it), then kept.
+        A target whose jobs run as another user gets none yet (the login user would
+        have to enter the cgroup before sudo and give the jobs' user its
+        `cgroup.kill`). Never raises: a target that cannot be asked gets none, and is
+        asked again next time."""
+        if self._ssh.run_as is not None:
+            return None, "a target over SSH whose jobs run as another user gets no cgroup yet"
+        with self._base_lock:
+            if self._base is not None:
+                return self._base
+            try:
+                result = self._ssh.run(sh("cgroup_base"), action="cgroup", timeout_s=30)
+            except ExecError as error:
+                return None, f"the target could not be asked ({error})"
+            text = result.stdout.decode("utf-8", "replace").strip()
+            if result.exit_code == 0 and text.startswith("/") and "\n" not in text:
+                self._base = (text, "")
+            else:
+                self._base = (None, error_line(result.stderr, result.exit_code))
+            return self._base
 
     @property
     def run_as(self) -> str | None:

@@ -5,9 +5,9 @@ and of the mark) is still the run's; a cancel ends it (SIGTERM, `cgroup.kill` af
 the grace for one that ignores it), and so does the end of a job that left it behind
 (`release`); the emptied cgroup is removed. Local and shell executors, and a target
 whose jobs run as another user (the worker makes the cgroup and enters it before the
-change of user; the user cannot take a process out). An SSH target gets no cgroup yet
-(`workers.cgroups.containment`); the hostile-job matrix runs its cases contained on
-its local target."""
+change of user; the user cannot take a process out). An SSH target with a root login
+(or one whose cgroup is delegated to it) gets one too, made by its launcher; one whose
+jobs run as another user gets none yet (`workers.cgroups.containment`)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from bench.harness.users import (
     job_python,
     shared_dir,
 )
-from schemas import JobCommand, JobStatus, Settings, TargetConfig
+from schemas import JobCommand, JobStatus, RunRecord, Settings, TargetConfig
 from schemas.job import parse_job_end
 from schemas.protocol import END_FILE, MARK_ENV, new_mark
 from workers import cgroups
@@ -41,6 +41,7 @@ from workers.cgroups import (
     hierarchy,
     own_cgroup,
     remove_empty,
+    run_cgroup,
 )
 from workers.executors import (
     CommandError,
@@ -50,6 +51,7 @@ from workers.executors import (
     LocalTransport,
     RunAsExecutor,
     ScriptExecutor,
+    SshExecutor,
     runas,
     shell,
 )
@@ -227,6 +229,44 @@ def test_a_target_says_whether_its_runs_are_contained() -> None:
     ssh = {"destination": "u@h", "identity": "/k", "known_hosts": "/kh"}
     over_ssh = TargetConfig(name="s", kind="ssh", workdir="/w", ssh=ssh)
     assert "SSH" in str(containment(over_ssh, settings))
+
+
+@pytest.mark.parametrize("target", ["ssh"], indirect=True)
+def test_an_ssh_target_with_a_root_login_contains_its_runs(target: Target) -> None:
+    """The target says where its runs' cgroups go (`SshExecutor.cgroup_base`: its
+    hierarchy for a root login, asked once); the cgroup `run_cgroup` gives a run is
+    made by the launcher over SSH and holds the hidden daemon, which the cancel ends."""
+    executor = target.executor
+    assert isinstance(executor, SshExecutor)
+    assert executor.cgroup_base() == (str(hierarchy()), "")
+    ssh = {"destination": "u@h", "identity": "/k", "known_hosts": "/kh"}
+    config = TargetConfig(name="s", kind="ssh", workdir="/w", ssh=ssh)
+    assert containment(config, Settings(), executor) is None
+    assert containment(config, Settings()) is not None  # no executor to ask
+    run = RunRecord.model_construct(mark=new_mark())  # run_cgroup reads its mark
+    path = run_cgroup(config, run, Settings(), executor)
+    assert path == f"{hierarchy()}/{CGROUP_PARENT}/{run.mark}"
+    cgroup = Path(path)
+    try:
+        job = executor.spawn(
+            JobCommand(
+                dir=target.run_dir(),
+                script=HIDDEN + "while :; do sleep 1; done\n",
+                env={MARK_ENV: cgroup.name},
+                cgroup=path,
+            )
+        )
+        hidden = _the_hidden(cgroup)
+        assert job.pid in _procs(cgroup)
+        executor.cancel(job)
+        assert not process_alive(hidden)
+        assert not cgroup.exists()
+    finally:
+        if cgroup.is_dir():
+            with contextlib.suppress(OSError):
+                (cgroup / "cgroup.kill").write_text("1")
+            wait_for(lambda: _procs(cgroup) == [], timeout_s=5)
+            cgroup.rmdir()
 
 
 def test_a_worker_that_is_not_root_says_what_it_lacks(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -67,7 +67,7 @@ def place() -> Iterator[tuple[SshServer, Path]]:
             kill_processes_in(base)
 
 
-def _executor(server: SshServer, workdir: Path, run_as: str = JOB_USER) -> SshExecutor:
+def _executor(server: SshServer, workdir: Path, run_as: str | None = JOB_USER) -> SshExecutor:
     return SshExecutor.connect(
         server.destination,
         str(workdir),
@@ -170,6 +170,21 @@ def _write_as_job(run: Path, files: dict[str, str]) -> None:
     for name, text in files.items():
         (run / name).write_text(text)
         os.chown(run / name, user.pw_uid, user.pw_gid)
+
+
+def test_a_login_that_is_not_root_gets_no_cgroup_and_says_why(
+    executor: SshExecutor, place: tuple[SshServer, Path]
+) -> None:
+    server, workdir = place
+    assert executor.cgroup_base() == (
+        None,
+        "a target over SSH whose jobs run as another user gets no cgroup yet",
+    )
+    # Its own jobs: the login is not root, and sshd put it in a cgroup of root's.
+    base, why = _executor(server, workdir, run_as=None).cgroup_base()
+    assert base is None
+    assert "is not root and its cgroup" in why
+    assert "not delegated to it" in why
 
 
 def test_a_login_sudo_refuses_is_one_clear_error(place: tuple[SshServer, Path]) -> None:
