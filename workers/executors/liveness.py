@@ -16,10 +16,22 @@ from __future__ import annotations
 import os
 from typing import Final
 
-__all__ = ["group_is_the_jobs"]
+__all__ = ["group_exists", "group_is_the_jobs"]
 
 _STAT_BYTES: Final = 4096
 """Bytes of `/proc/<pid>/stat` read: the whole line (a command name is at most 64)."""
+
+
+def group_exists(pgid: int) -> bool:
+    """Whether any process of the group `pgid` exists (a zombie included), whatever
+    user it runs as: signal 0, where `EPERM` is an answer too (`rw_alive`)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # the group exists: another user's
+    return True
 
 
 def group_is_the_jobs(pgid: int, start: int) -> bool:
@@ -40,12 +52,8 @@ def group_is_the_jobs(pgid: int, start: int) -> bool:
     """
     if pgid <= 1:
         raise ValueError(f"no job's process group: {pgid}")
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
+    if not group_exists(pgid):
         return False
-    except PermissionError:
-        pass  # the group exists: another user's
     try:
         with open(f"/proc/{pgid}/stat", "rb") as file:
             line = file.read(_STAT_BYTES)

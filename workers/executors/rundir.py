@@ -32,7 +32,7 @@ from schemas import JobId, JobStatus
 from schemas.protocol import END_LIMIT, PROOF_LIMIT
 
 from .errors import InvalidArgument, ProtocolError
-from .liveness import group_is_the_jobs
+from .liveness import group_exists, group_is_the_jobs
 from .scripts.common import check_job_pid
 from .scripts.follow import (
     FOLLOW_CHUNK_BYTES,
@@ -144,17 +144,6 @@ class _Run:
         return True
 
 
-def _alive(pgid: int) -> bool:
-    """Whether the process group `pgid` exists (`rw_alive`: signal 0)."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _status(job: JobId, run: _Run | None) -> JobStatus:
     """The status of `job` in the protocol's order (`rw_status`, `sh/status_fn.sh`),
     its group's liveness sampled once, before any marker is read."""
@@ -164,7 +153,7 @@ def _status(job: JobId, run: _Run | None) -> JobStatus:
         if group_is_the_jobs(pgid, job.start):
             return JobStatus.RUNNING
     else:
-        alive = _alive(pgid)
+        alive = group_exists(pgid)
     if run is None:
         return JobStatus.LOST
     if run.lexists("cancelled"):
