@@ -47,7 +47,9 @@ __all__ = ["Reader", "follow_here", "status_here"]
 
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-_EXIT_CODE: Final = re.compile(rb"-?[0-9]{1,11}")
+_EXIT_CODE: Final = re.compile(rb"-?[0-9]+")
+_EXIT_CODE_CHARS: Final = 11
+"""The longest `exit_code` the status script takes, its sign included."""
 _ABSENT: Final = frozenset({errno.ENOENT, errno.ELOOP, errno.ENOTDIR, errno.ENXIO})
 """Errors of an open that say the file is not there as a regular file: gone, a
 link, a directory's place taken by a file, a FIFO without a writer (`O_NONBLOCK`)."""
@@ -161,7 +163,7 @@ def _status(job: JobId, run: _Run | None) -> JobStatus:
     if alive and run.lexists("cancelling"):
         return JobStatus.RUNNING
     code = (run.read("exit_code", 32) or b"").rstrip(b"\n")
-    if _EXIT_CODE.fullmatch(code):
+    if _EXIT_CODE.fullmatch(code) and len(code) <= _EXIT_CODE_CHARS:
         return parse_status(f"exited {code.decode()}")
     if run.lexists("cancelling"):
         return JobStatus.CANCELLED

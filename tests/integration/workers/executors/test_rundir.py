@@ -92,6 +92,8 @@ CASES: dict[str, dict[str, bytes | str]] = {
     "garbage exit code": {"exit_code": b"3 and more\n"},
     "exit code of 11 digits": {"exit_code": b"99999999999\n"},
     "negative exit code": {"exit_code": b"-1\n\n"},
+    "negative exit code of 11 digits": {"exit_code": b"-00000000003\n"},
+    "negative exit code of 10 digits": {"exit_code": b"-1234567890\n"},
     "exit code a link": {"exit_code": "link:/etc/hostname", "snapshot.json": "link:/etc/passwd"},
     "cancelled as a directory": {"cancelled": "dir", "snapshot.request": b"\nsecond"},
     "cancelling, group gone": {"cancelling": b"", "snapshot.request": "fifo"},
