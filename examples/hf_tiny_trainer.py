@@ -145,6 +145,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"resuming from {resume}", flush=True)
     trainer.train(resume_from_checkpoint=resume)
     print(f"training ended at step {trainer.state.global_step}", flush=True)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        # Under torchrun: a process that exits with its gloo group alive may abort in
+        # the group's threads ("terminate called without an active exception").
+        # Every rank first reaches the end: one that tears the group down while another
+        # still uses it leaves that one waiting.
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
     return 0
 
 
