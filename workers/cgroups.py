@@ -21,10 +21,10 @@ mark>`:
 
 A target over SSH whose login user may make cgroups there (root, or a delegated
 cgroup: `SshExecutor.cgroup_base` asks it once) gets `<base>/runwarden/<run mark>`
-made by its launcher, as that user, the same way.
+made by its launcher, as that user, the same way; one whose jobs run as another user
+needs a root login, which makes the cgroup and enters it before the change of user.
 
-Elsewhere (a target over SSH with a login that may not, or whose jobs run as another
-user; a worker that is not root without a delegated cgroup or with jobs of another
+Elsewhere (a target over SSH with a login that may not; a worker that is not root without a delegated cgroup or with jobs of another
 user; no cgroup v2) a run is not contained: its process group and its mark are all
 a cancel has, and `show` and `doctor` say so.
 """

@@ -7,8 +7,8 @@ every word of every command line the job can read; secrets named `IFS`, `PATH` a
 every `rw_*` name of the scripts; 100 children of the job's group deaf to SIGTERM;
 children that leave the job's process group, and one that also clears its
 environment, which only the run's cgroup holds (the local targets', and the SSH
-target's, whose root login makes it; one whose jobs run as another user has none yet:
-an expected failure there); poisonous metrics lines) is launched through
+target's, whose root login makes it; the SSH run-as campaign's login is not root, so
+it has none: an expected failure there); poisonous metrics lines) is launched through
 the real service (bench/harness/pipeline.py: redis-server, Celery workers and beat,
 short clocks) on the local target, on an SSH target against a real sshd, and on a
 local target whose jobs run as a user of their own (`run_as`: the worker root, the
@@ -637,8 +637,9 @@ def campaign(
 
 NOT_CONTAINED = pytest.mark.xfail(
     reason=(
-        "known gap: a target over SSH whose jobs run as another user gets no cgroup yet "
-        "(workers.cgroups.containment), and a process that left the group and cleared "
+        "known gap: a target over SSH whose jobs run as another user gets no cgroup "
+        "without a root login (this campaign's login is not root: "
+        "workers.cgroups.containment), and a process that left the group and cleared "
         "its environment has nothing else a cancel can find it by: it outlives the "
         "cancel (killed by the test)"
     ),

@@ -25,7 +25,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from schemas import JobId
+from schemas import JobCommand, JobId
 
 from .. import scripts
 from ..errors import CommandError, ExecError
@@ -76,17 +76,18 @@ class SshExecutor(ScriptExecutor):
         the launcher makes and enters as the login user), or None and why not, for
         people: asked of the target once (`sh/cgroup_base.sh`: the cgroup v2 mount for
         a root login, else the login's own cgroup when delegated to it), then kept.
-        A target whose jobs run as another user gets none yet (the login user would
-        have to enter the cgroup before sudo and give the jobs' user its
-        `cgroup.kill`). Never raises: a target that cannot be asked gets none, and is
-        asked again next time."""
-        if self._ssh.run_as is not None:
-            return None, "a target over SSH whose jobs run as another user gets no cgroup yet"
+        A target whose jobs run as another user needs a root login, which makes the
+        cgroup, gives the user its `cgroup.procs` and `cgroup.kill` and enters it
+        before the change of user ([`spawn`]). Never raises: a target that cannot be
+        asked gets none, and is asked again next time."""
         with self._base_lock:
             if self._base is not None:
                 return self._base
+            root = ("root",) if self._ssh.run_as is not None else ()
             try:
-                result = self._ssh.run(sh("cgroup_base"), action="cgroup", timeout_s=30)
+                result = self._ssh.run(
+                    sh("cgroup_base"), action="cgroup", timeout_s=30, args=root, control=True
+                )
             except ExecError as error:
                 return None, f"the target could not be asked ({error})"
             text = result.stdout.decode("utf-8", "replace").strip()
@@ -100,6 +101,30 @@ class SshExecutor(ScriptExecutor):
     def run_as(self) -> str | None:
         """The user the jobs run as, None: the login user."""
         return self._ssh.run_as
+
+    def spawn(self, job: JobCommand) -> JobId:
+        """As [`ScriptExecutor.spawn`]; a contained job of a target whose jobs run as
+        another user enters its cgroup as the login user (root) before the change of
+        user ([`SshTransport.entering`]): the user may move no process out."""
+        if job.cgroup is None or self._ssh.run_as is None:
+            return super().spawn(job)
+        with self._ssh.entering(job.cgroup):
+            return super().spawn(job)
+
+    def cancel(self, job: JobId) -> None:
+        super().cancel(job)
+        self._remove_cgroup(job)
+
+    def release(self, job: JobId) -> None:
+        super().release(job)
+        self._remove_cgroup(job)
+
+    def _remove_cgroup(self, job: JobId) -> None:
+        # The jobs' user ended the cgroup but may not remove it (its parent is the
+        # login's): the login user does, once it is empty (rmdir refuses otherwise).
+        if job.cgroup is None or self._ssh.run_as is None:
+            return
+        self._ssh.run(sh("cgroup_remove"), action="release", args=(job.cgroup,), control=True)
 
     def _live(self, jobs: Sequence[JobId]) -> list[bool]:
         if self._ssh.run_as is None:

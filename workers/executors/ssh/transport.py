@@ -10,10 +10,11 @@ neither signal nor read the output of."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import IO, Final
 
 import paramiko
@@ -87,6 +88,7 @@ class SshTransport:
         self.run_as = None if run_as is None else _user_name(run_as)
         self._as_user: list[str] | None = None
         self._ready_lock = threading.Lock()
+        self._entering = threading.local()
 
     @property
     def connection(self) -> SshConnection:
@@ -235,7 +237,23 @@ class SshTransport:
         and the script is not `control`, else unchanged."""
         if self.run_as is None or control:
             return script, args
-        return _EXEC_ARGS, [*self._user_words(), "sh", "-c", script, SCRIPT_NAME, *args]
+        words = [*self._user_words(), "sh", "-c", script, SCRIPT_NAME, *args]
+        cgroup = getattr(self._entering, "cgroup", None)
+        if cgroup is not None:
+            return sh("ssh_cgroup_enter"), [cgroup, self.run_as, *words]
+        return _EXEC_ARGS, words
+
+    @contextlib.contextmanager
+    def entering(self, cgroup: str) -> Iterator[None]:
+        """Within it, a script this thread runs as `run_as` first enters the cgroup
+        `cgroup` as the login user, root (`sh/ssh_cgroup_enter.sh`: made, its
+        `cgroup.procs` and `cgroup.kill` given to the user), and only then changes to
+        the user, so everything it starts is born in the cgroup and none can leave."""
+        self._entering.cgroup = cgroup
+        try:
+            yield
+        finally:
+            self._entering.cgroup = None
 
     def _user_words(self) -> list[str]:
         """The words in front of `sh` of a script run as `run_as`, once checked."""

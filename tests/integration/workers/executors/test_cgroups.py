@@ -7,12 +7,14 @@ the grace for one that ignores it), and so does the end of a job that left it be
 whose jobs run as another user (the worker makes the cgroup and enters it before the
 change of user; the user cannot take a process out). An SSH target with a root login
 (or one whose cgroup is delegated to it) gets one too, made by its launcher; one whose
-jobs run as another user gets none yet (`workers.cgroups.containment`)."""
+jobs run as another user needs a root login, which enters it before the change of
+user (`workers.cgroups.containment`)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import signal
 import subprocess
 import time
@@ -22,6 +24,8 @@ from pathlib import Path
 import pytest
 
 from bench.harness.hostile import FIGHTER
+from bench.harness.processes import kill_processes_in
+from bench.harness.sshd import SshServer
 from bench.harness.users import (
     JOB_USER,
     WORKER_USER,
@@ -267,6 +271,54 @@ def test_an_ssh_target_with_a_root_login_contains_its_runs(target: Target) -> No
                 (cgroup / "cgroup.kill").write_text("1")
             wait_for(lambda: _procs(cgroup) == [], timeout_s=5)
             cgroup.rmdir()
+
+
+def test_an_ssh_target_whose_jobs_run_as_another_user_contains_them_with_a_root_login(
+    sshd: SshServer,
+) -> None:
+    """A root login, jobs run as JOB_USER: the login makes the run's cgroup, gives the
+    user its `cgroup.procs` and `cgroup.kill` and enters it before sudo, so the job's
+    hidden daemon is held and cannot move out (ESCAPE tries: refused); the user's
+    cancel ends it and the login removes the emptied cgroup."""
+    ensure_user(JOB_USER)
+    user = pwd.getpwnam(JOB_USER)
+    with shared_dir() as work:
+        os.chown(work, user.pw_uid, user.pw_gid)
+        executor = SshExecutor.connect(
+            sshd.destination,
+            str(work),
+            identity=sshd.client_key,
+            known_hosts=sshd.known_hosts,
+            run_as=JOB_USER,
+        )
+        assert executor.cgroup_base() == (str(hierarchy()), "")
+        cgroup = hierarchy() / CGROUP_PARENT / new_mark()  # type: ignore[operator]
+        command = JobCommand(
+            dir=str(work / "run"),
+            script=ESCAPE + "while :; do sleep 1; done\n",
+            env={MARK_ENV: cgroup.name, "ROOT": str(hierarchy())},
+            cgroup=str(cgroup),
+        )
+        try:
+            assert executor.claim(command.dir, "this test")
+            job = executor.spawn(command)
+            hidden = _the_hidden(cgroup)
+            assert job.pid in _procs(cgroup)
+            assert Path(f"/proc/{hidden}").stat().st_uid == user.pw_uid
+            wait_for((work / "run" / "escaped").exists)
+            assert (work / "run" / "escaped").read_text() == "in\n"
+            executor.cancel(job)
+            assert not process_alive(hidden)
+            assert not cgroup.exists()
+            assert executor.status(job) is JobStatus.CANCELLED
+        finally:
+            kill_processes_in(work)
+            if cgroup.is_dir():
+                with contextlib.suppress(OSError):
+                    (cgroup / "cgroup.kill").write_text("1")
+                wait_for(lambda: _procs(cgroup) == [], timeout_s=5)
+                cgroup.rmdir()
+            executor.close()
 
 
 def test_a_worker_that_is_not_root_says_what_it_lacks(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -178,7 +178,7 @@ def test_a_login_that_is_not_root_gets_no_cgroup_and_says_why(
     server, workdir = place
     assert executor.cgroup_base() == (
         None,
-        "a target over SSH whose jobs run as another user gets no cgroup yet",
+        "the login user is not root: it cannot put the jobs of another user in a cgroup",
     )
     # Its own jobs: the login is not root, and sshd put it in a cgroup of root's.
     base, why = _executor(server, workdir, run_as=None).cgroup_base()
