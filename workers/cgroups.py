@@ -24,9 +24,10 @@ cgroup: `SshExecutor.cgroup_base` asks it once) gets `<base>/runwarden/<run mark
 made by its launcher, as that user, the same way; one whose jobs run as another user
 needs a root login, which makes the cgroup and enters it before the change of user.
 
-Elsewhere (a target over SSH with a login that may not; a worker that is not root without a delegated cgroup or with jobs of another
-user; no cgroup v2) a run is not contained: its process group and its mark are all
-a cancel has, and `show` and `doctor` say so.
+Elsewhere (a target over SSH with a login that may not; a worker that is not root
+without a delegated cgroup or with jobs of another user; no cgroup v2) a run is not
+contained: its process group and its mark are all a cancel has, and `show` and
+`doctor` say so.
 """
 
 from __future__ import annotations
