@@ -49,6 +49,11 @@ __all__ = [
 ]
 
 
+EMPTY_CGROUP_AGE_MIN = 1
+"""How old, in minutes, an empty run cgroup on a target must be before a release there
+removes it: a launcher enters its cgroup within milliseconds of making it."""
+
+
 class SshExecutor(ScriptExecutor):
     """Runs jobs in run directories under `workdir` on the SSH target `destination`.
 
@@ -120,11 +125,13 @@ class SshExecutor(ScriptExecutor):
         self._remove_cgroup(job)
 
     def _remove_cgroup(self, job: JobId) -> None:
-        # The jobs' user ended the cgroup but may not remove it (its parent is the
-        # login's): the login user does, once it is empty (rmdir refuses otherwise).
-        if job.cgroup is None or self._ssh.run_as is None:
+        # The login user removes the emptied cgroup (the jobs' user of a run-as target
+        # ended it but may not), and the old empty ones beside it that a run's end cut
+        # short left: `reconcile` removes those on the worker's own machine only.
+        if job.cgroup is None:
             return
-        self._ssh.run(sh("cgroup_remove"), action="release", args=(job.cgroup,), control=True)
+        args = (job.cgroup, str(EMPTY_CGROUP_AGE_MIN))
+        self._ssh.run(sh("cgroup_remove"), action="release", args=args, control=True)
 
     def _live(self, jobs: Sequence[JobId]) -> list[bool]:
         if self._ssh.run_as is None:

@@ -262,9 +262,18 @@ def test_an_ssh_target_with_a_root_login_contains_its_runs(target: Target) -> No
         )
         hidden = _the_hidden(cgroup)
         assert job.pid in _procs(cgroup)
+        # Beside it, what an earlier run's end cut short left: an empty cgroup a minute
+        # old, which goes with this run's end, and one just made, which stays.
+        old, young = (cgroup.parent / new_mark() for _ in range(2))
+        old.mkdir()
+        young.mkdir()
+        os.utime(old, (time.time() - 120, time.time() - 120))
         executor.cancel(job)
         assert not process_alive(hidden)
         assert not cgroup.exists()
+        assert not old.exists()
+        assert young.exists()
+        young.rmdir()
     finally:
         if cgroup.is_dir():
             with contextlib.suppress(OSError):
