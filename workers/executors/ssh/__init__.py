@@ -22,7 +22,7 @@ scripts as the local executor.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from schemas import JobCommand, JobId
@@ -117,12 +117,44 @@ class SshExecutor(ScriptExecutor):
             return super().spawn(job)
 
     def cancel(self, job: JobId) -> None:
-        super().cancel(job)
+        """As [`ScriptExecutor.cancel`]. For a contained job of a target whose jobs run
+        as another user, a cancel script cut short (a job of the user's may find it in
+        `/proc`, pause or kill it) does not end the cancel: the login user, root, kills
+        the run's cgroup (`cgroup.kill`: everything of the job, what fought the script
+        included) and the user's cancel runs again, which records it.
+
+        Raises:
+            ExecError: as [`ScriptExecutor.cancel`]; `CommandError` when the login's
+                kill left a process in the cgroup.
+        """
+        if self._killed_instead(job, super().cancel):
+            super().cancel(job)
         self._remove_cgroup(job)
 
     def release(self, job: JobId) -> None:
-        super().release(job)
+        """As [`ScriptExecutor.release`]; for a contained job of a target whose jobs
+        run as another user, a release cut short is finished by the login user, who
+        kills the run's cgroup, as for a cancel."""
+        self._killed_instead(job, super().release)
         self._remove_cgroup(job)
+
+    def _killed_instead(self, job: JobId, step: Callable[[JobId], None]) -> bool:
+        """Runs the user's `step` of `job`; when it fails on a contained job of a target
+        whose jobs run as another user, kills the run's cgroup as the login user
+        instead (`sh/release.sh` with the cgroup alone) and returns True (False: the
+        step did it). Raises the step's error otherwise."""
+        try:
+            step(job)
+        except ExecError as error:
+            if job.cgroup is None or self._ssh.run_as is None:
+                raise
+            script = scripts.release_script(job.model_copy(update={"mark": None}))
+            result = self._ssh.run(script.text, action="release", args=script.args, control=True)
+            if result.exit_code != 0:
+                why = error_line(result.stderr, result.exit_code)
+                raise CommandError("cancel", why) from error
+            return True
+        return False
 
     def _remove_cgroup(self, job: JobId) -> None:
         # The login user removes the emptied cgroup (the jobs' user of a run-as target

@@ -330,6 +330,58 @@ def test_an_ssh_target_whose_jobs_run_as_another_user_contains_them_with_a_root_
             executor.close()
 
 
+def test_an_ssh_run_as_job_that_kills_its_cancel_is_cancelled_by_the_root_login(
+    sshd: SshServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Root login, jobs as JOB_USER: the job's daemon kills every script of its user,
+    the cancel's too; the login, root, kills the run's cgroup (the daemon with it) and
+    the user's cancel runs again and records it."""
+    ensure_user(JOB_USER)
+    user = pwd.getpwnam(JOB_USER)
+    monkeypatch.setattr(shell, "CANCEL_DEADLINE_S", 2.0)
+    with shared_dir() as work:
+        os.chown(work, user.pw_uid, user.pw_gid)
+        (work / "fighter.py").write_text(FIGHTER)
+        executor = SshExecutor.connect(
+            sshd.destination,
+            str(work / "runs"),
+            identity=sshd.client_key,
+            known_hosts=sshd.known_hosts,
+            run_as=JOB_USER,
+        )
+        cgroup = hierarchy() / CGROUP_PARENT / new_mark()  # type: ignore[operator]
+        command = JobCommand(
+            dir=str(work / "runs" / "run"),
+            script=(
+                f"setsid env -i {job_python()} {work / 'fighter.py'} SIGKILL {work}"
+                " </dev/null >/dev/null 2>&1 &\n"
+                # Deaf to SIGTERM: the user's cancel waits for its SIGKILL, time in
+                # which the daemon surely finds it.
+                "trap '' TERM\nexec sleep 600\n"
+            ),
+            env={MARK_ENV: cgroup.name},
+            cgroup=str(cgroup),
+        )
+        try:
+            (work / "runs").mkdir()
+            os.chown(work / "runs", user.pw_uid, user.pw_gid)
+            assert executor.claim(command.dir, "this test")
+            job = executor.spawn(command)
+            wait_for((work / "runs" / "run" / "armed").exists)
+            executor.cancel(job)
+            assert _procs(cgroup) == []
+            assert not cgroup.exists()
+            assert executor.status(job) is JobStatus.CANCELLED
+        finally:
+            kill_processes_in(work)
+            if cgroup.is_dir():
+                with contextlib.suppress(OSError):
+                    (cgroup / "cgroup.kill").write_text("1")
+                wait_for(lambda: _procs(cgroup) == [], timeout_s=5)
+                cgroup.rmdir()
+            executor.close()
+
+
 def test_a_worker_that_is_not_root_says_what_it_lacks(monkeypatch: pytest.MonkeyPatch) -> None:
     settings = Settings()
     local = TargetConfig(name="l", kind="local", workdir="/w")
