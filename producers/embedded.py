@@ -24,7 +24,7 @@ from typing import Any
 import redis
 
 from schemas import RunError, Settings
-from schemas.secrets import REDIS_PASSWORD, producer_passwords
+from schemas.secrets import REDIS_PASSWORD, producer_passwords, service_redis_password_file
 
 from .children import dying_with_parent
 
@@ -136,9 +136,10 @@ class EmbeddedRedis:
             quoted = password.get_secret_value().replace("\\", "\\\\").replace('"', '\\"')
             out.write(f'requirepass "{quoted}"\n')
             # Each producer's own user (store/acl.py), from its password file.
-            from store.acl import producer_users_config  # noqa: PLC0415
+            from store.acl import WORKER_USER, producer_users_config  # noqa: PLC0415
 
-            out.write(producer_users_config(producer_passwords(self.settings.secrets)))
+            worker = self.settings.secrets.read(service_redis_password_file(WORKER_USER))
+            out.write(producer_users_config(producer_passwords(self.settings.secrets), worker))
         os.chmod(config, 0o600)
         self.process = subprocess.Popen(
             dying_with_parent(

@@ -38,9 +38,10 @@ from schemas.auth import OPERATOR, WORKER
 from schemas.errors import require_extra
 from schemas.events import DEFAULT_QUEUE, QUEUE, QUEUE_RETRIEVE, QUEUE_WATCH
 from schemas.health import SERVE_TTL_S, SERVE_WRITE_S, ServeChild, ServeState
-from schemas.secrets import FLOWER_AUTH, producer_key_file
+from schemas.secrets import FLOWER_AUTH, producer_key_file, service_redis_password_file
 from schemas.target_sig import ensure_key_pair
 from store import RunStore
+from store.acl import WORKER_USER
 
 from .api import Runwarden
 from .embedded import EmbeddedRedis, NotServing
@@ -194,6 +195,8 @@ class Service:
             self.settings.secrets.ensure(producer_key_file(producer))
         ensure_key_pair(self.settings.secrets)  # the targets' signatures
         if self.embedded is not None:
+            # The workers' and beat's own Redis user (store/acl.py, worker_rules).
+            self.settings.secrets.ensure(service_redis_password_file(WORKER_USER))
             self.embedded.start(orphan_wait_s=ORPHAN_WAIT_S)
             self._supervisor.children.append(
                 RedisChild("redis", up_since=time.monotonic(), embedded=self.embedded)
@@ -276,8 +279,16 @@ class Service:
         return commands
 
     def _processes(self) -> list[Child]:
-        """The processes of `commands`, each named by what it runs."""
-        return [ProcessChild(_named(c), command=c, env=self.env) for c in self.commands()]
+        """The processes of `commands`, each named by what it runs. With the embedded
+        server, the workers and beat connect as its `worker` user (no dangerous
+        command); Flower, the CLI and the web view as the operator."""
+        as_worker = self.env
+        if self.embedded is not None:
+            as_worker = {**self.env, "RUNWARDEN_REDIS_USER": WORKER_USER}
+        return [
+            ProcessChild(_named(c), command=c, env=as_worker if "workers.start" in c else self.env)
+            for c in self.commands()
+        ]
 
     def run(
         self,

@@ -8,6 +8,7 @@ secrets are (`/run/secrets/<name>`), so either can provide it.
 | `<NAME>` (an environment variable name, e.g. `HF_TOKEN`) | a job's secret, read at spawn time |
 | `producer.<name>.key` | the signing key of producer `<name>` (`schemas.auth`) |
 | `redis-password` | the Redis password, added to the Redis URL at connection time |
+| `redis-password.worker` | the password of the Redis user of the workers and beat |
 | `flower-basic-auth` | `user:password` of Flower and the web view |
 
 With `settings`, this module is the configuration edge of `schemas`: the only place it
@@ -32,11 +33,13 @@ __all__ = [
     "MAX_SECRET_BYTES",
     "PRODUCER_NAME",
     "REDIS_PASSWORD",
+    "SERVICE_REDIS_USERS",
     "SecretsDir",
     "SecretsError",
     "producer_key_file",
     "producer_passwords",
     "producer_redis_password_file",
+    "service_redis_password_file",
 ]
 
 MAX_SECRET_BYTES: Final = 64 * 1024
@@ -79,6 +82,26 @@ def producer_redis_password_file(name: str) -> str:
     """
     producer_key_file(name)  # the same names
     return f"{REDIS_PASSWORD}.producer-{name}"
+
+
+SERVICE_REDIS_USERS: Final = ("worker",)
+"""The Redis users of the service's own processes besides the operator's default user:
+`worker`, which the workers and beat connect as (store/acl.py, `worker_rules`)."""
+
+
+def service_redis_password_file(user: str) -> str:
+    """The file name of the password of the service's Redis user `user`
+    (`redis-password.<user>`).
+
+    Raises:
+        SecretsError: for a user that is not one of [`SERVICE_REDIS_USERS`].
+    """
+    if user not in SERVICE_REDIS_USERS:
+        raise SecretsError(
+            f"unknown Redis user {user[:40]!r} (RUNWARDEN_REDIS_USER): one of "
+            f"{', '.join(SERVICE_REDIS_USERS)}"
+        )
+    return f"{REDIS_PASSWORD}.{user}"
 
 
 def producer_passwords(secrets: SecretsDir) -> dict[str, SecretStr]:

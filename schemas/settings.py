@@ -37,7 +37,13 @@ from .budget import (
 )
 from .policy import COST_FRACTION, DEADLINE_LEAD_S, DISK_CHECKPOINT_FACTOR, DISK_USED_LIMIT
 from .preemption import DEFAULT_METADATA_URLS, check_metadata_url
-from .secrets import PRODUCER_NAME, REDIS_PASSWORD, SecretsDir
+from .secrets import (
+    PRODUCER_NAME,
+    REDIS_PASSWORD,
+    SecretsDir,
+    SecretsError,
+    service_redis_password_file,
+)
 from .snapshot import END_TIMEOUT_S, PROOF_TIMEOUT_S
 
 __all__ = ["Settings"]
@@ -58,6 +64,11 @@ class Settings(BaseSettings):
     comes from the secrets directory (`redis-password`) and is added when connecting,
     so it is in no environment. (A password in the URL still works, but then it is in
     the environment of every process that has the URL.)"""
+    redis_user: str | None = None
+    """The Redis user this process connects as, when the URL names none: `worker` (the
+    workers and beat, as `runwarden serve` starts them: no ACL, CONFIG, SHUTDOWN,
+    FLUSHALL or other dangerous command; store/acl.py), its password the secrets
+    directory's `redis-password.worker`. None: the default user, with `redis-password`."""
     state_dir: Path = Path("~/.local/state/runwarden").expanduser()
     secrets_dir: Path | None = None
     """The secrets directory (`schemas.secrets`). None: `$CREDENTIALS_DIRECTORY` when
@@ -297,8 +308,17 @@ class Settings(BaseSettings):
                 url = "unix://" + url.removeprefix("redis+socket://")
         else:
             url = f"unix://{self.embedded_socket}"
-        password = self.secrets.read(REDIS_PASSWORD)
         parts = urlsplit(url)
+        if self.redis_user is not None and parts.username is None and parts.password is None:
+            name = service_redis_password_file(self.redis_user)
+            password = self.secrets.read(name)
+            if password is None:
+                raise SecretsError(f"no {name} in the secrets directory {self.secrets.path}")
+            user = quote(self.redis_user, safe="")
+            secret = quote(password.get_secret_value(), safe="")
+            host = parts.netloc.rsplit("@", 1)[-1]
+            return urlunsplit(parts._replace(netloc=f"{user}:{secret}@{host}"))
+        password = self.secrets.read(REDIS_PASSWORD)
         if password is None or parts.password is not None:
             return url
         user = quote(parts.username or "", safe="")

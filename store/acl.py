@@ -1,6 +1,7 @@
 """Redis ACL users of producers: each producer service connects to Redis as a user of
 its own, `producer-<name>`, that can publish the public tasks and read their results,
-and nothing else (docs/security.md, "Redis users").
+and nothing else (docs/security.md, "Redis users"); and the workers' user, `worker`
+([`worker_rules`]).
 
 What such a user may do, all that Celery's Redis transport and result backend need to
 send a task and wait for its result (found against a real redis-server, kombu 5):
@@ -36,12 +37,14 @@ from .base import translated
 
 __all__ = [
     "PRODUCER_USER_PREFIX",
+    "WORKER_USER",
     "delete_producer_user",
     "producer_rules",
     "producer_user",
     "producer_users_config",
     "save_users",
     "set_producer_user",
+    "worker_rules",
 ]
 
 PRODUCER_USER_PREFIX: Final = "producer-"
@@ -61,7 +64,7 @@ def producer_user(name: str) -> str:
 def producer_rules(password: SecretStr) -> list[str]:
     """The `ACL SETUSER` rules of a producer's user with `password`: everything
     reset, then what the module docstring lists."""
-    digest = hashlib.sha256(password.get_secret_value().encode()).hexdigest()
+    digest = _digest(password)
     keys = []
     for queue in (QUEUE, QUEUE_RETRIEVE, DEFAULT_QUEUE):
         keys += [f"~{queue}", f"~{queue}{_PRIORITY_SEP}*"]
@@ -71,20 +74,42 @@ def producer_rules(password: SecretStr) -> list[str]:
     ]  # fmt: skip
 
 
+WORKER_USER: Final = "worker"
+_WORKER_COMMANDS: Final = ("+@all", "-@dangerous", "+info")
+
+
+def worker_rules(password: SecretStr) -> list[str]:
+    """The `ACL SETUSER` rules of the workers' and beat's user with `password`: every
+    key and channel and every command but Redis's dangerous ones (`ACL`, `CONFIG`,
+    `SHUTDOWN`, `FLUSHALL`, `FLUSHDB`, `KEYS`, `MONITOR`, `DEBUG`, `MODULE`, `SAVE`,
+    `REPLICAOF`, `MIGRATE`, `RESTORE`, `CLIENT KILL`, ...), `INFO` kept (the health
+    check reads its memory section). A worker holds every run's data by its trade; it
+    cannot make users, reconfigure the server (a `CONFIG SET dir` writes files as the
+    server's user), shut it down or wipe it."""
+    return ["reset", "on", f"#{_digest(password)}", "~*", "&*", *_WORKER_COMMANDS]
+
+
+def _digest(password: SecretStr) -> str:
+    return hashlib.sha256(password.get_secret_value().encode()).hexdigest()
+
+
 def _conf_word(word: str) -> str:
     """`word` as one double-quoted argument of a Redis configuration file."""
     quoted = "".join(c if c.isprintable() and c not in '"\\' else f"\\x{ord(c):02x}" for c in word)
     return f'"{quoted}"'
 
 
-def producer_users_config(passwords: dict[str, SecretStr]) -> str:
+def producer_users_config(passwords: dict[str, SecretStr], worker: SecretStr | None = None) -> str:
     """The `user` lines of a Redis configuration file defining the user of each
-    producer of `passwords` (name -> password): how the embedded server gets them at
-    each start (`producers.embedded`)."""
+    producer of `passwords` (name -> password), and with `worker` the workers' user
+    ([`worker_rules`]): how the embedded server gets them at each start
+    (`producers.embedded`)."""
+    users = [(producer_user(n), producer_rules(p)) for n, p in sorted(passwords.items())]
+    if worker is not None:
+        users.append((WORKER_USER, worker_rules(worker)))
     lines = []
-    for name, password in sorted(passwords.items()):
-        words = [producer_user(name), *producer_rules(password)]
-        lines.append("user " + " ".join(_conf_word(w) for w in words) + "\n")
+    for user, rules in users:
+        lines.append("user " + " ".join(_conf_word(w) for w in [user, *rules]) + "\n")
     return "".join(lines)
 
 

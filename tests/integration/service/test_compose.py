@@ -14,16 +14,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import yaml
 
-from bench.harness.redis_server import RedisServer
+from bench.harness.redis_server import REDIS_SERVER, RedisServer
 from schemas import Settings
 from schemas.bounds import parse_size
 
-from ...conftest import ROOT
+from ...conftest import ROOT, wait_for
 
 CREDENTIALS = {
     "redis-password",
+    "redis-password.worker",
     "flower-basic-auth",
     "producer.operator.key",
     "producer.worker.key",
@@ -59,10 +61,14 @@ def test_every_credential_is_a_docker_secret(resolved: dict[str, Any]) -> None:
     assert set(resolved["secrets"]) == CREDENTIALS
     for name, secret in resolved["secrets"].items():
         assert secret["file"] == f"/srv/runwarden/secrets/{name}"
-    for name in ("worker", "retriever"):
+    for name in ("worker", "retriever", "watcher", "beat"):
         service = resolved["services"][name]
-        assert _secrets_of(service) >= {"redis-password", "producer.worker.key"}
+        # The workers' own Redis user, never the operator's password.
+        assert _secrets_of(service) >= {"redis-password.worker"}
+        assert "redis-password" not in _secrets_of(service)
+        assert service["environment"]["RUNWARDEN_REDIS_USER"] == "worker"
         assert service["environment"]["RUNWARDEN_SECRETS_DIR"] == "/run/secrets"
+    assert "producer.worker.key" in _secrets_of(resolved["services"]["worker"])
     assert "flower-basic-auth" not in _secrets_of(resolved["services"]["worker"])
 
 
@@ -74,7 +80,7 @@ def test_redis_has_aof_and_a_password_on_no_command_line(resolved: dict[str, Any
     assert "/run/secrets/redis-password" in script
     assert "requirepass" in script
     assert "--requirepass" not in script
-    assert _secrets_of(redis) == {"redis-password"}
+    assert _secrets_of(redis) == {"redis-password", "redis-password.worker"}
     url = resolved["services"]["worker"]["environment"]["RUNWARDEN_REDIS_URL"]
     assert url == "redis://redis:6379/0"  # the password is added from the secret
 
@@ -129,12 +135,15 @@ def test_retrievals_and_follow_ticks_have_workers_of_their_own(resolved: dict[st
     assert worker[worker.index("-Q") + 1] == "runwarden,celery"
     assert retriever[retriever.index("-Q") + 1] == "runwarden.retrieve"
     assert watcher[watcher.index("-Q") + 1] == "runwarden.watch"
+
     def artifacts(name: str) -> list[Any]:
         return [
-            v for v in resolved["services"][name]["volumes"]
+            v
+            for v in resolved["services"][name]["volumes"]
             if (v.get("target") if isinstance(v, dict) else str(v).split(":")[1])
             == "/home/runwarden/state/runs"
         ]
+
     assert artifacts("worker")
     assert artifacts("retriever")
 
@@ -165,9 +174,7 @@ def test_redis_memory_is_bounded_without_eviction(resolved: dict[str, Any]) -> N
 
 
 def test_redis_maxmemory_comes_from_the_environment() -> None:
-    done = config(
-        {"RUNWARDEN_SECRETS_HOST_DIR": "/srv/s", "RUNWARDEN_REDIS_MAXMEMORY": "512mb"}
-    )
+    done = config({"RUNWARDEN_SECRETS_HOST_DIR": "/srv/s", "RUNWARDEN_REDIS_MAXMEMORY": "512mb"})
     assert done.returncode == 0, done.stderr
     options = redis_options(yaml.safe_load(done.stdout))
     assert options[options.index("--maxmemory") + 1] == "512mb"
@@ -192,4 +199,48 @@ def test_beat_runs_the_service_health_check(resolved: dict[str, Any]) -> None:
     check = resolved["services"]["beat"]["healthcheck"]
     assert check["test"] == ["CMD", "runwarden", "status"]
     assert check["retries"] >= 1
-    assert _secrets_of(resolved["services"]["beat"]) >= {"redis-password"}
+    assert _secrets_of(resolved["services"]["beat"]) >= {"redis-password.worker"}
+
+
+def test_compose_s_redis_gives_the_workers_their_user(
+    resolved: dict[str, Any], tmp_path: Path
+) -> None:
+    """The configuration compose's Redis reads from its standard input, made by its own
+    script from two secret files, run by a real redis-server: the `worker` user works
+    with its password and is refused a dangerous command; the operator's password
+    still opens the `default` user."""
+    secrets_dir = tmp_path / "secrets"
+    secrets_dir.mkdir()
+    (secrets_dir / "redis-password").write_text("operator-pw")
+    (secrets_dir / "redis-password.worker").write_text("worker-pw")
+    script = str(resolved["services"]["redis"]["command"][-1]).replace("$$", "$")
+    printing = script.split("| exec redis-server -", 1)[0].replace("/run/secrets", str(secrets_dir))
+    done = subprocess.run(["sh", "-c", printing], capture_output=True, text=True, check=True)
+    conf = tmp_path / "redis.conf"
+    conf.write_text(done.stdout)
+    socket = str(tmp_path / "redis.sock")
+    server = subprocess.Popen(
+        [REDIS_SERVER, str(conf), "--port", "0", "--unixsocket", socket, "--dir",
+         str(tmp_path), "--save", ""],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        operator = redis.Redis(unix_socket_path=socket, password="operator-pw")
+        assert wait_for(lambda: _answers(operator), timeout_s=10)
+        worker = redis.Redis(unix_socket_path=socket, username="worker", password="worker-pw")
+        worker.set("rw:probe", "1")
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            worker.config_set("dir", "/tmp")
+        worker.close()
+        assert operator.get("rw:probe") == b"1"
+        operator.close()
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def _answers(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.ConnectionError:
+        return False
