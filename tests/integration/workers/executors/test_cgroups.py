@@ -81,6 +81,11 @@ def cgroup() -> Iterator[Path]:
     assert root is not None, "no writable cgroup v2 hierarchy: these tests need root"
     path = root / CGROUP_PARENT / new_mark()
     yield path
+    _remove(path)
+
+
+def _remove(path: Path) -> None:
+    """Kills what a failure left in the cgroup `path` and removes it, when it is there."""
     if path.is_dir():
         with contextlib.suppress(OSError):
             (path / "cgroup.kill").write_text("1")
@@ -275,11 +280,7 @@ def test_an_ssh_target_with_a_root_login_contains_its_runs(target: Target) -> No
         assert young.exists()
         young.rmdir()
     finally:
-        if cgroup.is_dir():
-            with contextlib.suppress(OSError):
-                (cgroup / "cgroup.kill").write_text("1")
-            wait_for(lambda: _procs(cgroup) == [], timeout_s=5)
-            cgroup.rmdir()
+        _remove(cgroup)
 
 
 def test_an_ssh_target_whose_jobs_run_as_another_user_contains_them_with_a_root_login(
@@ -322,11 +323,7 @@ def test_an_ssh_target_whose_jobs_run_as_another_user_contains_them_with_a_root_
             assert executor.status(job) is JobStatus.CANCELLED
         finally:
             kill_processes_in(work)
-            if cgroup.is_dir():
-                with contextlib.suppress(OSError):
-                    (cgroup / "cgroup.kill").write_text("1")
-                wait_for(lambda: _procs(cgroup) == [], timeout_s=5)
-                cgroup.rmdir()
+            _remove(cgroup)
             executor.close()
 
 
@@ -374,11 +371,7 @@ def test_an_ssh_run_as_job_that_kills_its_cancel_is_cancelled_by_the_root_login(
             assert executor.status(job) is JobStatus.CANCELLED
         finally:
             kill_processes_in(work)
-            if cgroup.is_dir():
-                with contextlib.suppress(OSError):
-                    (cgroup / "cgroup.kill").write_text("1")
-                wait_for(lambda: _procs(cgroup) == [], timeout_s=5)
-                cgroup.rmdir()
+            _remove(cgroup)
             executor.close()
 
 
