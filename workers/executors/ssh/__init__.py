@@ -21,6 +21,7 @@ scripts as the local executor.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -160,10 +161,13 @@ class SshExecutor(ScriptExecutor):
         # The login user removes the emptied cgroup (the jobs' user of a run-as target
         # ended it but may not), and the old empty ones beside it that a run's end cut
         # short left: `reconcile` removes those on the worker's own machine only.
+        # Never the cancel's or release's failure: what it leaves, the next run's end
+        # there removes.
         if job.cgroup is None:
             return
         args = (job.cgroup, str(EMPTY_CGROUP_AGE_MIN))
-        self._ssh.run(sh("cgroup_remove"), action="release", args=args, control=True)
+        with contextlib.suppress(ExecError):
+            self._ssh.run(sh("cgroup_remove"), action="release", args=args, control=True)
 
     def _live(self, jobs: Sequence[JobId]) -> list[bool]:
         if self._ssh.run_as is None:
