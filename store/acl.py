@@ -44,6 +44,7 @@ __all__ = [
     "producer_users_config",
     "save_users",
     "set_producer_user",
+    "set_worker_user",
     "worker_rules",
 ]
 
@@ -123,6 +124,18 @@ def set_producer_user(client: Any, name: str, password: SecretStr) -> None:
             cannot be reached.
     """
     client.execute_command("ACL", "SETUSER", producer_user(name), *producer_rules(password))
+
+
+@translated
+def set_worker_user(client: Any, password: SecretStr) -> None:
+    """Creates or replaces the workers' user ([`worker_rules`]) on the server of `client`
+    (a redis-py client of a user allowed `ACL`: the operator's), as a deployment with a
+    Redis of its own does once.
+
+    Raises:
+        StoreError: the server refused or cannot be reached.
+    """
+    client.execute_command("ACL", "SETUSER", WORKER_USER, *worker_rules(password))
 
 
 @translated

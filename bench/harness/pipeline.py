@@ -32,8 +32,9 @@ from schemas import (
 )
 from schemas.auth import OPERATOR, WORKER, new_task_id, sign
 from schemas.events import DEFAULT_QUEUE, QUEUE, QUEUE_RETRIEVE, QUEUE_WATCH
-from schemas.secrets import producer_key_file
+from schemas.secrets import producer_key_file, service_redis_password_file
 from schemas.target_sig import TARGET_KEY, ensure_key_pair, next_version, sign_record
+from store.acl import WORKER_USER, save_users, set_worker_user
 from workers.executors import quote
 
 from . import warm
@@ -199,13 +200,14 @@ class Pipeline:
     def _start(self, argv: list[str], log: str, reaper: bool) -> subprocess.Popen[bytes] | Warm:
         """`python -m workers.start ARGV` in a session of its own, its output appended
         to the log `log`: forked warm (bench/harness/warm.py) unless `exec_start`."""
+        env = {**self.env, "RUNWARDEN_REDIS_USER": WORKER_USER}
         if not self.exec_start:
-            return warm.start(argv, self.env, ROOT, self.tmp / log, reaper)
+            return warm.start(argv, env, ROOT, self.tmp / log, reaper)
         under = [sys.executable, "-m", "workers.reaper", "--restart", "--"] if reaper else []
         with (self.tmp / log).open("ab") as out:
             return subprocess.Popen(
                 [*under, sys.executable, "-m", "workers.start", *argv],
-                cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )  # fmt: skip
 
@@ -392,7 +394,8 @@ def running_pipeline(
     of ended runs' retrievals on the stops' workers delays every proof deadline
     behind them (the hostile matrix on a loaded machine: 13 s). With `exec_start`, the
     workers and beat are started as `runwarden serve` starts them (`Pipeline.exec_start`)."""
-    redis = RedisServer(tmp / "redis")
+    # Users in an ACL file: the workers' user outlives a restart (chaos, faults).
+    redis = RedisServer(tmp / "redis", acl_file=True)
     redis.start()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RUNWARDEN_")}
     env.update(CLOCKS)
@@ -409,6 +412,13 @@ def running_pipeline(
     for producer in (OPERATOR, WORKER):  # as `runwarden serve` creates them
         settings.secrets.ensure(producer_key_file(producer))
     ensure_key_pair(settings.secrets)
+    # The workers and beat connect as their own user, as serve starts them
+    # (store/acl.py, worker_rules); the test's own API and CLI as the operator.
+    password, _ = settings.secrets.ensure(service_redis_password_file(WORKER_USER))
+    admin = redis.client()
+    set_worker_user(admin, password)
+    assert save_users(admin), "the test server has an ACL file"
+    admin.close()
     api = Runwarden(settings)
     workdir = tmp / "work"
     workdir.mkdir()

@@ -73,10 +73,18 @@ def client_for(
 class RedisServer:
     """One private `redis-server` process (see the module docstring)."""
 
-    def __init__(self, data_dir: Path | str, binary: str = REDIS_SERVER) -> None:
+    def __init__(
+        self, data_dir: Path | str, binary: str = REDIS_SERVER, *, acl_file: bool = False
+    ) -> None:
+        """`acl_file`: the server keeps its users in `users.acl` in `data_dir` (`ACL
+        SAVE` writes them there), so a restart keeps the users a test made."""
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.binary = binary
+        self.acl_path: Path | None = None
+        if acl_file:
+            self.acl_path = self.data_dir / "users.acl"
+            self.acl_path.touch()
         self._socket_dir: Path | None = None
         socket_path = self.data_dir / "redis.sock"
         if len(str(socket_path)) > _MAX_SOCKET_PATH:
@@ -107,6 +115,7 @@ class RedisServer:
             "--save", "",
             "--daemonize", "no",
             "--logfile", str(self.log_path),
+            *(["--aclfile", str(self.acl_path)] if self.acl_path is not None else []),
         ]  # fmt: skip
 
     def start(self, timeout_s: float = 10.0) -> None:
