@@ -185,11 +185,13 @@ def key_file(pipeline: Pipeline, tmp_path_factory: pytest.TempPathFactory) -> Pa
     assert made == pipeline.api.settings.secrets.path / f"producer.{PRODUCER}.key", shown(result)
     # And its Redis user, its password in a file of the operator's secrets.
     password = pipeline.api.settings.secrets.path / f"redis-password.producer-{PRODUCER}"
-    # A redis-server without an ACL file here: the user lasts until it restarts.
+    # The test's redis-server keeps its users in an ACL file: saved there, it outlives
+    # a restart.
     assert result.stdout.splitlines()[1:] == [
         f"Redis user producer-{PRODUCER}: its password is {password} (the producer's "
-        "`redis-password`); the server keeps it until it restarts"
+        "`redis-password`)"
     ], shown(result)
+    assert f"user producer-{PRODUCER} " in pipeline.redis.acl_path.read_text()  # type: ignore[union-attr]
     given = tmp_path_factory.mktemp("billing-service") / made.name
     given.write_bytes(made.read_bytes())
     given.chmod(0o600)
