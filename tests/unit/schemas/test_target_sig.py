@@ -42,7 +42,11 @@ def test_a_record_verifies_by_the_public_key_and_nothing_of_it_can_change() -> N
         ("gpu1", SignedTarget(CONFIG, 8, signature)),  # another version
         ("gpu1", SignedTarget({**CONFIG, "allow_secrets": []}, 7, signature)),
         ("gpu1", SignedTarget(None, 7, signature)),  # made a tombstone
-        ("gpu1", SignedTarget(CONFIG, 7, signature[:-2] + "00")),
+        # Its last byte changed (one in 256 signatures ends in 00 already).
+        (
+            "gpu1",
+            SignedTarget(CONFIG, 7, signature[:-2] + ("01" if signature.endswith("00") else "00")),
+        ),
         ("gpu1", SignedTarget(CONFIG, 7, "zz")),  # not hex
     ]
     for name, record in changed:
