@@ -94,6 +94,23 @@ def _remove(path: Path) -> None:
             path.rmdir()
 
 
+def _fighting(base: Path, signal_name: str, cgroup: Path) -> JobCommand:
+    """The job `runs/run` under `base`, in `cgroup`: it leaves `base`'s `fighter.py`
+    (FIGHTER) sending `signal_name` to every script of its user that names `base`, and
+    ignores SIGTERM itself, so the user's cancel waits for its SIGKILL, time in which
+    the daemon surely finds it (a job that ends at once may let a cancel finish first)."""
+    return JobCommand(
+        dir=str(base / "runs" / "run"),
+        script=(
+            f"setsid env -i {job_python()} {base / 'fighter.py'} {signal_name} {base}"
+            " </dev/null >/dev/null 2>&1 &\n"
+            "trap '' TERM\nexec sleep 600\n"
+        ),
+        env={MARK_ENV: cgroup.name},
+        cgroup=str(cgroup),
+    )
+
+
 def _procs(path: Path) -> list[int]:
     try:
         return [int(p) for p in (path / "cgroup.procs").read_text().split()]
@@ -347,18 +364,7 @@ def test_an_ssh_run_as_job_that_kills_its_cancel_is_cancelled_by_the_root_login(
             run_as=JOB_USER,
         )
         cgroup = hierarchy() / CGROUP_PARENT / new_mark()  # type: ignore[operator]
-        command = JobCommand(
-            dir=str(work / "runs" / "run"),
-            script=(
-                f"setsid env -i {job_python()} {work / 'fighter.py'} SIGKILL {work}"
-                " </dev/null >/dev/null 2>&1 &\n"
-                # Deaf to SIGTERM: the user's cancel waits for its SIGKILL, time in
-                # which the daemon surely finds it.
-                "trap '' TERM\nexec sleep 600\n"
-            ),
-            env={MARK_ENV: cgroup.name},
-            cgroup=str(cgroup),
-        )
+        command = _fighting(work, "SIGKILL", cgroup)
         try:
             (work / "runs").mkdir()
             os.chown(work / "runs", user.pw_uid, user.pw_gid)
@@ -564,18 +570,7 @@ def test_a_run_as_job_that_kills_or_pauses_its_cancel_is_cancelled_by_its_cgroup
     with shared_dir() as base:
         (base / "fighter.py").write_text(FIGHTER)
         executor = RunAsExecutor(base / "runs", JOB_USER)
-        command = JobCommand(
-            dir=str(base / "runs" / "run"),
-            script=(
-                f"setsid env -i {job_python()} {base / 'fighter.py'} {signal_name} {base}"
-                " </dev/null >/dev/null 2>&1 &\n"
-                # Deaf to SIGTERM: the user's cancel waits for its SIGKILL, time in
-                # which the daemon surely finds it (one that ends at once may not be).
-                "trap '' TERM\nexec sleep 600\n"
-            ),
-            env={MARK_ENV: cgroup.name},
-            cgroup=str(cgroup),
-        )
+        command = _fighting(base, signal_name, cgroup)
         assert executor.claim(command.dir, "this test")
         job = executor.spawn(command)
         wait_for((Path(command.dir) / "armed").exists)
