@@ -82,6 +82,7 @@ from bench.harness.processes import (
     hidden_processes,
     is_worker_script,
     job_processes_of,
+    read_proc,
 )
 from bench.harness.sshd import running_sshd
 from bench.harness.users import (
@@ -377,7 +378,12 @@ def _processes(outcomes: Iterable[Outcome]) -> dict[str, list[int]]:
             found[outcome.run_id] += [
                 p for p in hidden_processes(outcome.run_dir) if not is_worker_script(p)
             ]
-    return found
+    # Not one already exiting (its command line gone, not yet a zombie): a kill that
+    # emptied the cgroup before the end was recorded leaves such a process for an
+    # instant (seen twice: `processes alive afterwards: ['13449: ', ...]`).
+    return {
+        run: [p for p in pids if read_proc(f"/proc/{p}/cmdline")] for run, pids in found.items()
+    }
 
 
 def _wait_ended(
