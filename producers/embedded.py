@@ -135,11 +135,14 @@ class EmbeddedRedis:
             # Redis quotes a value in double quotes with C-style escapes.
             quoted = password.get_secret_value().replace("\\", "\\\\").replace('"', '\\"')
             out.write(f'requirepass "{quoted}"\n')
-            # Each producer's own user (store/acl.py), from its password file.
-            from store.acl import WORKER_USER, producer_users_config  # noqa: PLC0415
+            # Each producer's own user, the workers' and the web view's (store/acl.py),
+            # from their password files.
+            from store.acl import WEB_USER, WORKER_USER, producer_users_config  # noqa: PLC0415
 
             worker = self.settings.secrets.read(service_redis_password_file(WORKER_USER))
-            out.write(producer_users_config(producer_passwords(self.settings.secrets), worker))
+            web = self.settings.secrets.read(service_redis_password_file(WEB_USER))
+            producers = producer_passwords(self.settings.secrets)
+            out.write(producer_users_config(producers, worker, web))
         os.chmod(config, 0o600)
         self.process = subprocess.Popen(
             dying_with_parent(

@@ -9,6 +9,7 @@ secrets are (`/run/secrets/<name>`), so either can provide it.
 | `producer.<name>.key` | the signing key of producer `<name>` (`schemas.auth`) |
 | `redis-password` | the Redis password, added to the Redis URL at connection time |
 | `redis-password.worker` | the password of the Redis user of the workers and beat |
+| `redis-password.web` | the password of the Redis user of the web view |
 | `flower-basic-auth` | `user:password` of Flower and the web view |
 
 With `settings`, this module is the configuration edge of `schemas`: the only place it
@@ -84,9 +85,10 @@ def producer_redis_password_file(name: str) -> str:
     return f"{REDIS_PASSWORD}.producer-{name}"
 
 
-SERVICE_REDIS_USERS: Final = ("worker",)
+SERVICE_REDIS_USERS: Final = ("worker", "web")
 """The Redis users of the service's own processes besides the operator's default user:
-`worker`, which the workers and beat connect as (store/acl.py, `worker_rules`)."""
+`worker`, which the workers and beat connect as (store/acl.py, `worker_rules`), and
+`web`, which the web view connects as (`web_rules`)."""
 
 
 def service_redis_password_file(user: str) -> str:

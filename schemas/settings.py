@@ -67,8 +67,9 @@ class Settings(BaseSettings):
     redis_user: str | None = None
     """The Redis user this process connects as, when the URL names none: `worker` (the
     workers and beat, as `runwarden serve` starts them: no ACL, CONFIG, SHUTDOWN,
-    FLUSHALL or other dangerous command; store/acl.py), its password the secrets
-    directory's `redis-password.worker`. None: the default user, with `redis-password`."""
+    FLUSHALL or other dangerous command) or `web` (the web view: reads the store, sends
+    stops and cancels; store/acl.py), its password the secrets directory's
+    `redis-password.<user>`. None: the default user, with `redis-password`."""
     state_dir: Path = Path("~/.local/state/runwarden").expanduser()
     secrets_dir: Path | None = None
     """The secrets directory (`schemas.secrets`). None: `$CREDENTIALS_DIRECTORY` when
@@ -164,9 +165,7 @@ class Settings(BaseSettings):
     log_bytes_per_run: Annotated[ByteSize, Field(ge=MIN_STREAM_BYTES)] = LOG_BYTES_PER_RUN
     """Bytes of log lines kept per run in the run store, the oldest dropped first
     (the whole `job.log` comes home with the artifacts)."""
-    metrics_bytes_per_run: Annotated[ByteSize, Field(ge=MIN_STREAM_BYTES)] = (
-        METRICS_BYTES_PER_RUN
-    )
+    metrics_bytes_per_run: Annotated[ByteSize, Field(ge=MIN_STREAM_BYTES)] = METRICS_BYTES_PER_RUN
     """Bytes of metrics records kept per run in the run store, the oldest first out."""
     retention_days: _Positive = RETENTION_DAYS
     """How long an ended run's log, metrics, offsets and progress stay in Redis (its
@@ -186,10 +185,9 @@ class Settings(BaseSettings):
     def retention_s(self) -> float:
         """[`retention_days`] in seconds."""
         return self.retention_days * 86400.0
+
     # --- stop budgets (defaults: schemas.budget) ---------------------------------------
-    proof_timeout_factor: Annotated[float, Field(ge=1, allow_inf_nan=False)] = (
-        PROOF_TIMEOUT_FACTOR
-    )
+    proof_timeout_factor: Annotated[float, Field(ge=1, allow_inf_nan=False)] = PROOF_TIMEOUT_FACTOR
     """A proof timeout learned from a run's saves is this many times the longest one
     (plus the margin); the policies also ask at least this many times the longest
     save before a run's deadline or the end of its cost budget."""
@@ -222,6 +220,7 @@ class Settings(BaseSettings):
             floor_s=self.proof_timeout_floor_s,
             ceiling_s=self.proof_timeout_ceiling_s,
         )
+
     @field_validator("metadata_aws_url", "metadata_gcp_url", "metadata_azure_url")
     @classmethod
     def _metadata_url(cls, value: str) -> str:

