@@ -41,7 +41,7 @@ from schemas.health import SERVE_TTL_S, SERVE_WRITE_S, ServeChild, ServeState
 from schemas.secrets import FLOWER_AUTH, producer_key_file, service_redis_password_file
 from schemas.target_sig import ensure_key_pair
 from store import RunStore
-from store.acl import WORKER_USER
+from store.acl import WEB_USER, WORKER_USER
 
 from .api import Runwarden
 from .embedded import EmbeddedRedis, NotServing
@@ -195,8 +195,10 @@ class Service:
             self.settings.secrets.ensure(producer_key_file(producer))
         ensure_key_pair(self.settings.secrets)  # the targets' signatures
         if self.embedded is not None:
-            # The workers' and beat's own Redis user (store/acl.py, worker_rules).
-            self.settings.secrets.ensure(service_redis_password_file(WORKER_USER))
+            # The workers' and beat's own Redis user, and the web view's (store/acl.py,
+            # worker_rules, web_rules).
+            for user in (WORKER_USER, WEB_USER):
+                self.settings.secrets.ensure(service_redis_password_file(user))
             self.embedded.start(orphan_wait_s=ORPHAN_WAIT_S)
             self._supervisor.children.append(
                 RedisChild("redis", up_since=time.monotonic(), embedded=self.embedded)
@@ -228,11 +230,20 @@ class Service:
             if self.options.flower:
                 self.env["RUNWARDEN_FLOWER_AUTH_FILE"] = str(where)
             if self.options.web:
-                api = Runwarden(self.settings)
+                api = Runwarden(self.web_settings())
                 self._supervisor.children.append(
                     ThreadChild("web view", make=lambda: self._web(api, user, password))
                 )
         return said
+
+    def web_settings(self) -> Settings:
+        """The settings the web view connects to Redis with: with the embedded server,
+        as its own user `web` (store/acl.py, `web_rules`: it reads the store and sends
+        stops and cancels, nothing else); else as serve itself does (the URL's user, or
+        `RUNWARDEN_REDIS_USER`)."""
+        if self.embedded is None:
+            return self.settings
+        return self.settings.model_copy(update={"redis_user": WEB_USER})
 
     def _metrics(self, port: int) -> tuple[threading.Thread, Callable[[], None]]:
         from .metrics import serve_metrics  # noqa: PLC0415 - the `web` extra, checked by prepare
@@ -281,7 +292,8 @@ class Service:
     def _processes(self) -> list[Child]:
         """The processes of `commands`, each named by what it runs. With the embedded
         server, the workers and beat connect as its `worker` user (no dangerous
-        command); Flower, the CLI and the web view as the operator."""
+        command); Flower as the operator (the web view, a thread, as `web`:
+        `web_settings`)."""
         as_worker = self.env
         if self.embedded is not None:
             as_worker = {**self.env, "RUNWARDEN_REDIS_USER": WORKER_USER}

@@ -9,11 +9,13 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,9 +26,11 @@ import redis
 
 from bench.harness.users import as_the_worker_args
 from schemas import Settings
+from schemas.secrets import service_redis_password_file
+from store.acl import WEB_USER, set_web_user
 from workers.target_versions import VERSIONS_FILE
 
-from ...conftest import ROOT
+from ...conftest import ROOT, wait_for
 from .test_cli import _embedded_env, ok, refused, run_cli
 from .test_flower import free_port
 
@@ -170,12 +174,13 @@ def test_no_credential_on_a_command_line_or_in_an_environment(served: Served) ->
     secrets = served.settings.secrets
     values = {
         name: secrets.read(name)
-        for name in ("redis-password", "flower-basic-auth", "producer.operator.key",
-                     "producer.worker.key", "HF_TOKEN")
+        for name in ("redis-password", "redis-password.worker", "redis-password.web",
+                     "flower-basic-auth", "producer.operator.key", "producer.worker.key",
+                     "HF_TOKEN")
     }  # fmt: skip
     needles = {name: v.get_secret_value().encode() for name, v in values.items() if v}
     needles["flower-password"] = needles["flower-basic-auth"].split(b":", 1)[1]
-    assert len(needles) == 6
+    assert len(needles) == 8
     checked = 0
     for pid in _descendants(served.proc.pid):
         environ = _read(f"/proc/{pid}/environ")
@@ -216,6 +221,57 @@ def test_redis_flower_and_the_web_view_are_never_open(served: Served) -> None:
         request = urllib.request.Request(url, headers={"Authorization": good})
         with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
             assert response.status == 200, url
+
+
+def _web(served: Served, path: str, form: dict[str, str] | None = None) -> tuple[int, str]:
+    """The status and body of `path` of serve's web view, with its credentials (a
+    `form` is POSTed from the view's own origin; a redirect is followed)."""
+    value = served.settings.secrets.read("flower-basic-auth")
+    assert value is not None
+    origin = f"http://127.0.0.1:{served.web_port}"
+    headers = {
+        "Authorization": "Basic " + base64.b64encode(value.get_secret_value().encode()).decode(),
+        "Origin": origin,
+    }
+    data = None if form is None else urllib.parse.urlencode(form).encode()
+    request = urllib.request.Request(origin + path, data=data, headers=headers)  # noqa: S310
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:  # noqa: S310
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def test_serve_s_web_view_connects_to_redis_as_its_own_user(served: Served) -> None:
+    """The web view, a thread of serve, connects to the embedded Redis as `web`
+    (store/acl.py, `web_rules`), not as the operator: once it served a run, `CLIENT
+    LIST` shows connections of `web`; a cancel sent from it works with nothing refused
+    (`ACL LOG`); with the user deleted (its connections end) the view cannot read the
+    store, and reads it again once the user is back."""
+    operator = redis.Redis.from_url(served.settings.store_url(), socket_timeout=5)
+    operator.acl_log_reset()
+    run_id = ok(_launch(served)).strip()
+    assert _web(served, f"/api/runs/{run_id}")[0] == 200
+    users = [c["user"] for c in operator.client_list()]
+    assert WEB_USER in users, users
+    status, page = _web(served, f"/runs/{run_id}")
+    assert status == 200
+    token = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert token, page
+    form = {"csrf": token.group(1), "confirmed": "yes"}
+    assert _web(served, f"/runs/{run_id}/cancel", form)[0] == 200  # the run page, after 303
+    record = json.loads(ok(run_cli(served.env, "show", run_id, "--json")))
+    assert record["state"] == "cancelled"
+    assert [e for e in operator.acl_log() if e["username"] == WEB_USER] == []
+    password = served.settings.secrets.read(service_redis_password_file(WEB_USER))
+    assert password is not None
+    try:
+        assert operator.acl_deluser(WEB_USER) == 1
+        assert _web(served, "/api/runs")[0] == 503
+    finally:
+        set_web_user(operator, password)
+    assert wait_for(lambda: _web(served, "/api/runs")[0] == 200)
+    operator.close()
 
 
 def _versions(served: Served) -> dict[str, int]:

@@ -122,6 +122,14 @@ def test_each_process_is_named_by_what_it_runs(tmp_path: Path) -> None:
     assert [_named(c) for c in commands] == names
 
 
+def test_the_web_view_connects_as_web_on_the_embedded_server_only(tmp_path: Path) -> None:
+    embedded = Service(Settings(state_dir=tmp_path), ServiceOptions(web=True))
+    assert embedded.web_settings().redis_user == "web"
+    assert embedded.settings.redis_user is None  # the rest of serve stays the operator
+    given = Settings(state_dir=tmp_path, redis_url="redis://redis:6379/0")  # type: ignore[arg-type]
+    assert Service(given, ServiceOptions(web=True)).web_settings() is given
+
+
 @pytest.mark.parametrize(
     ("options", "missing", "extra"),
     [
