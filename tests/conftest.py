@@ -25,6 +25,7 @@ from hypothesis import settings as hypothesis_settings
 
 from bench.harness.paths import JOBSIDE, ROOT, TOY_TRAINER
 from bench.harness.redis_server import RedisServer, running_redis
+from bench.harness.slurm import SlurmCluster, running_slurm
 from bench.harness.sshd import SshServer, running_sshd
 from schemas import JobId
 from workers.executors import LocalExecutor, LocalTransport, ScriptExecutor
@@ -156,9 +157,7 @@ class Target:
         a Python process that exits at once after the spawn, as a worker killed right
         then would; returns the job."""
         code = (
-            "import json, os, sys\n"
-            + self.spawner
-            + "from schemas import JobCommand\n"
+            "import json, os, sys\n" + self.spawner + "from schemas import JobCommand\n"
             "job = executor.spawn(JobCommand(dir=sys.argv[2], **json.loads(sys.argv[3])))\n"
             "print(job.model_dump_json(), flush=True)\n"
             "os._exit(0)\n"
@@ -194,8 +193,7 @@ def _shell(workdir: Path) -> Executor:
 
 
 _SPAWNERS = {
-    "local": "from workers.executors import LocalExecutor\n"
-    "executor = LocalExecutor(sys.argv[1])\n",
+    "local": "from workers.executors import LocalExecutor\nexecutor = LocalExecutor(sys.argv[1])\n",
     "shell": "from workers.executors import ScriptExecutor, LocalTransport\n"
     "executor = ScriptExecutor(LocalTransport(), sys.argv[1])\n",
 }
@@ -207,6 +205,25 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshServer]:
     known_hosts, run under a reaper (see bench/harness/sshd.py)."""
     with running_sshd(tmp_path_factory.mktemp("sshd")) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """One real single-node Slurm cluster (munged, slurmctld, slurmd on loopback) for
+    the session's process, started when a test first asks for it; a test that asks
+    for it fails (never skips) when Slurm cannot be started (bench/harness/slurm.py).
+    Its clients find it through `SLURM_CONF`, set in this process's environment while
+    it runs."""
+    with running_slurm(tmp_path_factory.mktemp("slurm")) as cluster:
+        before = os.environ.get("SLURM_CONF")
+        os.environ["SLURM_CONF"] = str(cluster.conf)
+        try:
+            yield cluster
+        finally:
+            if before is None:
+                os.environ.pop("SLURM_CONF", None)
+            else:
+                os.environ["SLURM_CONF"] = before
 
 
 @pytest.fixture(scope="session")
