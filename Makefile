@@ -4,7 +4,7 @@
 
 VENV ?= .venv
 PY := $(VENV)/bin/python
-APT_PACKAGES := redis-server openssh-server openssh-client busybox procps tar coreutils findutils iproute2 docker-compose chromium curl wget sudo util-linux passwd shellcheck
+APT_PACKAGES := redis-server openssh-server openssh-client busybox procps tar coreutils findutils iproute2 docker-compose chromium curl wget sudo util-linux passwd shellcheck slurmctld slurmd slurm-client munge
 PYTEST_ARGS ?=
 # pytest-xdist processes: the integration tests mostly wait (on services, jobs, SSH),
 # so more processes than cores pay; files are the unit of distribution, so a module's
@@ -34,7 +34,8 @@ system-deps:
 	    && command -v ps >/dev/null && command -v ssh-keygen >/dev/null && command -v ip >/dev/null && command -v docker-compose >/dev/null \
 	    && [ -x /usr/bin/chromium ] && command -v curl >/dev/null && command -v wget >/dev/null \
 	    && command -v sudo >/dev/null && command -v setpriv >/dev/null && command -v useradd >/dev/null \
-	    && command -v shellcheck >/dev/null; then :; \
+	    && command -v shellcheck >/dev/null && command -v sbatch >/dev/null \
+	    && [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && [ -x /usr/sbin/munged ]; then :; \
 	elif [ "$$(id -u)" = 0 ]; then \
 	  echo "installing $(APT_PACKAGES)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES) >/dev/null; \

@@ -28,6 +28,7 @@ from .protocol import check_run_cgroup
 
 __all__ = [
     "ENV_NAME",
+    "NO_PID",
     "SHELL_NAMES",
     "WATCHDOG_MAX_S",
     "Container",
@@ -125,6 +126,11 @@ class Container(BaseModel):
         return name
 
 
+NO_PID: Final = 2**22 + 1
+"""The `JobId.pid` of a Slurm job: above Linux's `PID_MAX_LIMIT` (2^22), so no process
+has it; a signal to it reaches nothing."""
+
+
 class JobId(BaseModel):
     """Handle of a started job, enough to find it again from any process."""
 
@@ -152,6 +158,11 @@ class JobId(BaseModel):
     every process of the job, whatever session or environment it made itself: a
     cancel ends them all through it. None: the job is not contained (the target
     cannot create one, or the job was adopted)."""
+    slurm: Annotated[int, Field(strict=True, gt=0, lt=2**32)] | None = None
+    """The Slurm job id of a job submitted to a Slurm cluster (`workers.executors.slurm`),
+    None for any other. Its processes are Slurm's to find and signal (the compute
+    node's, not the login node's): `pid` is then [`NO_PID`], which no process has, so
+    no process group of the login node is ever signalled for it."""
 
     @field_validator("dir")
     @classmethod
@@ -168,7 +179,7 @@ class JobId(BaseModel):
         # Without them, the JSON is overbrainer's shape to the byte.
         data = handler(self)
         if isinstance(data, dict):
-            for name in ("start", "mark", "cgroup"):
+            for name in ("start", "mark", "cgroup", "slurm"):
                 if data.get(name) is None:
                     data.pop(name, None)
         return data

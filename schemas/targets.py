@@ -15,7 +15,9 @@ from .preemption import PreemptionMode
 
 __all__ = [
     "RUN_AS_ROOT",
+    "SLURM_RESERVED_OPTIONS",
     "TARGET_NAME",
+    "SlurmOptions",
     "SshOptions",
     "TargetConfig",
     "TargetName",
@@ -67,6 +69,54 @@ class SshOptions(BaseModel):
     ssh_config: str | None = None
 
 
+_SLURM_NAME: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+_SBATCH_OPTION: Final = re.compile(r"--([a-z][a-z0-9-]{0,63})(?:=([^\x00\n\r]{0,512}))?")
+SLURM_RESERVED_OPTIONS: Final = frozenset({
+    "export", "export-file", "get-user-env", "signal", "chdir", "output", "error",
+    "input", "open-mode", "parsable", "wrap", "uid", "gid", "requeue", "no-requeue",
+    "array", "test-only", "wait", "hold", "job-name", "partition", "account",
+})  # fmt: skip
+"""`sbatch` options runwarden sets itself (`workers.executors.slurm`), refused in
+`SlurmOptions.sbatch_args`: the job's environment, signal, directory, output and
+requeueing are the protocol's."""
+
+
+class SlurmOptions(BaseModel):
+    """How a Slurm target's jobs are submitted: `partition` and `account` (`sbatch
+    --partition/--account`; none: the cluster's defaults), more `sbatch` options in
+    the long `--name[=value]` form (`--time=2:00:00`, `--gres=gpu:4`, `--qos=high`;
+    not one of [`SLURM_RESERVED_OPTIONS`]), and `signal_lead_s`: how long before the
+    time limit Slurm warns the job (`--signal=B:USR1@<lead>`, a `deadline` request;
+    Slurm may send it up to 60 s earlier)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    partition: str | None = None
+    account: str | None = None
+    sbatch_args: tuple[str, ...] = ()
+    signal_lead_s: Annotated[int, Field(strict=True, ge=1, le=65535)] = 300
+
+    @field_validator("partition", "account")
+    @classmethod
+    def _name(cls, value: str | None) -> str | None:
+        if value is not None and _SLURM_NAME.fullmatch(value) is None:
+            raise ValueError(f"{value[:40]!r} is not a Slurm partition or account name")
+        return value
+
+    @field_validator("sbatch_args")
+    @classmethod
+    def _args(cls, args: tuple[str, ...]) -> tuple[str, ...]:
+        for arg in args:
+            found = _SBATCH_OPTION.fullmatch(arg)
+            if found is None:
+                raise ValueError(
+                    f"{arg[:60]!r} is not an sbatch option of the form --name or --name=value"
+                )
+            if found.group(1) in SLURM_RESERVED_OPTIONS:
+                raise ValueError(f"--{found.group(1)} is set by runwarden on a Slurm target")
+        return args
+
+
 class TargetConfig(BaseModel):
     """A target as stored and shown: configuration the operator writes (signed, see
     `schemas.auth`), never something a message can create or change.
@@ -98,6 +148,11 @@ class TargetConfig(BaseModel):
     preemption: PreemptionMode = "off"
     """Whose preemption notices the target's runs watch by default (a run's own
     `LaunchSpec.preemption` wins): the machine's cloud, `auto`, or `off`."""
+    slurm: SlurmOptions | None = None
+    """Set for a Slurm cluster: the jobs are submitted with `sbatch` from the login
+    node (this machine for a local target, the SSH destination for an SSH one) and run
+    where Slurm puts them, as the user who submits them; `workdir` must be on a
+    filesystem the compute nodes share (`workers/executors/slurm.py`)."""
 
     @field_validator("workdir")
     @classmethod
@@ -137,6 +192,16 @@ class TargetConfig(BaseModel):
     def _ssh(self) -> TargetConfig:
         if (self.kind == "ssh") != (self.ssh is not None):
             raise ValueError("an ssh target needs its ssh options, and only it")
+        if self.slurm is not None and self.preemption != "off":
+            raise ValueError(
+                "a Slurm target's jobs get Slurm's own notices (time limit, preemption),"
+                " not a cloud's: preemption must be off"
+            )
+        if self.slurm is not None and self.run_as not in (None, RUN_AS_ROOT):
+            raise ValueError(
+                "a Slurm target's jobs run as the user who submits them (the worker's, or"
+                " the SSH login user): run_as is not supported there"
+            )
         if self.kind == "ssh" and self.run_as == RUN_AS_ROOT:
             raise ValueError(
                 "run_as root is for local targets: an ssh target's jobs run as its login "

@@ -27,9 +27,12 @@ from redis.exceptions import RedisError
 
 from schemas import NotFound, RunRecord, Settings, StoreError, TargetConfig, UnknownTarget
 from schemas.metrics import SCRIPT_TIMEOUTS, Sample
+from schemas.targets import SlurmOptions
 from store import RunStore
 
 from .executors import Executor, InvalidArgument, LocalExecutor, RunAsExecutor, ScriptExecutor
+from .executors.local import job_environment
+from .executors.transport import LocalTransport
 from .identity import Identities
 from .target_versions import TargetVersions
 from .webhooks import WebhookDelivery
@@ -174,6 +177,8 @@ def build_executor(config: TargetConfig) -> Executor:
         InvalidArgument: for an SSH destination or config that cannot be used, or a
             `run_as` user this machine does not have or cannot change to.
     """
+    if config.slurm is not None:
+        return _slurm_executor(config, config.slurm)
     if config.kind == "local" or config.ssh is None:
         if config.jobs_as_root:
             if os.geteuid() != 0:
@@ -194,6 +199,34 @@ def build_executor(config: TargetConfig) -> Executor:
         ssh_config=Path(ssh.ssh_config) if ssh.ssh_config else None,
         run_as=config.run_as,
     )
+
+
+def _slurm_executor(config: TargetConfig, options: SlurmOptions) -> Executor:
+    """The executor of a Slurm target: `sbatch` and the scripts on its login node, this
+    machine (as this process's user, the job's environment this process's less its
+    own variables) or the SSH destination (as its login user)."""
+    from .executors.slurm import SlurmExecutor  # noqa: PLC0415 - only with Slurm targets
+
+    if config.kind == "local" or config.ssh is None:
+        if os.geteuid() == 0 and not config.jobs_as_root:
+            raise InvalidArgument(
+                "this worker is root: a local Slurm target's jobs would run as root; say so"
+                " with run_as root"
+            )
+        transport = LocalTransport(env=job_environment(os.environ))
+        return SlurmExecutor(transport, config.workdir, options)
+    ssh = config.ssh
+    from .executors import SshExecutor  # noqa: PLC0415 - paramiko only when needed
+
+    login = SshExecutor.connect(
+        ssh.destination,
+        config.workdir,
+        port=ssh.port,
+        identity=Path(ssh.identity) if ssh.identity else None,
+        known_hosts=Path(ssh.known_hosts) if ssh.known_hosts else None,
+        ssh_config=Path(ssh.ssh_config) if ssh.ssh_config else None,
+    )
+    return SlurmExecutor(login.transport, config.workdir, options)
 
 
 def utcnow() -> datetime:

@@ -82,7 +82,8 @@ def check_launch(ctx: Context, spec: LaunchSpec) -> Permit:
 
     Raises:
         UnknownTarget, Unauthenticated: no usable target.
-        NotAllowed: a secret or the upload is not allowed on the target; a local
+        NotAllowed: a secret or the upload is not allowed on the target; a cloud's
+            preemption notices asked on a Slurm target; a local
             target without `run_as` on a worker that is root (its jobs would run as
             root without the operator having said so: `run_as: root` says it).
         SecretMissing: an allowed secret has no value here.
@@ -94,6 +95,11 @@ def check_launch(ctx: Context, spec: LaunchSpec) -> Permit:
             f"target {target.name!r} would run its jobs as root (this worker is root, and "
             "the target names no other user): give it `--run-as USER`, a user of their "
             "own, or `--run-as root` to accept that (docs/security.md)"
+        )
+    if target.slurm is not None and spec.preemption not in (None, "off"):
+        raise NotAllowed(
+            f"target {target.name!r} is a Slurm cluster: Slurm's own notices (its time limit,"
+            " its preemptions) reach the job there, not a cloud's; launch without --preemption"
         )
     refused = target.refused_secrets(spec.secrets)
     if refused:

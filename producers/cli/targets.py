@@ -105,6 +105,41 @@ def targets_add(
             "auto or off (docs/preemption.md).",
         ),
     ] = "off",
+    slurm: Annotated[
+        bool,
+        typer.Option(
+            "--slurm",
+            help="A Slurm cluster: jobs are submitted with sbatch from the login node (this "
+            "machine, or --ssh) into --workdir, which the compute nodes must share "
+            "(docs/slurm.md).",
+        ),
+    ] = False,
+    partition: Annotated[
+        str | None,
+        typer.Option(metavar="P", help="With --slurm: the partition (default: the cluster's)."),
+    ] = None,
+    account: Annotated[
+        str | None,
+        typer.Option(metavar="A", help="With --slurm: the account (default: the user's)."),
+    ] = None,
+    sbatch_arg: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="--NAME[=VALUE]",
+            help="With --slurm: one more sbatch option, such as --time=4:00:00 or "
+            "--gres=gpu:2 (repeat for several).",
+        ),
+    ] = None,
+    signal_lead: Annotated[
+        int,
+        typer.Option(
+            metavar="S",
+            min=1,
+            max=65535,
+            help="With --slurm: seconds before the time limit at which the job is asked "
+            "for a deadline snapshot (sbatch --signal=B:USR1@S).",
+        ),
+    ] = 300,
     as_json: Annotated[bool, json_option("the target's record")] = False,
 ) -> None:
     """Add (or replace) a target, signed with the operator's key: only the operator
@@ -115,9 +150,12 @@ def targets_add(
     Examples:
       runwarden targets add here --workdir /data/runs
       runwarden targets add gpu1 --workdir /srv/runs --ssh me@gpu1:2222 --allow-secret HF_TOKEN
+      runwarden targets add cluster --slurm --ssh me@login1 --workdir /shared/runs \\
+          --partition gpu --sbatch-arg=--time=12:00:00 --sbatch-arg=--gres=gpu:4
     """
 
     from schemas import SshOptions, TargetConfig
+    from schemas.targets import SlurmOptions
 
     def build() -> TargetConfig:
         options = None
@@ -130,6 +168,14 @@ def targets_add(
             )  # fmt: skip
         elif any(v is not None for v in (port, identity, known_hosts, ssh_config)):
             raise ValueError("--port, --identity, --known-hosts and --ssh-config need --ssh")
+        cluster = None
+        if slurm:
+            cluster = SlurmOptions(
+                partition=partition, account=account, sbatch_args=tuple(sbatch_arg or ()),
+                signal_lead_s=signal_lead,
+            )  # fmt: skip
+        elif partition is not None or account is not None or sbatch_arg or signal_lead != 300:
+            raise ValueError("--partition, --account, --sbatch-arg and --signal-lead need --slurm")
         return TargetConfig(
             name=name,
             kind="ssh" if options else "local",
@@ -139,6 +185,7 @@ def targets_add(
             upload_roots=tuple(str(p.expanduser().absolute()) for p in upload_root or ()),
             run_as=run_as,
             preemption=preemption,
+            slurm=cluster,
         )
 
     config = run_op(build)
@@ -150,7 +197,8 @@ def targets_add(
     as_user = f", jobs run as {config.run_as}" if config.run_as else ""
     if config.preemption != "off":
         as_user += f", {config.preemption} preemption notices watched"
-    say(f"target {name}: {config.kind}, {config.workdir}{as_user}")
+    kind = f"Slurm through {config.kind} login" if config.slurm else config.kind
+    say(f"target {name}: {kind}, {config.workdir}{as_user}")
 
 
 @targets_app.command("ls")
@@ -176,7 +224,8 @@ def targets_ls(as_json: Annotated[bool, json_option("the targets' records")] = F
     for t in targets:
         ssh = escape(t.ssh.destination) if t.ssh else ""
         signed = {True: "yes", False: "NO: refused by the workers", None: "?"}[verified.get(t.name)]
-        table.add_row(t.name, t.kind, escape(t.workdir), ssh, t.run_as or "", t.preemption, signed)
+        kind = f"slurm ({t.kind} login)" if t.slurm else t.kind
+        table.add_row(t.name, kind, escape(t.workdir), ssh, t.run_as or "", t.preemption, signed)
     print_table(table)
 
 
