@@ -31,6 +31,7 @@ from schemas.snapshot import Proof
 from .cancel_mark import CANCEL_RETRY_MAX_S, CANCEL_RETRY_S, cancel_key, cancelling_now
 from .context import Context, utcnow
 from .executors import CANCEL_DEADLINE_S, ExecError, ProtocolError
+from .executors.slurm import SlurmExecutor
 from .finish import finish, read_proof
 from .notify import emit
 from .stops import proof_seen
@@ -84,6 +85,31 @@ def on_deadline(ctx: Context, run_id: str, stop_id: str, now: datetime) -> str:
         return _proof_deadline(ctx, stop, run, read_proof(executor, run), now)
     note = "the job saved its snapshot but did not end: cancelling it"
     return _escalate(ctx, stop, note, now)
+
+
+def cancel_if_queued(ctx: Context, stop: StopState, now: datetime) -> str | None:
+    """Cancels at once, rather than at its proof deadline, the job of the newly opened
+    `stop` (waiting for its proof) when its scheduler still holds it queued (a Slurm
+    job `PENDING`): nothing of it ran, so nothing can be saved, and left queued it
+    would start, run to its first step end and save for nothing. What the cancel did
+    ([`_escalate`]), or None when the job is not a queued one (or its state cannot be
+    read: the proof deadline acts then)."""
+    if stop.phase is not StopPhase.WAITING_PROOF:
+        return None
+    run = ctx.store.runs.get(stop.run_id)
+    if run.job is None or run.job.slurm is None or run.state.is_terminal:
+        return None
+    executor = ctx.executor(run.target)
+    if not isinstance(executor, SlurmExecutor):
+        return None
+    try:
+        state = executor.slurm_states([run.job]).get(run.job.slurm)
+    except ExecError as error:
+        log.warning("run %s: its Slurm state cannot be read: %s", run.id, error)
+        return None
+    if state is None or state.state != "PENDING":
+        return None
+    return _escalate(ctx, stop, f"the Slurm job never started ({state}): nothing to save", now)
 
 
 def _proof_deadline(

@@ -205,14 +205,17 @@ def follow(body: Any = None, auth: Any = None) -> dict[str, Any]:
 @app.task(name=TASK_SNAPSHOT_REQUEST, throws=REFUSALS)
 def snapshot_request(body: Any = None, auth: Any = None) -> dict[str, Any]:
     request, producer = _parse(SnapshotRequestBody, body, auth, TASK_SNAPSHOT_REQUEST)
+    ctx, now = context(), utcnow()
     stop = stops.request_snapshot(
-        context(),
+        ctx,
         request.run_id,
         request.reason,
         asked_by(producer, request.asked_by),
-        utcnow(),
+        now,
         only_if_none_open=request.only_if_none_open,
     )
+    if cancels.cancel_if_queued(ctx, stop, now) is not None:
+        stop = ctx.store.stops.get(request.run_id) or stop
     return stop.model_dump(mode="json")
 
 
