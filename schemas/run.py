@@ -181,6 +181,10 @@ class RunRecord(BaseModel):
     preemption_mode: PreemptionMode | None = None
     """The run's own `--preemption` (`LaunchSpec.preemption`), kept for its resumes and
     continuations; None: it took its target's setting."""
+    scheduler: str | None = Field(default=None, max_length=300)
+    """What the target's scheduler last said of the job, as the follow read it: for a
+    Slurm job `Slurm job <id>: <STATE> (<reason>)` (`PENDING (Resources)`, `RUNNING`,
+    `TIMEOUT`, ...); None on a target without one."""
 
     @property
     def job_mark(self) -> str:

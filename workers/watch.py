@@ -257,6 +257,8 @@ def _act(ctx: Context, item: _Item, executor: Executor, now: datetime) -> int:
     someone else wrote (a stop opened for each, the notice's first), its end; 1 when
     it ended, else 0."""
     run, _, update, _ = item
+    if update.scheduler is not None and update.scheduler != run.scheduler:
+        _record_scheduler(ctx, run.id, update.scheduler)
     observe_notices(ctx, run, update, now)  # a cloud's notice opens its stop first
     if update.request is not None and ctx.store.stops.get(run.id) is None:
         notice_request(ctx, run, update.request, now)
@@ -276,6 +278,17 @@ def _act(ctx: Context, item: _Item, executor: Executor, now: datetime) -> int:
     if not isinstance(update.status, JobStatus):
         log.warning("run %s: %s", run.id, update.status)
     return 0
+
+
+def _record_scheduler(ctx: Context, run_id: str, said: str) -> None:
+    """Records what the target's scheduler says of run `run_id`'s job, when it changed."""
+
+    def mutate(current: RunRecord) -> RunRecord | None:
+        if current.scheduler == said:
+            return None
+        return current.model_copy(update={"scheduler": said})
+
+    ctx.store.runs.update(run_id, mutate)
 
 
 def _confirmed(run: RunRecord, seen: JobStatus, executor: Executor) -> bool:

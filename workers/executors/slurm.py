@@ -152,6 +152,11 @@ def batch_script(job: JobCommand) -> str:
     return "#!/bin/sh\nset -- " + " ".join(quote(w) for w in words) + "\n" + sh("slurm_batch")
 
 
+def _said(job: JobId, states: Mapping[int, SlurmState]) -> str | None:
+    state = states.get(job.slurm) if job.slurm is not None else None
+    return None if state is None else f"Slurm job {job.slurm}: {state}"
+
+
 class SlurmExecutor(ScriptExecutor):
     """Runs jobs on a Slurm cluster through its login node, reached by `transport`,
     in run directories under `workdir` (see the module). The submitting shell's
@@ -275,7 +280,11 @@ class SlurmExecutor(ScriptExecutor):
         plain = [entry._replace(job=self._files_only(entry.job)) for entry in entries]
         updates = super().follow(plain, timeout_s, log_chunk)
         return [
-            replace(update, status=self._decide(entry.job, update.status, states))
+            replace(
+                update,
+                status=self._decide(entry.job, update.status, states),
+                scheduler=_said(entry.job, states),
+            )
             for entry, update in zip(entries, updates, strict=True)
         ]
 

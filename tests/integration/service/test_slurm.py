@@ -73,6 +73,9 @@ def test_a_run_on_slurm_is_followed_and_stopped_with_its_checkpoint(service: Ser
     assert run.job.slurm is not None
     assert service.slurm.wait_state(str(run.job.slurm), {"RUNNING"}) == "RUNNING"
     service.pipeline.wait_step(run.id, 5, timeout_s=30)
+    # What Slurm says of the job is in the run's record (`show` prints it).
+    said = f"Slurm job {run.job.slurm}: RUNNING"
+    wait_for(lambda: api.get_run(run.id).scheduler == said, 10)
     api.stop(run.id)
     done, _ = service.pipeline.wait_terminal(run.id, timeout_s=60)
     assert done.state is RunState.STOPPED, done
@@ -95,6 +98,8 @@ def test_a_run_held_pending_is_stopped_before_it_starts(service: Service) -> Non
         run = api.launch(toy(service, "cluster"), wait_s=60)
         assert run.job is not None
         assert slurm.state(str(run.job.slurm)) == "PENDING"
+        wait_for(lambda: (api.get_run(run.id).scheduler or "").startswith("Slurm job"), 10)
+        assert "PENDING" in (api.get_run(run.id).scheduler or "")
         asked = time.time()
         api.stop(run.id)
         done, ended = service.pipeline.wait_terminal(run.id, timeout_s=30)

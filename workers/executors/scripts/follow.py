@@ -164,6 +164,9 @@ class FollowUpdate:
     """The first `PROOF_LIMIT` bytes of `snapshot.json` when the entry asked for its
     proof, it is a regular file and it changed since `proof_seen`, else None (parse
     with `schemas.parse_proof`)."""
+    scheduler: str | None = None
+    """What the target's scheduler says of the job (a Slurm target's `Slurm job <id>:
+    <STATE> (<reason>)`), None without a scheduler or when it no longer knows the job."""
     proof_sig: str = ""
     """The signature of `snapshot.json` read or found unchanged (`SIZE:MTIME`; empty
     when unknown): the next tick's `FollowEntry.proof_seen`."""
