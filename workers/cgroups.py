@@ -146,6 +146,8 @@ def containment(
     """Why runs on `target` are not contained, for people; None when they are (each
     gets a cgroup of its own). A target over SSH is asked through its `executor`
     (a root login, or one whose cgroup is delegated to it: `SshExecutor.cgroup_base`)."""
+    if target.slurm is not None:
+        return "Slurm runs the jobs: their containment is its own (its ProctrackType)"
     if not settings.cgroups:
         return "cgroups are turned off (RUNWARDEN_CGROUPS=0)"
     if target.kind != "local":

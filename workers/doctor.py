@@ -128,8 +128,12 @@ def doctor(ctx: Context, target: str, now: datetime) -> DoctorReport:
     try:
         findings = ctx.executor(target).doctor(disk_used_fraction=ctx.settings.disk_used_fraction)
         checks, clock = findings.checks, findings.clock
-        containment_check = _containment_check(config, ctx, ctx.executor(target))
-        checks = (*checks, containment_check, _job_user_check(config))
+        if config.slurm is not None:
+            # Slurm contains its jobs: the executor's `containment` check says how well.
+            checks = (*checks, _job_user_check(config))
+        else:
+            containment_check = _containment_check(config, ctx, ctx.executor(target))
+            checks = (*checks, containment_check, _job_user_check(config))
     except ExecError as error:
         found = " ".join(str(error).split())[:500] or type(error).__name__
         checks = (

@@ -33,8 +33,10 @@ Containment is Slurm's: `ProctrackType=proctrack/cgroup` finds every process of 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import posixpath
+import secrets as _secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Final
@@ -42,12 +44,16 @@ from typing import Final
 from pydantic import ValidationError
 
 from schemas import JobCommand, JobId, JobStatus
+from schemas.doctor import CLOCK_SKEW_WARN_S, DoctorCheck
 from schemas.job import NO_PID
+from schemas.policy import DISK_USED_LIMIT
 from schemas.protocol import MARK_ENV, MARK_FORM, RUN_ID_ENV
 from schemas.targets import SlurmOptions
 
 from . import scripts
-from .errors import CommandError, InvalidArgument, ProtocolError
+from .doctor import DoctorFindings
+from .doctor_checks import make_check
+from .errors import CommandError, ExecError, InvalidArgument, ProtocolError
 from .scripts import FollowEntry, FollowUpdate
 from .scripts.common import Script, quote, sh
 from .scripts.launch import job_shell_script
@@ -62,6 +68,7 @@ __all__ = [
     "batch_script",
     "parse_squeue",
     "sbatch_args",
+    "slurm_checks",
 ]
 
 ACTIVE_STATES: Final = frozenset({
@@ -155,6 +162,66 @@ def batch_script(job: JobCommand) -> str:
 def _said(job: JobId, states: Mapping[int, SlurmState]) -> str | None:
     state = states.get(job.slurm) if job.slurm is not None else None
     return None if state is None else f"Slurm job {job.slurm}: {state}"
+
+
+_NO_SLURM: Final = "every run of this target: none can be submitted, followed or cancelled"
+DOCTOR_SLURM_TIMEOUT_S: Final = 40.0
+"""Deadline of the Slurm part of `doctor`, in seconds: its test job waits 20 s at most."""
+
+
+def slurm_checks(found: Mapping[str, str], workdir: str) -> list[DoctorCheck]:
+    """The checks of a Slurm login node's probe (`sh/slurm_doctor.sh`'s `KEY=VALUE`
+    lines): `slurm` (the commands), `partition`, `containment` (Slurm's
+    `ProctrackType`) and `shared-workdir` (the test job's file seen here)."""
+    commands = ["sbatch", "squeue", "scontrol", "scancel", "sinfo"]
+    lacking = [c for c in commands if found.get(f"cmd-{c}") != "yes"]
+    version = found.get("version", "").strip() or "no version"
+    if lacking:
+        return [make_check("slurm", "missing", f"no {', '.join(lacking)}", _NO_SLURM)]
+    checks = [make_check("slurm", "ok", f"{version}: {', '.join(commands)}", "")]
+    partition = found.get("partition", "")
+    state = found.get("partition-state", "").strip()
+    if not partition or not state:
+        checks.append(make_check(
+            "partition", "missing", f"{partition or 'no default partition'}: unknown to sinfo",
+            "every launch: sbatch refuses a job for a partition it does not know",
+        ))  # fmt: skip
+    elif state != "up":
+        checks.append(make_check(
+            "partition", "warn", f"{partition}: {state}",
+            "new runs wait in the queue until the partition is up",
+        ))  # fmt: skip
+    else:
+        checks.append(make_check("partition", "ok", f"{partition}: up", ""))
+    proctrack = found.get("proctrack", "").strip() or "unknown"
+    if proctrack == "proctrack/cgroup":
+        checks.append(make_check(
+            "containment", "ok", f"{proctrack}: Slurm finds every process of a job", "",
+        ))  # fmt: skip
+    else:
+        checks.append(make_check(
+            "containment", "warn", f"{proctrack}: Slurm finds a job's processes by their group",
+            "containment: a process of a run that leaves its process group (`setsid`) "
+            "outlives the run's cancel (ProctrackType=proctrack/cgroup contains it)",
+        ))  # fmt: skip
+    shared = found.get("shared", "").strip()
+    if shared == "yes":
+        checks.append(make_check(
+            "shared-workdir", "ok", f"{workdir}: a compute node's file seen here", "",
+        ))  # fmt: skip
+    elif shared.startswith("pending"):
+        waiting = shared.removeprefix("pending ")
+        checks.append(make_check(
+            "shared-workdir", "warn", f"not checked: the test job is {waiting}",
+            "nothing yet; if the compute nodes do not share the workdir, no run can start",
+        ))  # fmt: skip
+    else:
+        why = shared or "no answer"
+        checks.append(make_check(
+            "shared-workdir", "missing", f"{workdir}: the test job's file not seen ({why})",
+            "every run: the job, its proof and its checkpoint must be in the shared workdir",
+        ))  # fmt: skip
+    return checks
 
 
 class SlurmExecutor(ScriptExecutor):
@@ -304,6 +371,31 @@ class SlurmExecutor(ScriptExecutor):
         result = self._run(script, "cancel", timeout_s=SLURM_CANCEL_DEADLINE_S)
         if result.exit_code != 0:
             raise CommandError("cancel", error_line(result.stderr, result.exit_code))
+
+    def doctor(
+        self,
+        *,
+        disk_used_fraction: float = DISK_USED_LIMIT,
+        skew_warn_s: float = CLOCK_SKEW_WARN_S,
+    ) -> DoctorFindings:
+        """As [`Executor.doctor`] of the login node, plus what a Slurm target needs
+        ([`slurm_checks`]): its commands, the partition, how Slurm contains a job, and
+        a test job proving the workdir is shared with the compute nodes (up to 20 s).
+        A probe that cannot run gives one `slurm` check, missing."""
+        found = super().doctor(disk_used_fraction=disk_used_fraction, skew_warn_s=skew_warn_s)
+        args = [self.workdir, _secrets.token_hex(8), self._options.partition or ""]
+        if self._options.account is not None:
+            args.append(f"--account={self._options.account}")
+        script = Script(sh("slurm_doctor"), (*args, *self._options.sbatch_args))
+        try:
+            result = self._run(script, "doctor", timeout_s=DOCTOR_SLURM_TIMEOUT_S)
+        except ExecError as error:
+            checks = [make_check("slurm", "missing", str(error), _NO_SLURM)]
+        else:
+            text = result.stdout.decode("utf-8", "replace")
+            pairs = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+            checks = slurm_checks(pairs, self.workdir)
+        return dataclasses.replace(found, checks=(*found.checks, *checks))
 
     def release(self, job: JobId) -> None:
         """Nothing: Slurm ends what is left of a job when its batch script ends

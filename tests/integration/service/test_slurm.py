@@ -129,3 +129,13 @@ def test_cancel_goes_through_scancel(service: Service) -> None:
     done = api.cancel(run.id)
     wait_for(lambda: api.get_run(run.id).state is RunState.CANCELLED, 30)
     assert service.slurm.state(str(run.job.slurm)) in {"CANCELLED", "FAILED"}, done
+
+
+def test_doctor_of_a_slurm_target(service: Service) -> None:
+    report = service.pipeline.api.doctor("cluster")
+    names = {check.name: check for check in report.checks}
+    assert names["shared-workdir"].status == "ok", names["shared-workdir"]
+    assert names["containment"].status == "warn"
+    # Slurm contains its jobs: no cgroup of the worker's is offered or said missing.
+    assert "cgroup" not in names
+    assert names["job-user"].status == "warn"

@@ -237,3 +237,23 @@ def test_a_login_node_over_ssh_submits_follows_and_cancels(
         assert _state(slurm, job) not in {"RUNNING", "COMPLETING"}
     finally:
         ssh.close()
+
+
+def test_doctor_checks_the_commands_partition_containment_and_shared_workdir(
+    executor: SlurmExecutor, work: Path
+) -> None:
+    checks = {c.name: c for c in executor.doctor().checks}
+    assert checks["slurm"].status == "ok"
+    assert "22." in checks["slurm"].found or "slurm" in checks["slurm"].found
+    assert (checks["partition"].status, checks["partition"].found) == ("ok", "debug: up")
+    # The test cluster tracks processes by their group: said, with what it leaves open.
+    assert checks["containment"].status == "warn"
+    assert "proctrack/pgid" in checks["containment"].found
+    assert "setsid" in checks["containment"].breaks
+    assert checks["shared-workdir"].status == "ok", checks["shared-workdir"]
+    assert not list(work.glob(".runwarden-doctor.*"))
+    bad = SlurmExecutor(executor.transport, str(work), SlurmOptions(partition="nowhere"))
+    checks = {c.name: c for c in bad.doctor().checks}
+    assert checks["partition"].status == "missing"
+    assert checks["shared-workdir"].status == "missing"
+    assert "refused" in checks["shared-workdir"].found
