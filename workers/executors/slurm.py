@@ -12,12 +12,14 @@ transport (this machine, or an SSH destination).
   state directory, readable by its `SlurmUser` only, as for every Slurm job. The job
   runs as the user who submits it.
 - **Status and follow**: one `squeue` per call for all the target's jobs, before the
-  run directories are read. A job Slurm has queued or running (not yet
-  `COMPLETING`) is running whatever its files say (a job cannot write its own end);
-  otherwise the files decide as everywhere (`exit_code`, `cancelled`), and a job that
-  ended without an exit code (its node failed, its time ran out before it could
-  write one, someone else's `scancel`) is lost. Slurm's state and reason of each job
-  are [`SlurmExecutor.slurm_states`].
+  run directories are read. A job Slurm has queued or running is running whatever its
+  files say (a job cannot write its own end). One it is ending (`COMPLETING`: a
+  preemption's grace time, the time limit's `KillWait`) is running until its batch
+  script writes its end (`exit_code`, or `cancelled` by a cancel): it may still be
+  saving. Otherwise the files decide as everywhere, and a job that ended without an
+  exit code (its node failed, its time ran out before it could write one, someone
+  else's `scancel`) is lost. Slurm's state and reason of each job are
+  [`SlurmExecutor.slurm_states`].
 - **Cancel**: `cancelling`, then `scancel`: a job that never started leaves the queue,
   a running one gets SIGTERM on every process of every step and SIGKILL after the
   cluster's `KillWait` (its grace); the batch script waits for the job meanwhile.
@@ -76,9 +78,9 @@ ACTIVE_STATES: Final = frozenset({
     "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT",
     "RESV_DEL_HOLD", "SPECIAL_EXIT",
 })  # fmt: skip
-"""Slurm job states in which the job is queued or its batch script still runs: the
-run is running. `COMPLETING` is not among them: the batch script has ended (its exit
-code is written) and Slurm is cleaning up."""
+"""Slurm job states in which the job is queued or its batch script runs: the run is
+running. `COMPLETING` is not among them: Slurm is ending the job, whose batch script
+may have written its end already."""
 SLURM_CANCEL_DEADLINE_S: Final = 80.0
 """The deadline of a cancel's script, in seconds: its wait for the job's end, the
 cluster's KillWait (at most 50 s counted) plus 8 s in looks 0.2 s apart, each a
@@ -317,9 +319,11 @@ class SlurmExecutor(ScriptExecutor):
         job: JobId, files: JobStatus | ProtocolError, states: Mapping[int, SlurmState]
     ) -> JobStatus | ProtocolError:
         state = states.get(job.slurm) if job.slurm is not None else None
-        if files == JobStatus.CANCELLED and not (state is not None and state.active):
-            return files
         if state is not None and state.active:
+            return JobStatus.RUNNING
+        if state is not None and state.state == "COMPLETING" and files == JobStatus.LOST:
+            # Slurm ends the job (a preemption's grace time, the time limit's KillWait)
+            # and its batch script has not written its end: it may still be saving.
             return JobStatus.RUNNING
         return files
 

@@ -18,8 +18,11 @@ import pytest
 
 from bench.harness.pipeline import Pipeline, running_pipeline
 from bench.harness.slurm import SlurmCluster
-from schemas import RunState, SnapshotReason, TargetConfig
+from schemas import RunRecord, RunState, SnapshotReason, TargetConfig
+from schemas.auth import WORKER
+from schemas.chain import OnPreempt, continuation_key
 from schemas.events import LaunchSpec
+from schemas.idempotency import owned_launch_key
 from schemas.targets import SlurmOptions
 from workers.executors import quote
 
@@ -53,6 +56,12 @@ def service(slurm: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> It
         short = SlurmOptions(sbatch_args=("--time=1",), signal_lead_s=55)
         pipeline.api.add_target(
             TargetConfig(name="short", workdir=str(base / "shared"), slurm=short, **common)  # type: ignore[arg-type]
+        )
+        # Its jobs take every CPU of the node in the preemptible partition: a job of
+        # `high` preempts them (SIGTERM, 20 s of grace: bench/harness/slurm.py).
+        low = SlurmOptions(partition="low", sbatch_args=(f"--cpus-per-task={slurm.cpus}",))
+        pipeline.api.add_target(
+            TargetConfig(name="preemptible", workdir=str(base / "shared"), slurm=low, **common)  # type: ignore[arg-type]
         )
         try:
             yield Service(pipeline, slurm, source)
@@ -139,3 +148,37 @@ def test_doctor_of_a_slurm_target(service: Service) -> None:
     # Slurm contains its jobs: no cgroup of the worker's is offered or said missing.
     assert "cgroup" not in names
     assert names["job-user"].status == "warn"
+
+
+def test_a_run_slurm_preempts_is_stopped_with_its_checkpoint_and_resumed(
+    service: Service,
+) -> None:
+    api, slurm = service.pipeline.api, service.slurm
+    spec = toy(service, "preemptible").model_copy(update={"on_preempt": OnPreempt()})
+    first = api.launch(spec, wait_s=60)
+    service.pipeline.wait_step(first.id, 3, timeout_s=30)
+    high = slurm.run("sbatch", "--parsable", "-p", "high", "--wrap", "sleep 3").strip()
+    try:
+        ended = service.pipeline.wait_state(first.id, timeout_s=90)
+        assert ended.state is RunState.STOPPED, (ended, service.pipeline.logs()[-3000:])
+        assert ended.snapshot is not None
+        assert ended.snapshot.reason is SnapshotReason.PREEMPTED
+        assert ended.job is not None
+        # Saved within its grace: Slurm did not have to kill it.
+        assert slurm.state(str(ended.job.slurm)) in {"PREEMPTED", "COMPLETED"}
+        step = ended.snapshot.step
+        second_id = wait_for(
+            lambda: api.store.launches.launch(owned_launch_key(WORKER, continuation_key(first.id))),
+            timeout_s=60,
+        )
+        second = wait_for(lambda: (r := api.get_run(str(second_id))).job and r, 60)
+        assert isinstance(second, RunRecord)
+        assert second.resumed_from == first.id
+        assert second.job is not None
+        assert second.job.slurm != ended.job.slurm  # a new submission
+        # Queued behind the job that preempted it, then on from the checkpoint.
+        service.pipeline.wait_step(second.id, step + 2, timeout_s=60)
+        log = (Path(second.remote_dir) / "job.log").read_text()
+        assert f"resuming from {second.remote_dir}/output/checkpoint-{step}" in log, log[-2000:]
+    finally:
+        slurm.run("scancel", high, check=False)
