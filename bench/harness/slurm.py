@@ -194,9 +194,10 @@ def _config(root: Path, host: str, node: str, cpus: int) -> str:
         "KillWait=10",
         f"NodeName={node} NodeHostname={host} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN",
         # Preemption by partition: a job of `high` preempts one of `low`, which gets
-        # SIGTERM and 20 s of grace before it is cancelled; `debug` is never preempted.
+        # SIGTERM and 20 s of grace before it is requeued (runwarden submits --no-requeue:
+        # ended, PREEMPTED, instead); `debug` is never preempted.
         "PreemptType=preempt/partition_prio",
-        "PreemptMode=CANCEL",
+        "PreemptMode=REQUEUE",
         "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP PreemptMode=OFF",
         "PartitionName=low Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=1 GraceTime=20",
         "PartitionName=high Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF",
