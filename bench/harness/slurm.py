@@ -7,7 +7,9 @@ database (`ProctrackType=proctrack/pgid`, `TaskPlugin=task/none`,
 socket in that directory (`AuthInfo=socket=...`), picks free TCP ports on loopback for
 the two daemons, starts them in the foreground and waits, up to 30 s, for the node to
 be `idle`. Clients find the cluster by `SLURM_CONF` ([`SlurmCluster.env`]); nothing
-is written outside the directory, so two clusters can run side by side.
+is written outside the directory (but for the sockets of a long one: in a short
+private directory of the system's temporary one, removed at the end), so two
+clusters can run side by side.
 
 Every daemon dies with the thread that started it (`PR_SET_PDEATHSIG`); at the end
 every job is cancelled (`scancel --full`, SIGKILL) before the daemons get SIGTERM.
@@ -23,6 +25,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -33,6 +36,8 @@ from .redis_server import _die_with_parent
 __all__ = ["SlurmCluster", "running_slurm", "slurm_missing"]
 
 _READY_S = 30.0
+_SHORT = 40
+"""Longest directory whose sockets stay under the limit of a unix socket's path."""
 _COMMANDS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel")
 
 
@@ -163,14 +168,14 @@ class SlurmCluster:
                 continue
 
 
-def _config(root: Path, host: str, node: str, cpus: int) -> str:
+def _config(root: Path, sockets: Path, host: str, node: str, cpus: int) -> str:
     return "\n".join([
         "ClusterName=rwtest",
         f"SlurmctldHost={host}(127.0.0.1)",
         f"SlurmctldPort={_free_port()}",
         f"SlurmdPort={_free_port()}",
         "AuthType=auth/munge",
-        f"AuthInfo=socket={root}/munge/munge.socket",
+        f"AuthInfo=socket={sockets}/munge/munge.socket",
         "CredType=cred/munge",
         "ProctrackType=proctrack/pgid",
         "TaskPlugin=task/none",
@@ -182,7 +187,7 @@ def _config(root: Path, host: str, node: str, cpus: int) -> str:
         "SlurmUser=root",
         "SlurmdUser=root",
         f"StateSaveLocation={root}/state",
-        f"SlurmdSpoolDir={root}/spool",
+        f"SlurmdSpoolDir={sockets}/spool",
         f"SlurmctldPidFile={root}/slurmctld.pid",
         f"SlurmdPidFile={root}/slurmd.pid",
         f"SlurmctldLogFile={root}/log/slurmctld.log",
@@ -218,29 +223,34 @@ def running_slurm(root: Path) -> Iterator[SlurmCluster]:
         raise RuntimeError(f"Slurm is not installed here: no {', '.join(missing)}")
     if os.geteuid() != 0:
         raise RuntimeError("a test Slurm cluster needs root (slurmd starts jobs as users)")
-    for sub in ("munge", "state", "spool", "log"):
+    # Unix socket paths hold about 107 bytes: munged's socket and the step daemons'
+    # (in the spool) go to a short private directory when `root` is long.
+    sockets = root if len(str(root)) <= _SHORT else Path(tempfile.mkdtemp(prefix="rw-slurm-"))
+    for sub in ("state", "log"):
         (root / sub).mkdir(parents=True, exist_ok=True)
-    (root / "munge").chmod(0o700)
-    key = root / "munge" / "munge.key"
+    for sub in ("munge", "spool"):
+        (sockets / sub).mkdir(parents=True, exist_ok=True)
+    (sockets / "munge").chmod(0o700)
+    key = sockets / "munge" / "munge.key"
     key.write_bytes(os.urandom(1024))
     key.chmod(0o400)
     host = socket.gethostname().split(".")[0]
     node = f"rw{os.getpid()}"
     cpus = max(2, os.cpu_count() or 2)
     conf = root / "slurm.conf"
-    conf.write_text(_config(root, host, node, cpus))
+    conf.write_text(_config(root, sockets, host, node, cpus))
     cluster = SlurmCluster(root=root, conf=conf, node=node, cpus=cpus)
     sbin = "/usr/sbin"
     env = {**cluster.env, "PATH": os.environ.get("PATH", "") + f":{sbin}"}
     try:
         cluster._start(
             [shutil.which("munged", path=env["PATH"]) or "munged", "-F", "-f",
-             f"--socket={root}/munge/munge.socket", f"--key-file={key}",
-             f"--log-file={root}/log/munged.log", f"--pid-file={root}/munge/munged.pid",
-             f"--seed-file={root}/munge/seed"],
+             f"--socket={sockets}/munge/munge.socket", f"--key-file={key}",
+             f"--log-file={root}/log/munged.log", f"--pid-file={sockets}/munge/munged.pid",
+             f"--seed-file={sockets}/munge/seed"],
             env,
         )  # fmt: skip
-        _wait_for((root / "munge" / "munge.socket").exists, "munged", root)
+        _wait_for((sockets / "munge" / "munge.socket").exists, "munged", root)
         cluster._start(["slurmctld", "-D", "-c", "-f", str(conf)], env)
         # slurmd under a reaper of its own: the step daemons it starts, and the jobs'
         # processes they leave, are re-parented there and reaped at once (a zombie
@@ -260,6 +270,8 @@ def running_slurm(root: Path) -> Iterator[SlurmCluster]:
         yield cluster
     finally:
         cluster.stop()
+        if sockets != root:
+            shutil.rmtree(sockets, ignore_errors=True)
 
 
 def _wait_for(ready: Callable[[], bool], what: str, root: Path) -> None:
