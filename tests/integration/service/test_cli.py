@@ -358,7 +358,7 @@ def test_targets_add_ls_rm(pipeline: Pipeline, tmp_path: Path) -> None:
     by_name = {item["name"]: item for item in listed}
     assert by_name["scratch"] == {
         "name": "scratch", "kind": "local", "workdir": str(scratch), "ssh": None,
-        "allow_secrets": [], "upload_roots": [], "run_as": None, "preemption": "off",
+        "allow_secrets": [], "upload_roots": [], "run_as": None, "preemption": "off", "slurm": None,
         "verified": True,
     }  # fmt: skip
     assert by_name["forged"]["verified"] is False
@@ -383,6 +383,35 @@ def test_targets_add_ls_rm(pipeline: Pipeline, tmp_path: Path) -> None:
     names = {t["name"] for t in as_json(rw(pipeline, "targets", "ls", "--json"))}  # type: ignore[attr-defined]
     assert "local" in names
     assert not names & {"gpu", "gpu2", "scratch", "mine", "spot"}
+
+
+def test_targets_add_a_slurm_cluster(pipeline: Pipeline) -> None:
+    out = ok(
+        rw(
+            pipeline, "targets", "add", "hpc", "--slurm", "--workdir", "/shared/runs",
+            "--ssh", "me@login1", "--partition", "gpu", "--account", "ml",
+            "--sbatch-arg=--time=12:00:00", "--sbatch-arg=--gres=gpu:4", "--signal-lead", "600",
+        )
+    )  # fmt: skip
+    assert out.strip() == "target hpc: Slurm through ssh login, /shared/runs"
+    slurm = pipeline.api.store.targets.get("hpc")["slurm"]
+    assert slurm == {
+        "partition": "gpu", "account": "ml", "signal_lead_s": 600,
+        "sbatch_args": ["--time=12:00:00", "--gres=gpu:4"],
+    }  # fmt: skip
+    table = ok(rw(pipeline, "targets", "ls"))
+    assert "slurm (ssh login)" in table
+    # What runwarden sets itself, an option not in the long form, Slurm options without
+    # --slurm, a cloud's notices on Slurm: each refused with its reason, nothing written.
+    add = ("targets", "add", "bad", "--workdir", "/w")
+    refused(rw(pipeline, *add, "--slurm", "--sbatch-arg=--export=NONE"), 2, "set by runwarden")
+    refused(rw(pipeline, *add, "--slurm", "--sbatch-arg=-t 5"), 2, "--name or --name=value")
+    refused(rw(pipeline, *add, "--partition", "gpu"), 2, "need --slurm")
+    refused(rw(pipeline, *add, "--slurm", "--preemption", "aws"), 2, "preemption must be off")
+    refused(rw(pipeline, *add, "--slurm", "--run-as", "nobody"), 2, "run_as is not supported")
+    with pytest.raises(UnknownTarget):
+        pipeline.api.store.targets.get("bad")
+    assert ok(rw(pipeline, "targets", "rm", "hpc")).strip() == "removed target hpc"
 
 
 def test_targets_add_refuses_an_upload_root_holding_or_inside_the_state(
