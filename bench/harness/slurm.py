@@ -225,7 +225,11 @@ def running_slurm(root: Path) -> Iterator[SlurmCluster]:
         raise RuntimeError("a test Slurm cluster needs root (slurmd starts jobs as users)")
     # Unix socket paths hold about 107 bytes: munged's socket and the step daemons'
     # (in the spool) go to a short private directory when `root` is long.
-    sockets = root if len(str(root)) <= _SHORT else Path(tempfile.mkdtemp(prefix="rw-slurm-"))
+    short = None
+    if len(str(root)) > _SHORT:
+        # Not under TMPDIR, which may be as long (a test's own directory).
+        short = Path(tempfile.mkdtemp(prefix="rw-slurm-", dir="/tmp"))
+    sockets = short or root
     for sub in ("state", "log"):
         (root / sub).mkdir(parents=True, exist_ok=True)
     for sub in ("munge", "spool"):

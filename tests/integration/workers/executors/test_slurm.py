@@ -257,3 +257,26 @@ def test_doctor_checks_the_commands_partition_containment_and_shared_workdir(
     assert checks["partition"].status == "missing"
     assert checks["shared-workdir"].status == "missing"
     assert "refused" in checks["shared-workdir"].found
+
+
+def test_a_job_whose_node_went_down_ended_with_slurms_word(
+    slurm: SlurmCluster, executor: SlurmExecutor, work: Path
+) -> None:
+    # Last in the module: the node goes down and comes back. Its slurmd still runs, so
+    # the job gets SIGTERM and the batch script records that end (a node that crashed
+    # records nothing: the run is lost); Slurm's word is beside it.
+    run = work / "node-fail"
+    job = executor.spawn(JobCommand(dir=str(run), script="exec sleep 300"))
+    slurm.wait_state(str(job.slurm), {"RUNNING"})
+    node = slurm.node
+    slurm.run("scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=rw-test")
+    try:
+        slurm.wait_state(str(job.slurm), {"NODE_FAIL"})
+        assert executor.status(job) == JobStatus.exited(143)
+        assert (run / ".runwarden" / "ended").read_text() == "signal TERM\n"
+        [update] = executor.follow([FollowEntry(job, 0, 0)])
+        assert update.status == JobStatus.exited(143)
+        assert update.scheduler is not None
+        assert update.scheduler.startswith(f"Slurm job {job.slurm}: NODE_FAIL")
+    finally:
+        slurm.run("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
