@@ -18,15 +18,13 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import statistics
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench._timing import median_s
 from bench.harness.slurm import running_slurm
 from schemas import JobCommand, JobId
 from schemas.targets import SlurmOptions
@@ -55,15 +53,6 @@ def _shims(root: Path, log: Path) -> Path:
     return shims
 
 
-def _median_ms(tick: Callable[[], object], ticks: int) -> float:
-    took = []
-    for _ in range(ticks):
-        started = time.perf_counter()
-        tick()
-        took.append(time.perf_counter() - started)
-    return statistics.median(took) * 1000
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tiny", action="store_true", help="1 and 3 runs, 3 ticks")
@@ -88,8 +77,8 @@ def main() -> int:
                 log.write_text("")
                 slurm.follow(entries)
                 per_tick = len(log.read_text().split())
-                took = _median_ms(functools.partial(slurm.follow, entries), ticks)
-                base = _median_ms(functools.partial(plain.follow, entries), ticks)
+                took = 1000 * median_s(functools.partial(slurm.follow, entries), ticks, 1)
+                base = 1000 * median_s(functools.partial(plain.follow, entries), ticks, 1)
                 print(
                     f"{size:>5} {per_tick:>20} {took:>8.1f} ms {base:>7.1f} ms "
                     f"{took / base:.2f}x the baseline",

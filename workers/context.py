@@ -27,7 +27,7 @@ from redis.exceptions import RedisError
 
 from schemas import NotFound, RunRecord, Settings, StoreError, TargetConfig, UnknownTarget
 from schemas.metrics import SCRIPT_TIMEOUTS, Sample
-from schemas.targets import SlurmOptions
+from schemas.targets import SlurmOptions, SshOptions
 from store import RunStore
 
 from .executors import Executor, InvalidArgument, LocalExecutor, RunAsExecutor, ScriptExecutor
@@ -187,7 +187,12 @@ def build_executor(config: TargetConfig) -> Executor:
         if config.run_as is not None:
             return RunAsExecutor(config.workdir, config.run_as)
         return LocalExecutor(config.workdir)
-    ssh = config.ssh
+    return _ssh_executor(config, config.ssh, config.run_as)
+
+
+def _ssh_executor(config: TargetConfig, ssh: SshOptions, run_as: str | None) -> ScriptExecutor:
+    """An SSH executor of `config`'s workdir at `ssh` (nothing opened yet), its jobs as
+    `run_as` through `sudo -n` (None: the login user)."""
     from .executors import SshExecutor  # noqa: PLC0415 - paramiko only when needed
 
     return SshExecutor.connect(
@@ -197,7 +202,7 @@ def build_executor(config: TargetConfig) -> Executor:
         identity=Path(ssh.identity) if ssh.identity else None,
         known_hosts=Path(ssh.known_hosts) if ssh.known_hosts else None,
         ssh_config=Path(ssh.ssh_config) if ssh.ssh_config else None,
-        run_as=config.run_as,
+        run_as=run_as,
     )
 
 
@@ -215,17 +220,7 @@ def _slurm_executor(config: TargetConfig, options: SlurmOptions) -> Executor:
             )
         transport = LocalTransport(env=job_environment(os.environ))
         return SlurmExecutor(transport, config.workdir, options)
-    ssh = config.ssh
-    from .executors import SshExecutor  # noqa: PLC0415 - paramiko only when needed
-
-    login = SshExecutor.connect(
-        ssh.destination,
-        config.workdir,
-        port=ssh.port,
-        identity=Path(ssh.identity) if ssh.identity else None,
-        known_hosts=Path(ssh.known_hosts) if ssh.known_hosts else None,
-        ssh_config=Path(ssh.ssh_config) if ssh.ssh_config else None,
-    )
+    login = _ssh_executor(config, config.ssh, None)
     return SlurmExecutor(login.transport, config.workdir, options)
 
 

@@ -158,7 +158,8 @@ def batch_script(job: JobCommand) -> str:
     shell = job_shell_script(dir, job.script)
     after = job.deadline_request_after_s
     words = [dir, shell.text, *shell.args, "" if after is None else str(math.ceil(after))]
-    return "#!/bin/sh\nset -- " + " ".join(quote(w) for w in words) + "\n" + sh("slurm_batch")
+    text = sh("wait_job", "slurm_batch")
+    return "#!/bin/sh\nset -- " + " ".join(quote(w) for w in words) + "\n" + text
 
 
 def _said(job: JobId, states: Mapping[int, SlurmState]) -> str | None:

@@ -169,7 +169,7 @@ def wrapper_script(
         job.text,
         *job.args,
     )
-    return Script(sh("scan", "wrapper"), args)
+    return Script(sh("scan", "wait_job", "wrapper"), args)
 
 
 WATCHDOG_PID_FILE: Final = f"{JOBSIDE_DIR}/watchdog.pid"

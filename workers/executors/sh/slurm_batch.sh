@@ -37,6 +37,7 @@ rw_ask() {
 # rw_caught runs from the traps only.
 # shellcheck disable=SC2317
 rw_caught() {
+  # shellcheck disable=SC2034  # read by rw_wait_job (wait_job.sh)
   rw_sig=1
   if [ -e cancelling ] || [ -h cancelling ]; then
     rw_cancel=$1
@@ -63,16 +64,8 @@ exec 3>&2 2>/dev/null
 printf 'go\n' | "$rw_sh" -c "$rw_text" "$rw_sh" "$rw_mode" "$rw_arg" 2>&3 3>&- &
 rw_job=$!
 exec 3>&-
-rw_code=
-while :; do
-  rw_sig=
-  wait "$rw_job"; rw_c=$?
-  # A second wait of a child already reported answers 127 (dash): the first answer was the job's.
-  if [ "$rw_c" = 127 ] && [ -n "$rw_code" ]; then break; fi
-  rw_code=$rw_c
-  # A code above 128 with a signal caught may be the interrupted wait's: wait again.
-  { [ -n "$rw_sig" ] && [ "$rw_c" -gt 128 ]; } || break
-done
+rw_code=  # the job's exit code, set by rw_wait_job (wait_job.sh)
+rw_wait_job "$rw_job"
 if [ -n "$rw_dog" ]; then kill "$rw_dog" 2>/dev/null || :; fi
 if [ -n "$rw_cancel" ]; then
   trap - "$rw_cancel"

@@ -1,7 +1,7 @@
 # shellcheck shell=sh
 # Arguments: SH MV DIR ENTRY ALL KILL GIVE_UP POLL JOB MODE ARG. The job wrapper
 # (scripts.launch.wrapper_script), run as `sh -c WRAPPER rw-job ARG...` by the job's
-# session leader, its standard input the launcher's FIFO. Needs scan.sh.
+# session leader, its standard input the launcher's FIFO. Needs scan.sh and wait_job.sh.
 # - SH, MV: the absolute paths of `sh` and `mv` (the job's own PATH never changes
 #   what the wrapper runs); DIR: the run directory;
 # - ENTRY: `RUNWARDEN_RUN_ID=<mark>`, the run's mark (empty: none);
@@ -77,6 +77,7 @@ rw_caught() {
     fi
     trap - "$rw_sg"; kill -s "$rw_sg" $$
   fi
+  # shellcheck disable=SC2034  # read by rw_wait_job (wait_job.sh)
   rw_sig=1
 }
 # The preemption signals (scripts.launch.PREEMPTION_SIGNALS): a signal caught while
@@ -138,16 +139,8 @@ esac
 # Written once the job's shell started: the launcher reads the leader's start time
 # before it says `go`, so while the leader surely lives.
 printf '%s\n' "$$" > "job.pid.tmp.$$" && "$rw_mv" -f -- "job.pid.tmp.$$" job.pid
-rw_code=
-while :; do
-  rw_sig=
-  wait "$rw_job"; rw_c=$?
-  # A second wait of a child already reported answers 127 (dash): the first answer was the job's.
-  if [ "$rw_c" = 127 ] && [ -n "$rw_code" ]; then break; fi
-  rw_code=$rw_c
-  # A code above 128 with a signal caught may be the interrupted wait's: wait again.
-  { [ -n "$rw_sig" ] && [ "$rw_c" -gt 128 ]; } || break
-done
+rw_code=  # the job's exit code, set by rw_wait_job (wait_job.sh)
+rw_wait_job "$rw_job"
 rw_end=
 if [ "$rw_code" -gt 128 ]; then
   rw_name=$(kill -l "$rw_code" 2>/dev/null) || rw_name=
