@@ -2,7 +2,8 @@
 (under `.runwarden/`, see `schemas.protocol.JOBSIDE_DIR`) and puts on the job's
 `PYTHONPATH`, so a training loop can `import runwarden_job` (any loop) or
 `import runwarden_hf` (the Hugging Face `TrainerCallback`; transformers is imported
-only when the callback is used).
+only when the callback is used) or `import runwarden_loop` (a stop point for a loop
+of one's own: plain PyTorch, DDP, Accelerate).
 
 The files listed in `JOBSIDE_FILES` import nothing but the standard library (at
 import time) and each other: they run in the job's environment, not the
@@ -21,6 +22,7 @@ JOBSIDE_FILES: Final[tuple[str, ...]] = (
     "runwarden_job.py",
     "runwarden_metrics.py",
     "runwarden_preempt.py",
+    "runwarden_loop.py",
     "runwarden_hf.py",
 )
 """The names of the files to ship, relative to `jobside_dir()`."""

@@ -46,13 +46,11 @@ Metrics are written by world process zero only.
 
 from __future__ import annotations
 
-import errno
 import importlib
 import logging
 import numbers
 import os
 import signal
-import sys
 import time
 from collections.abc import Sequence
 from typing import Any, Final, Protocol, cast
@@ -114,6 +112,20 @@ def _job_module() -> _JobApi:
 _job: Final = _job_module()
 
 
+def _loop_module() -> Any:
+    """``runwarden_loop`` (the helpers a stop point shares with this callback), found
+    as ``runwarden_job`` is."""
+    name = f"{__package__}.runwarden_loop" if __package__ else "runwarden_loop"
+    return importlib.import_module(name)
+
+
+_loop: Final = _loop_module()
+resume_checkpoint = _loop.resume_checkpoint
+_distributed = _loop._distributed
+_fsync_tree = _loop._fsync_tree
+_agreed = _loop._agreed
+
+
 # --- duck types of the transformers objects the callback reads -------------------------
 
 
@@ -133,85 +145,6 @@ class _Control(Protocol):
 
 
 # --- helpers ------------------------------------------------------------------------
-
-
-def resume_checkpoint() -> str | None:
-    """The checkpoint to resume from: the absolute path of ``$RUNWARDEN_RESUME_FROM``
-    (set by runwarden when a run is resumed; relative paths are taken from the current
-    directory, the run directory) when it is set and not empty, else ``None``. Pass it
-    to ``Trainer.train(resume_from_checkpoint=...)``: the global step, optimizer,
-    scheduler and RNG states continue from it.
-
-    Raises:
-        FileNotFoundError: the variable names something that is not a directory
-            (better now than deep inside ``Trainer.train``).
-    """
-    value = os.environ.get(_job.RESUME_ENV)
-    if not value:
-        return None
-    path = os.path.abspath(value)
-    if not os.path.isdir(path):
-        raise FileNotFoundError(
-            errno.ENOENT, f"${_job.RESUME_ENV} is not a checkpoint directory", path
-        )
-    return path
-
-
-def _distributed() -> Any | None:
-    """``torch.distributed`` when it is initialized with more than one rank, else
-    ``None``. Never imports torch: a job that uses it has imported it already."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is None:
-        return None
-    if not (dist.is_available() and dist.is_initialized()):
-        return None
-    return dist if dist.get_world_size() > 1 else None
-
-
-def _fsync_path(path: str, *, directory: bool) -> None:
-    """fsyncs one file or directory; filesystems that cannot (``EINVAL``, ``EBADF``,
-    ``EACCES``, ``ENOTSUP``, ``EROFS``) are tolerated, other errors raise ``OSError``."""
-    flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
-    if directory:
-        flags |= getattr(os, "O_DIRECTORY", 0)
-    try:
-        fd = os.open(path, flags)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError as error:
-        tolerated = {errno.EINVAL, errno.EBADF, errno.EACCES, errno.EROFS}
-        tolerated.add(getattr(errno, "ENOTSUP", errno.EINVAL))
-        if error.errno not in tolerated:
-            raise
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(root: str) -> None:
-    """Makes the checkpoint ``root`` durable before its proof is: every regular file
-    and directory under it (symlinks not followed), then its parent directory, which
-    holds its name. The proof is fsynced by ``write_proof``; without this a crash
-    could keep the proof and lose the checkpoint's data still in the page cache."""
-    for current, dirs, files in os.walk(root):
-        dirs.sort()
-        for name in sorted(files):
-            path = os.path.join(current, name)
-            if os.path.isfile(path) and not os.path.islink(path):
-                _fsync_path(path, directory=False)
-        _fsync_path(current, directory=True)
-    _fsync_path(os.path.dirname(os.path.abspath(root)), directory=True)
-
-
-def _agreed(gathered: Sequence[object]) -> str | None:
-    """The decision of every rank from what each contributed at a step end (index =
-    rank): rank 0's reason (its file request, or ``preempted``), else ``preempted``
-    when any other rank got a preemption signal, else ``None``."""
-    first = gathered[0] if gathered else None
-    if isinstance(first, str) and first in _job.REASONS:
-        return first
-    return _job.PREEMPTED if _job.PREEMPTED in gathered[1:] else None
 
 
 def _numeric(logs: object) -> dict[str, object]:
