@@ -47,6 +47,7 @@ _LONGEST: tuple[str, ...] = (
     "tests/integration/service/test_hostile_jobs.py",
     "tests/integration/workers/executors/test_notices.py",
     "tests/integration/service/test_slurm.py",
+    "tests/integration/workers/jobside/test_runwarden_loop.py",
     "tests/integration/workers/executors/test_contract.py",
     "tests/integration/service/test_cli.py",
     "tests/integration/service/test_budgets.py",

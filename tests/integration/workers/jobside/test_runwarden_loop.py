@@ -1,5 +1,6 @@
-"""`runwarden_loop.StopPoint` in a real loop of one's own (examples/ddp_loop.py: plain
-PyTorch on one process, DDP with gloo on two under torchrun): a request stops every
+"""`runwarden_loop.StopPoint` in real loops of one's own (examples/ddp_loop.py: plain
+PyTorch on one process, DDP with gloo on two under torchrun; examples/accelerate_loop.py:
+the same around Accelerate, its save_state and load_state): a request stops every
 rank at the same step, the checkpoint is complete and loadable before the proof names
 it, a signal to one rank only stops them all at one step, and a resumed run's losses
 are the uninterrupted run's, step for step."""
@@ -25,7 +26,10 @@ from bench.harness.paths import JOBSIDE, ROOT
 
 pytestmark = pytest.mark.slow
 
-EXAMPLE = ROOT / "examples" / "ddp_loop.py"
+EXAMPLES = {
+    "ddp": ROOT / "examples" / "ddp_loop.py",
+    "accelerate": ROOT / "examples" / "accelerate_loop.py",
+}
 STEPS = 40
 TOLERANCE = 1e-6
 """Largest difference allowed between a resumed run's loss and the uninterrupted
@@ -58,6 +62,7 @@ def run_loop(
     run_dir: Path,
     ranks: int,
     *,
+    example: str = "ddp",
     resume: Path | None = None,
     on_step: Callable[[Ran, int, int], None] | None = None,
 ) -> Ran:
@@ -73,7 +78,7 @@ def run_loop(
     env.pop("RUNWARDEN_RESUME_FROM", None)
     if resume is not None:
         env["RUNWARDEN_RESUME_FROM"] = str(resume)
-    argv = [sys.executable, str(EXAMPLE), "--steps", str(STEPS)]
+    argv = [sys.executable, str(EXAMPLES[example]), "--steps", str(STEPS)]
     if ranks > 1:
         argv[1:1] = ["-m", "torch.distributed.run", f"--nproc-per-node={ranks}",
                      f"--master-port={_free_port()}"]  # fmt: skip
@@ -108,7 +113,21 @@ def request_at(step: int, run_dir: Path) -> Callable[[Ran, int, int], None]:
     return on_step
 
 
-def check_stopped(ran: Ran, run_dir: Path, ranks: int, reason: str) -> int:
+def check_loadable(checkpoint: Path, example: str, ranks: int, step: int) -> None:
+    """The checkpoint of `example` at `step` holds every rank's part, and loads."""
+    if example == "ddp":
+        for rank in range(ranks):
+            assert torch.load(checkpoint / f"rank-{rank}.pt", weights_only=False)["step"] == step
+        return
+    from safetensors.torch import load_file
+
+    assert json.loads((checkpoint / "step.json").read_text()) == {"step": step}
+    assert load_file(checkpoint / "model.safetensors")
+    for rank in range(ranks):
+        assert (checkpoint / f"random_states_{rank}.pkl").is_file()
+
+
+def check_stopped(ran: Ran, run_dir: Path, ranks: int, reason: str, example: str = "ddp") -> int:
     """The step every rank stopped at, after checking the proof and the checkpoint."""
     assert ran.code == 0, ran.out[-3000:]
     stopped = ran.stopped_at()
@@ -118,11 +137,10 @@ def check_stopped(ran: Ran, run_dir: Path, ranks: int, reason: str) -> int:
     assert proof["checkpoint"] == f"output/checkpoint-{step}"
     assert (proof["step"], proof["reason"]) == (step, reason)
     checkpoint = run_dir / proof["checkpoint"]
-    for rank in range(ranks):
-        saved = checkpoint / f"rank-{rank}.pt"
-        # Complete before its proof: every rank's file there, older, and loadable.
-        assert saved.stat().st_mtime <= proof["time"]
-        assert torch.load(saved, weights_only=False)["step"] == step
+    # Complete before its proof: every file older than it, every rank's part there.
+    for saved in checkpoint.rglob("*"):
+        assert saved.stat().st_mtime <= proof["time"], saved
+    check_loadable(checkpoint, example, ranks, step)
     # Every rank stopped right after that step: none ran another.
     for rank in range(ranks):
         assert max(ran.losses[rank]) == step
@@ -138,28 +156,33 @@ def check_resumed(uninterrupted: Ran, resumed: Ran, step: int, ranks: int) -> No
             assert abs(loss - uninterrupted.losses[rank][number]) <= TOLERANCE, (rank, number)
 
 
+@pytest.mark.parametrize("example", ["ddp", "accelerate"])
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_a_stopped_and_resumed_run_matches_the_uninterrupted_one(
-    tmp_path: Path, ranks: int
+    tmp_path: Path, ranks: int, example: str
 ) -> None:
-    whole = run_loop(tmp_path / "whole", ranks)
+    whole = run_loop(tmp_path / "whole", ranks, example=example)
     assert whole.code == 0, whole.out[-3000:]
     assert all(max(whole.losses[r]) == STEPS for r in range(ranks))
     assert not (tmp_path / "whole" / "snapshot.json").exists()
 
     first = tmp_path / "first"
-    stopped = run_loop(first, ranks, on_step=request_at(10, first))
-    step = check_stopped(stopped, first, ranks, "requested")
+    stopped = run_loop(first, ranks, example=example, on_step=request_at(10, first))
+    step = check_stopped(stopped, first, ranks, "requested", example)
     assert 10 <= step < STEPS
     for rank in range(ranks):
         for number, loss in stopped.losses[rank].items():
             assert abs(loss - whole.losses[rank][number]) <= TOLERANCE
 
-    resumed = run_loop(tmp_path / "second", ranks, resume=first / f"output/checkpoint-{step}")
+    checkpoint = first / f"output/checkpoint-{step}"
+    resumed = run_loop(tmp_path / "second", ranks, example=example, resume=checkpoint)
     check_resumed(whole, resumed, step, ranks)
 
 
-def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step(tmp_path: Path) -> None:
+@pytest.mark.parametrize("example", ["ddp", "accelerate"])
+def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step(
+    tmp_path: Path, example: str
+) -> None:
     sent: list[int] = []
 
     def on_step(ran: Ran, rank: int, number: int) -> None:
@@ -167,9 +190,9 @@ def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step(tmp_path: Path) 
             os.kill(ran.pids[1], signal.SIGTERM)
             sent.append(number)
 
-    ran = run_loop(tmp_path, 2, on_step=on_step)
+    ran = run_loop(tmp_path, 2, example=example, on_step=on_step)
     assert sent
-    step = check_stopped(ran, tmp_path, 2, "preempted")
+    step = check_stopped(ran, tmp_path, 2, "preempted", example)
     assert step >= 8
     # Rank 0, which got no signal, wrote the request for the run directory.
     assert (tmp_path / "snapshot.request").read_text().strip() == "preempted"
