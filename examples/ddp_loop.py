@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from runwarden_job import Metrics
 from runwarden_loop import StopPoint, resume_checkpoint
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -77,7 +78,7 @@ def load(where: str, rank: int, parts: dict[str, Any]) -> int:
     return int(state["step"])
 
 
-def main() -> int:
+def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=200, help="last step")
     parser.add_argument("--width", type=int, default=32, help="the model's width")
@@ -85,24 +86,33 @@ def main() -> int:
         "--step-time", type=float, default=0.05, help="seconds a step lasts at least"
     )
     parser.add_argument("--seed", type=int, default=7)
-    args = parser.parse_args()
+    return parser.parse_args()
 
+
+def build(width: int, world: int) -> tuple[nn.Module, dict[str, Any]]:
+    """The model (wrapped for DDP on several ranks) and everything a checkpoint holds."""
+    model: nn.Module = nn.Sequential(
+        nn.Linear(width, width), nn.ReLU(), nn.Dropout(0.1), nn.Linear(width, 1)
+    )
+    if world > 1:
+        model = DistributedDataParallel(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=50, gamma=0.5)
+    return model, {"model": model, "optimizer": optimizer, "scheduler": scheduler}
+
+
+def main() -> int:
+    args = arguments()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:
         dist.init_process_group("gloo")
     rank = dist.get_rank() if world > 1 else 0
     torch.manual_seed(args.seed + rank)
     random.seed(args.seed + rank)
-    model: nn.Module = nn.Sequential(
-        nn.Linear(args.width, args.width), nn.ReLU(), nn.Dropout(0.1), nn.Linear(args.width, 1)
-    )
-    if world > 1:
-        model = DistributedDataParallel(model)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
-    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=50, gamma=0.5)
+    model, parts = build(args.width, world)
+    optimizer, scheduler = parts["optimizer"], parts["scheduler"]
     inputs, targets = data(args.seed, args.width)
 
-    parts = {"model": model, "optimizer": optimizer, "scheduler": scheduler}
     start = 0
     resume = resume_checkpoint()
     if resume is not None:
@@ -110,6 +120,10 @@ def main() -> int:
         say(f"rank {rank} resuming from {resume} at step {start}")
     say(f"rank {rank} pid {os.getpid()}")
 
+    # Progress and save times for runwarden (`show`, the proof timeout): rank 0's.
+    metrics = Metrics() if rank == 0 else None
+    if metrics is not None:
+        metrics.begin(args.steps, first_step=start + 1)
     ended = "finished"
     with StopPoint() as stop:
         for step in range(start + 1, args.steps + 1):
@@ -121,13 +135,21 @@ def main() -> int:
             optimizer.step()
             scheduler.step()
             say(f"rank {rank} step {step} loss {loss.item():.10f}")
+            if metrics is not None:
+                metrics.log(step, loss=loss.item())
             time.sleep(max(0.0, args.step_time - (time.monotonic() - began)))
             if stop.reached(step, last_step=args.steps):
+                saving = time.monotonic()
                 save(stop.checkpoint(step), rank, step, parts)
+                if metrics is not None:
+                    metrics.save(step, time.monotonic() - saving)
                 stop.prove(step)
                 ended = f"stopped at step {step}"
                 break
     say(f"rank {rank} {ended}")
+    if metrics is not None:
+        metrics.end(stop.stop_step or args.steps)
+        metrics.close()
     if world > 1:
         # Every rank leaves the group together: one that exits first aborts the others.
         dist.barrier()
