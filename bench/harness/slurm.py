@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .ports import free_port
 from .redis_server import _die_with_parent
 
 __all__ = ["SlurmCluster", "running_slurm", "slurm_missing"]
@@ -45,13 +46,6 @@ def slurm_missing() -> list[str]:
     """The Slurm and munge commands this machine lacks (empty: all there)."""
     found = os.environ.get("PATH", "") + ":/usr/sbin:/sbin"
     return [c for c in _COMMANDS if shutil.which(c, path=found) is None]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass
@@ -172,8 +166,8 @@ def _config(root: Path, sockets: Path, host: str, node: str, cpus: int) -> str:
     return "\n".join([
         "ClusterName=rwtest",
         f"SlurmctldHost={host}(127.0.0.1)",
-        f"SlurmctldPort={_free_port()}",
-        f"SlurmdPort={_free_port()}",
+        f"SlurmctldPort={free_port()}",
+        f"SlurmdPort={free_port()}",
         "AuthType=auth/munge",
         f"AuthInfo=socket={sockets}/munge/munge.socket",
         "CredType=cred/munge",

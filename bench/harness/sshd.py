@@ -84,6 +84,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .ports import free_port
+
 __all__ = [
     "LOOPBACK",
     "NetnsChain",
@@ -623,13 +625,6 @@ def _sshd_version() -> tuple[int, int]:
     return (int(found[1]), int(found[2])) if found else (0, 0)
 
 
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def _write_sshd_config(
     path: Path,
     *,
@@ -780,7 +775,7 @@ def start_sshd(
             tmp / f"sshd-{name}",
             alias=alias,
             host=listen,
-            port=port if port is not None else _free_port(listen),
+            port=port if port is not None else free_port(listen),
             listen=listen,
             host_key=host_key,
             client_key=client_key,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from typing import Any
 import pytest
 
 from bench.harness.pipeline import Pipeline, running_pipeline, signed, toy
+from bench.harness.ports import free_port
 from producers.service import FLOWER_CONFIG
 from schemas import RunState, SnapshotReason
 from schemas.auth import new_task_id
@@ -35,13 +35,6 @@ from ...conftest import ROOT, wait_for
 
 pytestmark = pytest.mark.slow
 AUTH = "ops:fl0wer-pw"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class Flower:

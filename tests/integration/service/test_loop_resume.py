@@ -8,7 +8,6 @@ tests/integration/workers/jobside/test_runwarden_loop.py.)"""
 from __future__ import annotations
 
 import re
-import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +16,7 @@ import pytest
 import torch
 
 from bench.harness.pipeline import Pipeline, running_pipeline
+from bench.harness.ports import free_port
 from schemas import ArtifactsPhase, RunRecord, RunState, SnapshotReason
 from schemas.events import LaunchSpec
 from workers.executors import quote
@@ -36,13 +36,6 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
             yield started
         finally:
             started.kill_jobs()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def stopped(pipeline: Pipeline, run_id: str, after: int) -> RunRecord:
@@ -80,7 +73,7 @@ def test_a_ddp_loop_stops_every_rank_at_one_step_and_resumes_from_it(pipeline: P
     example = ROOT / "examples" / "ddp_loop.py"
     command = (
         f"exec {quote(sys.executable)} -m torch.distributed.run --nproc-per-node=2 "
-        f"--master-port={_free_port()} {quote(str(example))} --steps 100000 --step-time 0.1"
+        f"--master-port={free_port()} {quote(str(example))} --steps 100000 --step-time 0.1"
     )
     first = pipeline.api.launch(LaunchSpec(target="local", command=command, name="ddp"), wait_s=60)
     run = stopped(pipeline, first.id, 5)
@@ -92,7 +85,7 @@ def test_a_ddp_loop_stops_every_rank_at_one_step_and_resumes_from_it(pipeline: P
     # A fresh rendezvous port: the first run's may not be free yet.
     spec = spec.model_copy(
         update={
-            "command": re.sub(r"--master-port=\d+", f"--master-port={_free_port()}", spec.command)
+            "command": re.sub(r"--master-port=\d+", f"--master-port={free_port()}", spec.command)
         }
     )
     resumed = pipeline.api.launch(spec, wait_s=60)

@@ -12,7 +12,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from bench.harness.ports import free_port
 from producers.health import read_health
 from schemas import Settings
 
@@ -36,13 +36,6 @@ def _env(state_dir: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RUNWARDEN_")}
     env.update(RUNWARDEN_STATE_DIR=str(state_dir), PYTHONPATH=str(ROOT))
     return env
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -149,7 +142,7 @@ def start_serve(state_dir: Path, log: Path, *args: str) -> Serve:
 def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
     tmp = tmp_path_factory.mktemp("supervised")
     started = start_serve(
-        tmp / "state", tmp / "serve.log", "--flower", "--flower-port", str(_free_port())
+        tmp / "state", tmp / "serve.log", "--flower", "--flower-port", str(free_port())
     )
     try:
         started.wait_up()

@@ -11,7 +11,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -23,6 +22,7 @@ import pytest
 import torch
 
 from bench.harness.paths import JOBSIDE, ROOT
+from bench.harness.ports import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -36,13 +36,6 @@ TOLERANCE = 1e-6
 run's at the same step (the same batches and RNG states on the CPU: equal in
 practice)."""
 _LINE = re.compile(r"rank (\d+) step (\d+) loss ([0-9.e+-]+)")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass
@@ -81,7 +74,7 @@ def run_loop(
     argv = [sys.executable, str(EXAMPLES[example]), "--steps", str(STEPS)]
     if ranks > 1:
         argv[1:1] = ["-m", "torch.distributed.run", f"--nproc-per-node={ranks}",
-                     f"--master-port={_free_port()}"]  # fmt: skip
+                     f"--master-port={free_port()}"]  # fmt: skip
     ran = Ran(code=-1, out="")
     proc = subprocess.Popen(
         argv, cwd=run_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
