@@ -84,8 +84,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .ports import free_port
-
 __all__ = [
     "LOOPBACK",
     "NetnsChain",
@@ -625,6 +623,15 @@ def _sshd_version() -> tuple[int, int]:
     return (int(found[1]), int(found[2])) if found else (0, 0)
 
 
+def _free_port(host: str) -> int:
+    # This file also runs alone (the supervisor's script): `ports.free_port` cannot be
+    # imported there.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
 def _write_sshd_config(
     path: Path,
     *,
@@ -775,7 +782,7 @@ def start_sshd(
             tmp / f"sshd-{name}",
             alias=alias,
             host=listen,
-            port=port if port is not None else free_port(listen),
+            port=port if port is not None else _free_port(listen),
             listen=listen,
             host_key=host_key,
             client_key=client_key,
