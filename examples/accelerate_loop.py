@@ -30,7 +30,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ddp_loop import batch_indices, data, say  # the example beside this one
+from ddp_loop import batch_indices, data, leave, say  # the example beside this one
 
 
 def main() -> int:
@@ -87,4 +87,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    leave(main())

@@ -161,11 +161,21 @@ def floors() -> dict[str, tuple[Version, list[str]]]:
         needs(preempt.body, preempt, "runwarden_preempt: "),
         needs(preempting, job, "runwarden_job: "),
     )
+    loop = parse("runwarden_loop")
+    loop_floor = max(needs(loop.body, loop, "runwarden_loop: "), job_floor)
+    if mentions(loop, "install_preemption_signals"):
+        loop_floor = max(loop_floor, preempt_floor)
     hf_floor = max(needs(hf.body, hf, "runwarden_hf: "), job_floor)
     if mentions(hf, "install_preemption_signals"):
         hf_floor = max(hf_floor, preempt_floor)
+    assert any(
+        isinstance(n, ast.Constant) and isinstance(n.value, str) and "runwarden_loop" in n.value
+        for n in ast.walk(hf)
+    ), "runwarden_hf no longer loads runwarden_loop: revise this test"
+    hf_floor = max(hf_floor, loop_floor)  # loaded when runwarden_hf is imported
     return {
         "runwarden_job": job_floor,
+        "runwarden_loop": loop_floor,
         "runwarden_hf": hf_floor,
         "runwarden_preempt": preempt_floor,
         "runwarden_metrics": metrics_floor,
