@@ -146,12 +146,15 @@ def main(argv: list[str] | None = None) -> int:
     trainer.train(resume_from_checkpoint=resume)
     print(f"training ended at step {trainer.state.global_step}", flush=True)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
-        # Under torchrun: a process that exits with its gloo group alive may abort in
-        # the group's threads ("terminate called without an active exception").
-        # Every rank first reaches the end: one that tears the group down while another
-        # still uses it leaves that one waiting.
+        # Under torchrun: every rank first reaches the end, then leaves without the
+        # interpreter's teardown. A process that exits with its gloo group alive may
+        # abort in the group's threads ("terminate called without an active
+        # exception"), and destroying the group hung a rank now and then, with or
+        # without a barrier before it (a full run today).
         torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 

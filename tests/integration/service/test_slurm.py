@@ -165,7 +165,8 @@ def test_a_run_slurm_preempts_is_stopped_with_its_checkpoint_and_resumed(
         assert ended.snapshot.reason is SnapshotReason.PREEMPTED
         assert ended.job is not None
         # Saved within its grace: Slurm did not have to kill it.
-        assert slurm.state(str(ended.job.slurm)) in {"PREEMPTED", "COMPLETED"}
+        # (Slurm may still be COMPLETING it a moment after the run's end is recorded.)
+        slurm.wait_state(str(ended.job.slurm), {"PREEMPTED", "COMPLETED"})
         step = ended.snapshot.step
         second_id = wait_for(
             lambda: api.store.launches.launch(owned_launch_key(WORKER, continuation_key(first.id))),
