@@ -21,8 +21,13 @@ mark>`:
 
 A target over SSH whose login user may make cgroups there (root, or a delegated
 cgroup: `SshExecutor.cgroup_base` asks it once) gets `<base>/runwarden/<run mark>`
-made by its launcher, as that user, the same way; one whose jobs run as another user
-needs a root login, which makes the cgroup and enters it before the change of user.
+made by its launcher, as that user, the same way; for one whose jobs run as another
+user the login makes the cgroup, gives the user its `cgroup.procs` and `cgroup.kill`
+and enters it before the change of user (`sh/ssh_cgroup_enter.sh`): a root login by
+`chown`, a login that is not root, with a delegated cgroup, by `chgrp` to the user's
+primary group, of which it must be a member, and that group's write bit (it cannot
+`chown`). The user may then end its run's cgroup but move no process out: the
+common ancestor's `cgroup.procs` the kernel asks for is the login's or root's.
 
 Elsewhere (a target over SSH with a login that may not; a worker that is not root
 without a delegated cgroup or with jobs of another user; no cgroup v2) a run is not

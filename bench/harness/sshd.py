@@ -35,7 +35,15 @@ process died) it kills everything under the reaper and exits, and so does the re
   started (commands, detached jobs) are left running, as a real `sshd` crash would.
 - `start()` starts `sshd` again on the same port with the same host key.
 - `stop()` kills everything under the reaper (leftover jobs included), then ends
-  the supervisor and the reaper.
+  the supervisor and the reaper, and removes the server's delegated cgroup.
+
+Delegation (`delegate=True`, for a `login` that is not root): the listening sshd is
+moved into a cgroup of its own given to the login user ([`make_delegated_cgroup`]:
+the directory and its `cgroup.procs`, `cgroup.subtree_control`, `cgroup.threads`, as
+systemd's `Delegate=yes`), so every session, born there, finds its own cgroup
+delegated to it, as a login in a delegated unit does. `stop()` kills what is left in
+it and removes it ([`remove_cgroup_tree`]); a test process that died leaves it to the
+next one made on the machine.
 
 ProxyJump topology. "Reachable only through the previous hop" is made true by the
 kernel, not by sshd access rules: the servers of a chain of length N live in N
@@ -72,6 +80,7 @@ import ipaddress
 import os
 import pwd
 import re
+import secrets
 import select
 import shutil
 import signal
@@ -90,8 +99,10 @@ __all__ = [
     "SshServer",
     "SshdError",
     "host_pattern",
+    "make_delegated_cgroup",
     "make_key",
     "public_key",
+    "remove_cgroup_tree",
     "running_jump_chain",
     "running_jump_pair",
     "running_sshd",
@@ -412,6 +423,14 @@ class SshServer:
     """The reaper (root of this server's process tree) while running."""
     sshd_pid: int | None = None
     """The listening sshd while running."""
+    delegate: bool = False
+    """Whether the login's sessions run in a cgroup delegated to it ([`cgroup`])."""
+    cgroup: Path | None = None
+    """With `delegate`, while the server exists: the cgroup v2 directory its listening
+    sshd runs in, so every session is born there, given to the login user as systemd's
+    `Delegate=yes` gives a unit's: the directory and its `cgroup.procs`,
+    `cgroup.subtree_control` and `cgroup.threads` (made at the first `start()`,
+    removed by `stop()`)."""
     _supervisor_pid: int | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -449,6 +468,13 @@ class SshServer:
         if not reply.startswith("pid "):
             raise SshdError(f"the supervisor of {self.alias} answered {reply!r}")
         self.sshd_pid = int(reply.split()[1])
+        if self.delegate:
+            if self.cgroup is None:
+                self.cgroup = make_delegated_cgroup(self.user)
+            # Before it accepts a connection (it has not said it listens yet); one
+            # that ended meanwhile is told below.
+            with contextlib.suppress(ProcessLookupError):
+                (self.cgroup / "cgroup.procs").write_text(f"{self.sshd_pid}\n")
         deadline = time.monotonic() + START_TIMEOUT_S
         why = "not listening yet"
         while True:
@@ -483,6 +509,14 @@ class SshServer:
         """Kills everything this server runs (sshd, sessions, leftover jobs), then
         its supervisor and reaper. `start()` starts it again."""
         process, self.process, self.sshd_pid = self.process, None, None
+        try:
+            self._stop(process)
+        finally:
+            if self.cgroup is not None:
+                remove_cgroup_tree(self.cgroup)
+                self.cgroup = None
+
+    def _stop(self, process: subprocess.Popen[bytes] | None) -> None:
         if process is None:
             return
         if process.poll() is None:
@@ -590,6 +624,63 @@ class SshServer:
                 raise SshdError(f"the supervisor of {self.alias} ended:\n{self.log_text()}")
             data += byte
         return data.decode().strip()
+
+
+DELEGATED_PREFIX = "rw-test-sshd-"
+"""The test sshds' delegated cgroups: `<hierarchy>/rw-test-sshd-<owner pid>-<hex>`."""
+
+
+def _cgroup_mount() -> Path:
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        fields = line.split()
+        if len(fields) >= 4 and fields[2] == "cgroup2" and "rw" in fields[3].split(","):
+            return Path(fields[1])
+    raise SshdError("no writable cgroup v2 hierarchy: a delegated sshd needs one (and root)")
+
+
+def _populated(path: Path) -> bool:
+    try:
+        return "populated 0" not in (path / "cgroup.events").read_text().splitlines()
+    except FileNotFoundError:
+        return False
+
+
+def remove_cgroup_tree(path: Path, timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """Kills every process of the cgroup `path` and below (`cgroup.kill`), waits until
+    it is empty, and removes it with every cgroup under it. Raises `SshdError` when
+    something is left."""
+    if not path.is_dir():
+        return
+    with contextlib.suppress(OSError):
+        (path / "cgroup.kill").write_text("1")
+    deadline = time.monotonic() + timeout_s
+    while _populated(path) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for directory, _, _ in os.walk(path, topdown=False):
+        with contextlib.suppress(OSError):
+            os.rmdir(directory)
+    if path.exists():
+        raise SshdError(f"the cgroup {path} could not be removed (populated: {_populated(path)})")
+
+
+def make_delegated_cgroup(user: str) -> Path:
+    """A new cgroup under the hierarchy's root delegated to `user` (the directory and
+    its `cgroup.procs`, `cgroup.subtree_control` and `cgroup.threads` `chown`ed to it, as
+    systemd's `Delegate=yes` does); those a test process that died left are removed
+    first."""
+    mount = _cgroup_mount()
+    for stale in mount.glob(f"{DELEGATED_PREFIX}*"):
+        owner = stale.name.removeprefix(DELEGATED_PREFIX).split("-")[0]
+        if owner.isdigit() and not _exists(int(owner)):
+            with contextlib.suppress(SshdError, OSError):
+                remove_cgroup_tree(stale)
+    path = mount / f"{DELEGATED_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
+    path.mkdir()
+    entry = pwd.getpwnam(user)
+    for item in (path, path / "cgroup.procs", path / "cgroup.subtree_control",
+                 path / "cgroup.threads"):  # fmt: skip
+        os.chown(item, entry.pw_uid, entry.pw_gid)
+    return path
 
 
 def _current_user() -> str:
@@ -707,6 +798,7 @@ def _new_server(
     netns: str | None = None,
     jump: SshServer | None = None,
     login: str | None = None,
+    delegate: bool = False,
 ) -> SshServer:
     """Keys, authorized_keys, sshd_config (checked by `sshd -t`), known_hosts and
     ssh_config of a server in `directory`; not started. `login`: the one user who may
@@ -752,6 +844,7 @@ def _new_server(
         log=directory / "sshd.log",
         netns=netns,
         jump=jump,
+        delegate=delegate,
     )
     write_known_hosts(server.known_hosts, server)
     write_known_hosts(server.known_hosts_hashed, server, hashed=True)
@@ -770,12 +863,14 @@ def start_sshd(
     extra_config: str = "",
     alias: str = "rw-target",
     login: str | None = None,
+    delegate: bool = False,
 ) -> SshServer:
     """Starts an sshd on `listen` (loopback) in `tmp/sshd-<name>/`: host and client
     ed25519 keys generated unless given, a free port unless given, key
     authentication only for the current user (or `login`, for whom `tmp` must be
     reachable: a `users.shared_dir`), `extra_config` appended to the
-    sshd_config (a `Match` block goes there). Raises `SshdError` with sshd's words
+    sshd_config (a `Match` block goes there); with `delegate`, every session runs in a
+    cgroup delegated to the login user ([`SshServer.cgroup`]). Raises `SshdError` with sshd's words
     when the configuration is invalid or sshd does not come up within 10 s."""
     for attempt in range(5):
         server = _new_server(
@@ -788,6 +883,7 @@ def start_sshd(
             client_key=client_key,
             extra_config=extra_config,
             login=login,
+            delegate=delegate,
         )
         host_key, client_key = server.host_key, server.client_key
         try:
@@ -816,6 +912,7 @@ def running_sshd(
     extra_config: str = "",
     alias: str = "rw-target",
     login: str | None = None,
+    delegate: bool = False,
 ) -> Iterator[SshServer]:
     """[`start_sshd`], stopped on exit."""
     server = start_sshd(
@@ -828,6 +925,7 @@ def running_sshd(
         extra_config=extra_config,
         alias=alias,
         login=login,
+        delegate=delegate,
     )
     try:
         yield server

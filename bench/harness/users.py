@@ -6,7 +6,10 @@ The tests run as root. They create, idempotently, and leave behind:
 - [`WORKER_USER`], an unprivileged user playing a worker that is not root (the tests
   put `setpriv` to it in front of `sudo`, so sudo sees that user ask);
 - [`SUDOERS_FILE`], holding exactly the sudoers lines docs/security.md gives, for
-  [`WORKER_USER`] and [`JOB_USER`].
+  [`WORKER_USER`] and [`JOB_USER`];
+- [`WORKER_USER`] a member of [`JOB_USER`]'s group, when an SSH test logs it in to a
+  delegated cgroup ([`ensure_group_member`], the setup docs/security.md gives a login
+  that is not root).
 
 Everything a job run as [`JOB_USER`] must reach (its workdir, the files it runs) lives
 under a [`shared_dir`]: pytest's own temporary directories are the root's alone
@@ -16,6 +19,7 @@ under a [`shared_dir`]: pytest's own temporary directories are the root's alone
 from __future__ import annotations
 
 import contextlib
+import grp
 import os
 import pwd
 import shutil
@@ -31,6 +35,7 @@ __all__ = [
     "SUDOERS_FILE",
     "WORKER_USER",
     "as_user",
+    "ensure_group_member",
     "ensure_login_user",
     "ensure_sudo_rule",
     "ensure_user",
@@ -84,6 +89,18 @@ def ensure_login_user(name: str) -> pwd.struct_passwd:
     if locked:  # once: a test process beside it may be running sudo as this user
         subprocess.run(["usermod", "-p", "*", name], check=True, capture_output=True, timeout=60)
     return entry
+
+
+def ensure_group_member(user: str, group: str) -> None:
+    """Makes `user` a member of `group` (`usermod -a -G`) when it is not yet: the login
+    of an SSH target whose jobs run as another user, in the jobs' user's own group, as
+    docs/security.md asks of a login that is not root (it gives the user its run's
+    cgroup files by `chgrp`). Takes effect at the user's next login."""
+    if user in grp.getgrnam(group).gr_mem:
+        return
+    subprocess.run(
+        ["usermod", "-a", "-G", group, user], check=True, capture_output=True, timeout=60
+    )
 
 
 def sudoers_lines(worker: str, job: str) -> str:

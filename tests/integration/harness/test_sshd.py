@@ -30,6 +30,7 @@ from bench.harness.sshd import (
     write_ssh_config,
     write_wrong_known_hosts,
 )
+from bench.harness.users import WORKER_USER, ensure_login_user, shared_dir
 from tests.conftest import process_alive
 
 SSH_TIMEOUT_S = 20
@@ -243,6 +244,37 @@ def test_stop_leaves_nothing_running(server: SshServer) -> None:
     assert refused(server.host, server.port)
     server.start()  # and it comes back
     assert run_ssh(server, "true").returncode == 0
+
+
+def test_a_delegated_server_logs_its_user_in_to_a_cgroup_of_its_own() -> None:
+    """`delegate=True`: every session of the login (not root) runs in the server's
+    cgroup, which is the login's (its directory and `cgroup.procs`), after a restart
+    too; `stop()` ends what a session left there and removes the cgroup."""
+    user = ensure_login_user(WORKER_USER)
+    with shared_dir("rw-sshd-delegated-") as base:
+        server = start_sshd(base, login=WORKER_USER, delegate=True)
+        try:
+            cgroup = server.cgroup
+            assert cgroup is not None
+            assert cgroup.stat().st_uid == (cgroup / "cgroup.procs").stat().st_uid == user.pw_uid
+            mount = cgroup.parent
+            done = run_ssh(
+                server,
+                "cat /proc/self/cgroup; setsid sleep 60 </dev/null >/dev/null 2>&1 & echo $!",
+            )
+            lines = done.stdout.splitlines()
+            assert f"0::/{cgroup.relative_to(mount)}" in lines, done.stderr
+            left = int(lines[-1])
+            server.kill()
+            server.start()
+            assert server.cgroup == cgroup
+            done = run_ssh(server, "cat /proc/self/cgroup")
+            assert f"0::/{cgroup.relative_to(mount)}" in done.stdout.splitlines()
+        finally:
+            server.stop()
+        assert not exists(left)
+        assert not cgroup.exists()
+        assert server.cgroup is None
 
 
 def test_bad_sshd_config_raises_with_sshd_words(tmp_path: Path) -> None:

@@ -82,17 +82,20 @@ class SshExecutor(ScriptExecutor):
         the launcher makes and enters as the login user), or None and why not, for
         people: asked of the target once (`sh/cgroup_base.sh`: the cgroup v2 mount for
         a root login, else the login's own cgroup when delegated to it), then kept.
-        A target whose jobs run as another user needs a root login, which makes the
-        cgroup, gives the user its `cgroup.procs` and `cgroup.kill` and enters it
-        before the change of user ([`spawn`]). Never raises: a target that cannot be
-        asked gets none, and is asked again next time."""
+        For a target whose jobs run as another user, the login makes the cgroup, gives
+        the user its `cgroup.procs` and `cgroup.kill` and enters it before the change
+        of user ([`spawn`]): a root login by `chown`, one that is not root by `chgrp`
+        to the user's primary group and its write bit, so such a login must be a
+        member of that group, a group of the user's own (the script checks it and
+        says how to set it up). Never raises: a target that cannot be asked gets
+        none, and is asked again next time."""
         with self._base_lock:
             if self._base is not None:
                 return self._base
-            root = ("root",) if self._ssh.run_as is not None else ()
+            user = () if self._ssh.run_as is None else (self._ssh.run_as,)
             try:
                 result = self._ssh.run(
-                    sh("cgroup_base"), action="cgroup", timeout_s=30, args=root, control=True
+                    sh("cgroup_base"), action="cgroup", timeout_s=30, args=user, control=True
                 )
             except ExecError as error:
                 return None, f"the target could not be asked ({error})"
@@ -110,8 +113,8 @@ class SshExecutor(ScriptExecutor):
 
     def spawn(self, job: JobCommand) -> JobId:
         """As [`ScriptExecutor.spawn`]; a contained job of a target whose jobs run as
-        another user enters its cgroup as the login user (root) before the change of
-        user ([`SshTransport.entering`]): the user may move no process out."""
+        another user enters its cgroup as the login user before the change of user
+        ([`SshTransport.entering`]): the user may move no process out."""
         if job.cgroup is None or self._ssh.run_as is None:
             return super().spawn(job)
         with self._ssh.entering(job.cgroup):
@@ -120,9 +123,10 @@ class SshExecutor(ScriptExecutor):
     def cancel(self, job: JobId) -> None:
         """As [`ScriptExecutor.cancel`]. For a contained job of a target whose jobs run
         as another user, a cancel script cut short (a job of the user's may find it in
-        `/proc`, pause or kill it) does not end the cancel: the login user, root, kills
-        the run's cgroup (`cgroup.kill`: everything of the job, what fought the script
-        included) and the user's cancel runs again, which records it.
+        `/proc`, pause or kill it) does not end the cancel: the login user (root, or
+        the owner of the run's cgroup under its delegated one) kills the run's cgroup
+        (`cgroup.kill`: everything of the job, what fought the script included) and
+        the user's cancel runs again, which records it.
 
         Raises:
             ExecError: as [`ScriptExecutor.cancel`]; `CommandError` when the login's

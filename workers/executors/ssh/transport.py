@@ -246,9 +246,11 @@ class SshTransport:
     @contextlib.contextmanager
     def entering(self, cgroup: str) -> Iterator[None]:
         """Within it, a script this thread runs as `run_as` first enters the cgroup
-        `cgroup` as the login user, root (`sh/ssh_cgroup_enter.sh`: made, its
-        `cgroup.procs` and `cgroup.kill` given to the user), and only then changes to
-        the user, so everything it starts is born in the cgroup and none can leave."""
+        `cgroup` as the login user (`sh/ssh_cgroup_enter.sh`: made, its `cgroup.procs`
+        and `cgroup.kill` given to the user: `chown`ed by a root login, by one that is
+        not root `chgrp`ed to the user's primary group and made group-writable), and
+        only then changes to the user, so everything it starts is born in the cgroup
+        and none can leave."""
         self._entering.cgroup = cgroup
         try:
             yield

@@ -6,13 +6,21 @@ Every script but the control ones runs as the jobs' user through `sudo -n`, from
 user's least environment; whether a job's leader runs is asked of the login user, so a
 daemon the job leaves behind that kills every script of its user (found by their
 command lines, as a hostile job would) cannot report the job ended or hold its status
-up. Its cancel, which runs as the jobs' user, is what such a job can still fight there
-(no cgroup over SSH): it fails, as docs/security.md says."""
+up. Its cancel, which runs as the jobs' user, is what such a job can still fight
+where the login gets no cgroup (it fails, as docs/security.md says).
+
+A second server logs the control user in to a cgroup delegated to it (as systemd's
+`Delegate=yes` does), the control user a member of the jobs' user's group: that login,
+not root, contains the jobs in a cgroup per run they cannot leave, and its cancel ends
+what fought the user's (docs/protocol.md, "Containment")."""
 
 from __future__ import annotations
 
+import contextlib
+import grp
 import os
 import pwd
+import stat
 import subprocess
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -22,11 +30,12 @@ import fakeredis
 import pytest
 
 from bench.harness.hostile import FIGHTER
-from bench.harness.processes import kill_processes_in
+from bench.harness.processes import hidden_processes, kill_processes_in
 from bench.harness.sshd import SshServer, running_sshd
 from bench.harness.users import (
     JOB_USER,
     WORKER_USER,
+    ensure_group_member,
     ensure_login_user,
     ensure_sudo_rule,
     ensure_user,
@@ -34,14 +43,22 @@ from bench.harness.users import (
     shared_dir,
 )
 from schemas import JobCommand, JobId, JobStatus, Settings
-from schemas.protocol import EXIT_FILE
+from schemas.protocol import EXIT_FILE, MARK_ENV, new_mark
 from store import RunStore
+from workers.cgroups import CGROUP_PARENT, hierarchy_mount
 from workers.context import Context
 from workers.doctor import doctor
-from workers.executors import CommandError, ExecError, FollowEntry, InvalidArgument, SshExecutor
+from workers.executors import (
+    CommandError,
+    ExecError,
+    FollowEntry,
+    InvalidArgument,
+    SshExecutor,
+    shell,
+)
 from workers.executors.ssh import connection_pool
 
-from .....conftest import put_signed_target, wait_for
+from .....conftest import process_alive, put_signed_target, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -176,15 +193,13 @@ def test_a_login_that_is_not_root_gets_no_cgroup_and_says_why(
     executor: SshExecutor, place: tuple[SshServer, Path]
 ) -> None:
     server, workdir = place
-    assert executor.cgroup_base() == (
-        None,
-        "the login user is not root: it cannot put the jobs of another user in a cgroup",
-    )
-    # Its own jobs: the login is not root, and sshd put it in a cgroup of root's.
-    base, why = _executor(server, workdir, run_as=None).cgroup_base()
-    assert base is None
-    assert "is not root and its cgroup" in why
-    assert "not delegated to it" in why
+    # sshd put the login in a cgroup of root's: for the jobs of another user as for
+    # its own, the reason and where the setup is told.
+    for asked in (executor, _executor(server, workdir, run_as=None)):
+        base, why = asked.cgroup_base()
+        assert base is None
+        assert "is not root and its cgroup" in why
+        assert "not delegated to it (give it one: docs/security.md, On an SSH target)" in why
 
 
 def test_a_login_sudo_refuses_is_one_clear_error(place: tuple[SshServer, Path]) -> None:
@@ -245,3 +260,199 @@ def test_an_executor_refuses_root_and_what_is_no_user_name() -> None:
     for name in ("bad user", "root"):
         with pytest.raises(InvalidArgument):
             SshExecutor.connect("u@127.0.0.1", "/w", run_as=name)
+
+
+@pytest.fixture(scope="module")
+def delegated() -> Iterator[tuple[SshServer, Path]]:
+    """A server whose login, the control user, runs in a cgroup delegated to it, the
+    control user a member of the jobs' user's group (docs/security.md, On an SSH
+    target); a workdir of the jobs' user. Its teardown removes the cgroup."""
+    ensure_login_user(WORKER_USER)
+    job = ensure_user(JOB_USER)
+    ensure_sudo_rule(WORKER_USER, JOB_USER)
+    ensure_group_member(WORKER_USER, JOB_USER)
+    with shared_dir("rw-ssh-delegated-") as base:
+        cgroup = None
+        try:
+            with running_sshd(base, login=WORKER_USER, delegate=True) as server:
+                cgroup = server.cgroup
+                assert cgroup is not None
+                workdir = base / "runs"
+                workdir.mkdir()
+                os.chown(workdir, job.pw_uid, job.pw_gid)
+                yield server, workdir
+            assert not cgroup.exists()  # the server's stop removed it
+        finally:
+            kill_processes_in(base)
+
+
+# Out of the job's session and environment, and deaf to SIGTERM; tries to move itself
+# into the hierarchy's root and into the login's delegated cgroup, and says how each
+# went; its argument names the run directory (`hidden_processes` finds it by /proc).
+ESCAPE = """PATH=/usr/bin:/bin
+setsid env -i /bin/sh -c 'trap "" TERM
+for rw_to in "$1" "$2"; do
+  if { echo $$ > "$rw_to/cgroup.procs"; } 2>/dev/null; then echo out; else echo in; fi
+done > "$0/escaped.tmp" && mv "$0/escaped.tmp" "$0/escaped"
+while :; do sleep 1; done' "$(pwd)" "$ROOT" "$BASE" </dev/null >/dev/null 2>&1 &
+"""
+
+
+def _delegated_run(server: SshServer, workdir: Path, script: str) -> tuple[Path, JobCommand]:
+    assert server.cgroup is not None
+    cgroup = server.cgroup / CGROUP_PARENT / new_mark()
+    root = hierarchy_mount()
+    assert root is not None
+    command = JobCommand(
+        dir=str(workdir / cgroup.name),
+        script=script,
+        env={MARK_ENV: cgroup.name, "ROOT": str(root), "BASE": str(server.cgroup)},
+        cgroup=str(cgroup),
+    )
+    return cgroup, command
+
+
+def _procs(cgroup: Path) -> list[int]:
+    try:
+        return [int(p) for p in (cgroup / "cgroup.procs").read_text().split()]
+    except FileNotFoundError:
+        return []
+
+
+def _the_hidden(run: Path) -> int:
+    """ESCAPE's daemon of the run directory `run`, by /proc: its script and its empty
+    environment, from a reading that found exactly one (its loop forks a shell for
+    each `sleep`, a moment before that one execs)."""
+
+    def one() -> int | None:
+        found = []
+        for pid in hidden_processes(str(run)):
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                environ = Path(f"/proc/{pid}/environ").read_bytes()
+            except OSError:
+                continue
+            if argv[1:2] == [b"-c"] and argv[2].startswith(b'trap "" TERM') and not environ:
+                found.append(pid)
+        return found[0] if len(found) == 1 else None
+
+    found = wait_for(one)
+    assert isinstance(found, int)
+    return found
+
+
+def _kill_cgroup(cgroup: Path) -> None:
+    """What a failure left in `cgroup`, killed (the server's stop removes it)."""
+    with contextlib.suppress(OSError):
+        (cgroup / "cgroup.kill").write_text("1")
+
+
+def test_a_login_that_is_not_root_contains_its_run_as_jobs_in_its_delegated_cgroup(
+    delegated: tuple[SshServer, Path],
+) -> None:
+    """The login, not root, in a cgroup delegated to it and a member of the jobs'
+    user's group: the run's cgroup is under the login's, its `cgroup.procs` and
+    `cgroup.kill` the login's, group-writable by the user's group alone; the job's
+    hidden `setsid env -i` daemon, of the jobs' user, is held in it and cannot move
+    itself into the hierarchy's root nor into the login's cgroup; the user's cancel
+    ends it (deaf to SIGTERM, it waits for the cancel's `cgroup.kill` after the 10 s
+    grace: the user's write through the group's bit) and the login removes the
+    emptied cgroup."""
+    server, workdir = delegated
+    job_user = pwd.getpwnam(JOB_USER)
+    login = pwd.getpwnam(WORKER_USER)
+    executor = _executor(server, workdir)
+    cgroup, command = _delegated_run(server, workdir, ESCAPE + "while :; do sleep 1; done\n")
+    run = Path(command.dir)
+    try:
+        assert executor.cgroup_base() == (str(server.cgroup), "")
+        assert executor.claim(command.dir, "this test")
+        job = executor.spawn(command)
+        assert job.cgroup == str(cgroup)
+        wait_for((run / "escaped").exists, timeout_s=20)
+        assert (run / "escaped").read_text() == "in\nin\n"
+        hidden = _the_hidden(run)
+        assert os.stat(f"/proc/{hidden}").st_uid == job_user.pw_uid
+        assert hidden in _procs(cgroup)
+        assert job.pid in _procs(cgroup)
+        assert cgroup.stat().st_uid == login.pw_uid  # made by the login, not root
+        for name in ("cgroup.procs", "cgroup.kill"):
+            info = (cgroup / name).stat()
+            assert (info.st_uid, info.st_gid) == (login.pw_uid, job_user.pw_gid)
+            assert info.st_mode & stat.S_IWGRP
+            assert not info.st_mode & stat.S_IWOTH
+        executor.cancel(job)
+        assert not process_alive(hidden)
+        assert hidden_processes(str(run)) == []
+        assert not cgroup.exists()
+        assert executor.status(job) is JobStatus.CANCELLED
+    finally:
+        kill_processes_in(run)
+        _kill_cgroup(cgroup)
+        connection_pool().close_all()
+
+
+def test_a_run_as_job_that_kills_its_cancel_is_cancelled_by_the_login_s_cgroup_kill(
+    delegated: tuple[SshServer, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The delegated login, not root: the job's daemon kills every script of the jobs'
+    user, the cancel's too; the login kills the run's cgroup (its own `cgroup.kill`,
+    the daemon with it) and the user's cancel runs again and records it."""
+    server, workdir = delegated
+    monkeypatch.setattr(shell, "CANCEL_DEADLINE_S", 2.0)
+    scope = workdir / f"fight-{new_mark()[:8]}"
+    scope.mkdir()
+    (scope / "fighter.py").write_text(FIGHTER)
+    os.chmod(scope / "fighter.py", 0o644)
+    script = (
+        f"setsid env -i {job_python()} {scope / 'fighter.py'} SIGKILL {scope}"
+        " </dev/null >/dev/null 2>&1 &\n"
+        "trap '' TERM\nexec sleep 600\n"
+    )
+    cgroup, command = _delegated_run(server, scope, script)
+    job_user = pwd.getpwnam(JOB_USER)
+    os.chown(scope, job_user.pw_uid, job_user.pw_gid)
+    executor = _executor(server, scope)
+    try:
+        assert executor.claim(command.dir, "this test")
+        job = executor.spawn(command)
+        wait_for((Path(command.dir) / "armed").exists, timeout_s=20)
+        fighter = hidden_processes(str(scope / "fighter.py"))
+        assert fighter
+        assert all(p in _procs(cgroup) for p in fighter)
+        executor.cancel(job)
+        assert _procs(cgroup) == []
+        assert hidden_processes(str(scope)) == []
+        assert not cgroup.exists()
+        assert executor.status(job) is JobStatus.CANCELLED
+    finally:
+        kill_processes_in(scope)
+        _kill_cgroup(cgroup)
+        connection_pool().close_all()
+
+
+def test_a_delegated_login_says_what_it_lacks_to_contain_another_user_s_jobs(
+    delegated: tuple[SshServer, Path],
+) -> None:
+    """The login's cgroup is delegated, but it may not give the jobs' user the run's
+    files: not a member of the user's group (`nobody`'s), or the user's group is the
+    login's own (its other members could end the runs): no cgroup, the reason and
+    its remedy."""
+    server, workdir = delegated
+    try:
+        base, why = _executor(server, workdir, run_as="nobody").cgroup_base()
+        assert base is None
+        nobody_group = grp.getgrgid(pwd.getpwnam("nobody").pw_gid).gr_name
+        assert why == (
+            f"the login user {WORKER_USER} is not root and not a member of nobody's group "
+            f"{nobody_group}: it cannot give nobody its run's cgroup (on the target, as "
+            f"root: usermod -a -G {nobody_group} {WORKER_USER}; docs/security.md, On an "
+            "SSH target)"
+        )
+        base, why = _executor(server, workdir, run_as=WORKER_USER).cgroup_base()
+        assert base is None
+        assert f"{WORKER_USER}'s group {WORKER_USER} is the login user's own primary group" in why
+        # Its own jobs: the delegated cgroup is all it needs.
+        assert _executor(server, workdir, run_as=None).cgroup_base() == (str(server.cgroup), "")
+    finally:
+        connection_pool().close_all()
