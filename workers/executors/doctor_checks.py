@@ -23,6 +23,7 @@ __all__ = ["JOBSIDE_PYTHON", "DoctorOptions", "assess", "make_check"]
 JOBSIDE_PYTHON: Final = {
     "runwarden_job": (3, 8),
     "runwarden_hf": (3, 10),
+    "runwarden_lightning": (3, 10),
     "runwarden_loop": (3, 10),
     "runwarden_preempt": (3, 10),
     "runwarden_metrics": (3, 8),
@@ -32,8 +33,8 @@ run time: `runwarden_job` (requests, proofs) and `runwarden_metrics` (its `Metri
 loaded when `runwarden_job` is) import `typing.Final` (3.8); `runwarden_preempt`
 (preemption signals, which `runwarden_job` loads on `install_preemption_signals`)
 imports `typing.TypeAlias` and evaluates `X | None` at import (3.10); `runwarden_loop`
-(`StopPoint`) installs those signals when made, and `runwarden_hf` (which loads
-`runwarden_loop`) when training begins (3.10).
+(`StopPoint`) installs those signals when made, and `runwarden_hf` and
+`runwarden_lightning` (which load `runwarden_loop`) when training begins (3.10).
 `tests/unit/workers/executors/test_doctor_jobside.py` keeps this true."""
 
 _DF_LINE: Final = re.compile(r"(?:^|\s)(\d+)\s+(\d+)\s+(\d+)\s+(?:\d+%|-)(?:\s|$)")
@@ -380,4 +381,3 @@ def _disk(f: Mapping[str, str], options: DoctorOptions) -> DoctorCheck:
         found,
         f"the disk policy asks every run here for a snapshot at once: {verdict}",
     )
-

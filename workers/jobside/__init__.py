@@ -3,7 +3,8 @@
 `PYTHONPATH`, so a training loop can `import runwarden_job` (any loop) or
 `import runwarden_hf` (the Hugging Face `TrainerCallback`; transformers is imported
 only when the callback is used) or `import runwarden_loop` (a stop point for a loop
-of one's own: plain PyTorch, DDP, Accelerate).
+of one's own: plain PyTorch, DDP, Accelerate) or `import runwarden_lightning` (the
+PyTorch Lightning `Callback`; Lightning is imported only when the callback is used).
 
 The files listed in `JOBSIDE_FILES` import nothing but the standard library (at
 import time) and each other: they run in the job's environment, not the
@@ -24,6 +25,7 @@ JOBSIDE_FILES: Final[tuple[str, ...]] = (
     "runwarden_preempt.py",
     "runwarden_loop.py",
     "runwarden_hf.py",
+    "runwarden_lightning.py",
 )
 """The names of the files to ship, relative to `jobside_dir()`."""
 

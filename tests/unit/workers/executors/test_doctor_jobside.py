@@ -99,9 +99,7 @@ def _construct(
     return []
 
 
-def needs(
-    nodes: Iterable[ast.AST], tree: ast.Module, label: str = ""
-) -> tuple[Version, list[str]]:
+def needs(nodes: Iterable[ast.AST], tree: ast.Module, label: str = "") -> tuple[Version, list[str]]:
     """The newest Python the run-time constructs among `nodes` (and below) need, and
     why (one line per distinct construct found, `label` in front)."""
     skip = _annotation_ids(tree)
@@ -173,10 +171,19 @@ def floors() -> dict[str, tuple[Version, list[str]]]:
         for n in ast.walk(hf)
     ), "runwarden_hf no longer loads runwarden_loop: revise this test"
     hf_floor = max(hf_floor, loop_floor)  # loaded when runwarden_hf is imported
+    lightning = parse("runwarden_lightning")
+    assert any(
+        isinstance(n, ast.Constant) and isinstance(n.value, str) and "runwarden_loop" in n.value
+        for n in ast.walk(lightning)
+    ), "runwarden_lightning no longer loads runwarden_loop: revise this test"
+    # It loads runwarden_job and runwarden_loop when imported; its callback makes a
+    # StopPoint, which installs the preemption signals, when training starts.
+    lightning_floor = max(needs(lightning.body, lightning, "runwarden_lightning: "), loop_floor)
     return {
         "runwarden_job": job_floor,
         "runwarden_loop": loop_floor,
         "runwarden_hf": hf_floor,
+        "runwarden_lightning": lightning_floor,
         "runwarden_preempt": preempt_floor,
         "runwarden_metrics": metrics_floor,
     }
