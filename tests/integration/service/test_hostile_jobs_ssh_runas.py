@@ -1,7 +1,9 @@
 """The hostile-job matrix (test_hostile_jobs.py) on an SSH target whose jobs run as a
-user of their own (`run_as`): a real sshd whose only login is the control user, the
-jobs started through `sudo -n` with the sudoers line docs/security.md gives, no cgroup
-over SSH (the `env -i` daemon is the expected failure it is on the plain SSH target).
+user of their own (`run_as`): a real sshd whose only login is the control user, not
+root, its sessions in a cgroup delegated to it and the user a member of the jobs'
+user's group, the jobs started through `sudo -n` with the sudoers line
+docs/security.md gives: each run in a cgroup of its own, which the `env -i` daemon
+cannot leave.
 The matrix's tests are collected again here, its per-case test over `RUN_AS_CASES`, in
 a module of its own, so a test process of its own runs this campaign beside the
 others."""
