@@ -22,15 +22,27 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from accelerate import Accelerator
+from runwarden_job import Metrics
 from runwarden_loop import StopPoint, resume_checkpoint
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ddp_loop import batch_indices, data, leave, say  # the example beside this one
+
+
+def build(accelerator: Accelerator, width: int, seed: int) -> tuple[Any, Any, Any]:
+    """The model, its optimizer and scheduler, prepared by Accelerate."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Dropout(0.1), nn.Linear(width, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=50, gamma=0.5)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    return model, optimizer, scheduler
 
 
 def main() -> int:
@@ -43,13 +55,7 @@ def main() -> int:
 
     accelerator = Accelerator(cpu=True)
     rank, world = accelerator.process_index, accelerator.num_processes
-    torch.manual_seed(args.seed + rank)
-    model = nn.Sequential(
-        nn.Linear(args.width, args.width), nn.ReLU(), nn.Dropout(0.1), nn.Linear(args.width, 1)
-    )
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
-    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=50, gamma=0.5)
-    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    model, optimizer, scheduler = build(accelerator, args.width, args.seed + rank)
     inputs, targets = data(args.seed, args.width)
 
     start = 0
@@ -59,6 +65,10 @@ def main() -> int:
         start = int(json.loads(Path(resume, "step.json").read_text())["step"])
         say(f"rank {rank} resuming from {resume} at step {start}")
     say(f"rank {rank} pid {os.getpid()}")
+    # Progress for runwarden (the main process only): its bars and `check-trainer`.
+    metrics = Metrics() if accelerator.is_main_process else None
+    if metrics is not None:
+        metrics.begin(args.steps, first_step=start + 1)
 
     ended = "finished"
     with StopPoint() as stop:
@@ -71,16 +81,23 @@ def main() -> int:
             optimizer.step()
             scheduler.step()
             say(f"rank {rank} step {step} loss {loss.item():.10f}")
+            if metrics is not None:
+                metrics.log(step, loss=loss.item())
             time.sleep(max(0.0, args.step_time - (time.monotonic() - began)))
             if stop.reached(step, last_step=args.steps):
-                where = stop.checkpoint(step)
+                where, saving = stop.checkpoint(step), time.monotonic()
                 accelerator.save_state(where)  # every rank's part; waits for them all
                 if accelerator.is_main_process:
                     Path(where, "step.json").write_text(json.dumps({"step": step}))
+                if metrics is not None:
+                    metrics.save(step, time.monotonic() - saving)
                 stop.prove(step)
                 ended = f"stopped at step {step}"
                 break
     say(f"rank {rank} {ended}")
+    if metrics is not None:
+        metrics.end(stop.stop_step or args.steps)
+        metrics.close()
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return 0

@@ -5,12 +5,8 @@ from there and stop it again further on, print the outcomes, shut everything dow
 
 from __future__ import annotations
 
-import os
 import shlex
-import signal
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -18,30 +14,16 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from schemas import RunError, RunRecord, RunState, Settings, TargetConfig
+from schemas import RunError, RunRecord, RunState
 from schemas.events import LaunchSpec
 
 from .api import Runwarden
-from .embedded import EmbeddedRedis
+from .private_service import LOCAL_TARGET, add_local_target, private_service
 
 __all__ = ["TOY_TRAINER", "run_demo"]
 
 TOY_TRAINER = Path(__file__).resolve().parent.parent / "examples" / "toy_trainer.py"
 STOP_AT_STEP = 20
-
-
-def _serve(state_dir: Path) -> subprocess.Popen[bytes]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNWARDEN_")}
-    env["RUNWARDEN_STATE_DIR"] = str(state_dir)
-    # Short clocks: the demo's stop completes in seconds even if the job misbehaved.
-    env.update(RUNWARDEN_FOLLOW_POLL_S="0.5",
-               RUNWARDEN_PROOF_TIMEOUT_S="60", RUNWARDEN_END_TIMEOUT_S="30",
-               RUNWARDEN_RECONCILE_S="2")  # fmt: skip
-    log = (state_dir / "serve.log").open("ab")
-    return subprocess.Popen(
-        [sys.executable, "-m", "producers.cli", "serve", "--concurrency", "1"],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
 
 
 def _follow_and_stop(
@@ -110,53 +92,38 @@ def _wait_artifacts(console: Console, api: Runwarden, run: RunRecord) -> RunReco
 
 def run_demo(console: Console) -> int:
     """Runs the demo; returns the exit code (0 when the run ended stopped)."""
-    state_dir = Path(tempfile.mkdtemp(prefix="runwarden-demo-"))
-    settings = Settings(state_dir=state_dir, redis_url=None)
-    _say(console, f"state directory: {state_dir}")
-    server = _serve(state_dir)
     try:
-        deadline = time.monotonic() + 60
-        while not EmbeddedRedis(settings).ping():
-            if server.poll() is not None or time.monotonic() > deadline:
-                console.print(
-                    "[red]the service did not start[/]; see "
-                    + escape(str(state_dir / "serve.log")),
-                    soft_wrap=True,
-                )
-                return 1
-            time.sleep(0.1)
-        api = Runwarden(settings)
-        workdir = state_dir / "work"
-        # Its job runs as this user; as root, that is said (a root worker refuses a
-        # local target that does not say it).
-        as_root = {"run_as": "root"} if os.geteuid() == 0 else {}
-        api.add_target(TargetConfig(name="local", kind="local", workdir=str(workdir), **as_root))
-        command = shlex.join([sys.executable, "-u", str(TOY_TRAINER), "--steps", "1000",
-                              "--step-time", "0.1"])  # fmt: skip
-        console.print("service up (embedded Redis, worker, beat); launching the toy trainer")
-        run = api.launch(LaunchSpec(target="local", command=command, name="demo"), wait_s=120)
-        console.print(f"run [bold]{run.id}[/] in {escape(run.remote_dir)}", soft_wrap=True)
-        run = _follow_and_stop(console, api, run)
-        _outcome(console, run)
-        if run.state is not RunState.STOPPED or run.snapshot is None:
-            return 1
-        step = run.snapshot.step
-        run = _wait_artifacts(console, api, run)
-        if run.artifacts is None or run.artifacts.phase != "done":
-            return 1
-        console.print(f"resuming {run.id} from step {step}")
-        resumed = api.launch(api.resume_spec(run.id), wait_s=120)
-        console.print(f"run [bold]{resumed.id}[/] in {escape(resumed.remote_dir)}", soft_wrap=True)
-        resumed = _follow_and_stop(console, api, resumed, step + STOP_AT_STEP)
-        _outcome(console, resumed)
-        return 0 if resumed.state is RunState.STOPPED else 1
+        with private_service("runwarden-demo-") as (api, state_dir):
+            _say(console, f"state directory: {state_dir}")
+            try:
+                return _demo(console, api, state_dir)
+            finally:
+                console.print("stopping the service")
     except RunError as error:
         console.print(f"[red]error:[/] {escape(str(error))}", soft_wrap=True)
         return 1
     finally:
-        server.send_signal(signal.SIGINT)
-        try:
-            server.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
         console.print("service stopped")
+
+
+def _demo(console: Console, api: Runwarden, state_dir: Path) -> int:
+    add_local_target(api, state_dir / "work")
+    command = shlex.join([sys.executable, "-u", str(TOY_TRAINER), "--steps", "1000",
+                          "--step-time", "0.1"])  # fmt: skip
+    console.print("service up (embedded Redis, worker, beat); launching the toy trainer")
+    run = api.launch(LaunchSpec(target=LOCAL_TARGET, command=command, name="demo"), wait_s=120)
+    console.print(f"run [bold]{run.id}[/] in {escape(run.remote_dir)}", soft_wrap=True)
+    run = _follow_and_stop(console, api, run)
+    _outcome(console, run)
+    if run.state is not RunState.STOPPED or run.snapshot is None:
+        return 1
+    step = run.snapshot.step
+    run = _wait_artifacts(console, api, run)
+    if run.artifacts is None or run.artifacts.phase != "done":
+        return 1
+    console.print(f"resuming {run.id} from step {step}")
+    resumed = api.launch(api.resume_spec(run.id), wait_s=120)
+    console.print(f"run [bold]{resumed.id}[/] in {escape(resumed.remote_dir)}", soft_wrap=True)
+    resumed = _follow_and_stop(console, api, resumed, step + STOP_AT_STEP)
+    _outcome(console, resumed)
+    return 0 if resumed.state is RunState.STOPPED else 1

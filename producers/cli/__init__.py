@@ -12,6 +12,7 @@ one line on stderr, never a traceback for a user error.
     runs     retrieve, follow, stop, cancel
     views    runs, show, logs, stops
     doctor   doctor
+    check    check-trainer
     status   status (the service's health)
 """
 
@@ -19,13 +20,13 @@ from __future__ import annotations
 
 import sys
 
-from . import doctor, launch, producers, runs, serve, status, targets, views
+from . import check, doctor, launch, producers, runs, serve, status, targets, views
 from .common import app, err
 
 __all__ = ["app", "main"]
 
 # The command modules register their commands on `app` when imported.
-_COMMANDS = (doctor, launch, producers, runs, serve, status, targets, views)
+_COMMANDS = (check, doctor, launch, producers, runs, serve, status, targets, views)
 
 
 def main() -> None:

@@ -65,6 +65,7 @@ __all__ = [
     "PREEMPTED",
     "REASONS",
     "REQUEST_ENV",
+    "RANK_REPORT_ENV",
     "RESUME_ENV",
     "SNAPSHOT_FILE",
     "SNAPSHOT_REQUEST",
@@ -72,6 +73,7 @@ __all__ = [
     "checkpoint_path",
     "install_preemption_signals",
     "parse_reason",
+    "report_stop",
     "preemption_pending",
     "request_path",
     "request_snapshot",
@@ -100,6 +102,9 @@ METRICS_ENV: Final = "RUNWARDEN_METRICS"
 """Environment variable holding the absolute path of ``metrics.jsonl``."""
 RESUME_ENV: Final = "RUNWARDEN_RESUME_FROM"
 """Environment variable naming a checkpoint directory to resume from, when set."""
+RANK_REPORT_ENV: Final = "RUNWARDEN_RANK_REPORT"
+"""Environment variable naming a directory where every rank reports the step it
+stopped at (:func:`report_stop`): set by ``runwarden check-trainer`` only."""
 
 REASONS: Final[tuple[str, ...]] = ("requested", "deadline", "cost", "disk", "preempted")
 """Every reason a request or a proof may hold; the first is the default."""
@@ -383,4 +388,43 @@ def write_proof(step: int, reason: str, *, directory: str | None = None) -> str:
             os.unlink(temp)
         raise
     _fsync_directory(base)
+    return final
+
+
+def report_stop(step: int, reason: str, *, rank: int | None = None) -> str | None:
+    """Tells ``runwarden check-trainer`` that this rank decided to stop after ``step``
+    for ``reason``: writes ``rank-<rank>.json`` (``{"rank", "step", "reason", "time"}``,
+    unix seconds) in the directory ``$RUNWARDEN_RANK_REPORT`` names, replaced atomically.
+    ``rank`` defaults to ``$RANK`` (torchrun's global rank), else 0. The stop points
+    (``runwarden_loop.StopPoint``, the Hugging Face and Lightning callbacks) call it on
+    every rank; a loop of one's own calls it where each rank breaks out.
+
+    Returns the report's path; ``None`` when the variable is unset or empty (a run of
+    the service: nothing is written) or the report could not be written. Never raises
+    ``OSError``: a report never stands in the way of a stop.
+
+    Raises:
+        ValueError: ``step`` is not a non-negative ``int`` below 2**64, or ``rank``
+            (given or from ``$RANK``) is not a non-negative ``int``.
+    """
+    _check_step(step)
+    directory = os.environ.get(RANK_REPORT_ENV)
+    if not directory:
+        return None
+    if rank is None:
+        text = os.environ.get("RANK", "0")
+        rank = int(text) if text.isdigit() else -1
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        raise ValueError(f"rank must be an int >= 0, not {rank!r}")
+    record = {"rank": rank, "step": step, "reason": str(reason), "time": time.time()}
+    final = os.path.join(os.path.abspath(directory), f"rank-{rank}.json")
+    temp = f"{final}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    try:
+        with open(temp, "x", encoding="utf-8") as file:
+            file.write(json.dumps(record) + "\n")
+        os.replace(temp, final)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        return None
     return final

@@ -72,6 +72,7 @@ class _JobApi(Protocol):
     def checkpoint_path(self, step: int) -> str: ...
     def run_dir(self) -> str: ...
     def write_proof(self, step: int, reason: str, *, directory: str | None = None) -> str: ...
+    def report_stop(self, step: int, reason: str, *, rank: int | None = None) -> str | None: ...
 
 
 def _job_module() -> _JobApi:
@@ -210,6 +211,7 @@ class StopPoint:
             # Another rank got the signal: rank 0 owns the run directory's files.
             _job.request_snapshot(reason)
         self.reason, self.stop_step = reason, step
+        _job.report_stop(step, reason, rank=rank)
         if rank == 0:
             print(
                 f"runwarden: snapshot requested ({reason}) at step {step}: "

@@ -451,3 +451,29 @@ def test_concurrent_metrics_writers_do_not_interleave(run: Path) -> None:
         own = [line for line in lines if line["writer"] == name]
         assert [line["seq"] for line in own] == list(range(count))
         assert all(line["pad"] == name * 3000 for line in own)
+
+
+def test_a_rank_reports_its_stop_only_when_check_trainer_asks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`report_stop` writes `rank-<rank>.json` in `$RUNWARDEN_RANK_REPORT` (the rank
+    from `$RANK` by default), nothing without it, and never raises for a directory it
+    cannot write in."""
+    monkeypatch.delenv(job.RANK_REPORT_ENV, raising=False)
+    assert job.report_stop(3, "requested") is None
+    monkeypatch.setenv(job.RANK_REPORT_ENV, str(tmp_path))
+    monkeypatch.setenv("RANK", "1")
+    path = job.report_stop(3, "preempted")
+    assert path == str(tmp_path / "rank-1.json")
+    report = json.loads(Path(path).read_text())
+    assert {k: report[k] for k in ("rank", "step", "reason")} == {
+        "rank": 1, "step": 3, "reason": "preempted",
+    }  # fmt: skip
+    assert job.report_stop(4, "requested", rank=0) == str(tmp_path / "rank-0.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank-0.json", "rank-1.json"]
+    monkeypatch.setenv(job.RANK_REPORT_ENV, str(tmp_path / "missing"))
+    assert job.report_stop(3, "requested") is None
+    with pytest.raises(ValueError, match="step"):
+        job.report_stop(-1, "requested")
+    with pytest.raises(ValueError, match="rank"):
+        job.report_stop(1, "requested", rank=-2)
