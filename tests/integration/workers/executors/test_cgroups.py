@@ -6,9 +6,10 @@ the grace for one that ignores it), and so does the end of a job that left it be
 (`release`); the emptied cgroup is removed. Local and shell executors, and a target
 whose jobs run as another user (the worker makes the cgroup and enters it before the
 change of user; the user cannot take a process out). An SSH target with a root login
-(or one whose cgroup is delegated to it) gets one too, made by its launcher; one whose
-jobs run as another user needs a root login, which enters it before the change of
-user (`workers.cgroups.containment`)."""
+(or one whose cgroup is delegated to it) gets one too, made by its launcher; for one
+whose jobs run as another user the login makes it and enters it before the change of
+user (`workers.cgroups.containment`): a root login here, a delegated login that is not
+root in ssh/test_runas_ssh.py."""
 
 from __future__ import annotations
 
