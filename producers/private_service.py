@@ -56,13 +56,17 @@ def private_service(
     """Starts the service in a new state directory `<tmp>/<prefix>XXXX` (kept: its
     `serve.log` and run directories are the command's record), with `CLOCKS` and
     `clocks` over them; yields its API and the directory once Redis answers; stops it
-    (SIGINT, then SIGKILL to its group after `STOP_TIMEOUT_S`) on the way out.
+    (SIGINT, then SIGKILL to its group after `STOP_TIMEOUT_S`) on the way out. Within
+    it, a SIGTERM raises `KeyboardInterrupt` (main thread only), so that a command
+    killed politely ends its runs and the service like one interrupted.
 
     Raises:
         OperationFailed: the service did not start within `START_TIMEOUT_S`.
     """
     state_dir = Path(tempfile.mkdtemp(prefix=prefix))
     settings = Settings(state_dir=state_dir, redis_url=None)
+    # A SIGTERM to the command unwinds it as Ctrl-C does: what it started is stopped.
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     server = _serve(state_dir, {**CLOCKS, **(clocks or {})})
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -78,6 +82,8 @@ def private_service(
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def add_local_target(api: Runwarden, workdir: Path, name: str = LOCAL_TARGET) -> None:

@@ -12,6 +12,7 @@ of its own running (the resumed run is cancelled once it logged a step).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -243,6 +244,16 @@ def _load(check: TrainerCheck, checkpoint: Path) -> Loaded:
         return Loaded("unknown", error=f"the loader failed: {why[0][:300]}")
 
 
+def _cancel(api: Runwarden, run_id: str | None) -> None:
+    """Cancels the run `run_id` unless it ended (or is None); a cancel that fails is
+    the service's to retry (`reconcile`), never the check's error."""
+    if run_id is None:
+        return
+    with contextlib.suppress(RunwardenError):
+        if not api.get_run(run_id).state.is_terminal:
+            api.cancel(run_id)
+
+
 def _resume(api: Runwarden, run: RunRecord, check: TrainerCheck) -> tuple[Resumed, str | None]:
     """Resumes `run` from its checkpoint (once retrieved, as any resume), waits for
     the first logged step, and cancels the resumed run; what was seen, and its id."""
@@ -266,17 +277,15 @@ def _resume(api: Runwarden, run: RunRecord, check: TrainerCheck) -> tuple[Resume
         state[0] = api.get_run(resumed.id)
         return state[0].state.is_terminal
 
-    _wait(logged, check.start_timeout_s, 0.1)
+    try:
+        _wait(logged, check.start_timeout_s, 0.1)
+    finally:
+        _cancel(api, resumed.id)
     begin = None if reader.begin is None else reader.begin.get("first_step")
     first = reader.steps[0][0] if reader.steps else None
     error = None
     if first is None:
         error = f"the resumed run logged no step (it is {state[0].state})"
-    if not api.get_run(resumed.id).state.is_terminal:
-        try:
-            api.cancel(resumed.id)
-        except RunwardenError as failure:
-            error = error or f"the resumed run could not be cancelled: {failure}"
     begin_step = begin if isinstance(begin, int) and not isinstance(begin, bool) else None
     return Resumed(first, begin_step, error), resumed.id
 
@@ -308,22 +317,24 @@ def run_check(
     say("launching")
     run = api.launch(spec, wait_s=check.start_timeout_s)
     report.run_id = run.id
-    say(f"run {run.id}: warming up ({check.warmup_steps} steps)")
-    _warm_up(api, run, check, seen)
-    if seen.start_error is None:
-        say("asking a snapshot")
-        run = _watch_stop(api, run, check, seen)
-        if not run.state.is_terminal:
-            report.notes.append(f"the run was still {run.state} after its timeouts; cancelled")
-            api.cancel(run.id)
-            run = api.get_run(run.id)
-    elif not api.get_run(run.id).state.is_terminal:
-        api.cancel(run.id)
+    try:
+        say(f"run {run.id}: warming up ({check.warmup_steps} steps)")
+        _warm_up(api, run, check, seen)
+        if seen.start_error is None:
+            say("asking a snapshot")
+            run = _watch_stop(api, run, check, seen)
+            if not run.state.is_terminal:
+                report.notes.append(f"the run was still {run.state} after its timeouts")
+        _cancel(api, run.id)
         run = api.get_run(run.id)
-    _after_end(run, check, seen)
-    seen.reports = observe.rank_reports(reports, check.ranks)
-    if seen.start_error is None and run.state is RunState.STOPPED:
-        say("resuming from the checkpoint")
-        seen.resumed, report.resumed_id = _resume(api, run, check)
+        _after_end(run, check, seen)
+        seen.reports = observe.rank_reports(reports, check.ranks)
+        if seen.start_error is None and run.state is RunState.STOPPED:
+            say("resuming from the checkpoint")
+            seen.resumed, report.resumed_id = _resume(api, run, check)
+    finally:
+        # However the check ends (an interrupt included), no run of it goes on.
+        for started in (report.run_id, report.resumed_id):
+            _cancel(api, started)
     report.checks = judge(seen)
     return report

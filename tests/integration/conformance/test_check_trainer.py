@@ -6,7 +6,9 @@ its JSON report."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,7 +19,7 @@ import pytest
 from bench.harness.pipeline import Pipeline, running_pipeline
 from producers.conformance import CHECKS, Report, TrainerCheck, run_check
 
-from ...conftest import ROOT
+from ...conftest import ROOT, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -117,3 +119,34 @@ def test_the_command_passes_a_two_rank_ddp_loop_and_prints_its_json_report() -> 
     assert report["ranks"] == 2
     assert "--nproc-per-node=2" in report["command"]
     assert "examples/ddp_loop.py -> " in report["notes"][0]
+
+
+def _processes_naming(word: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if word.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+    return found
+
+
+def test_a_check_killed_politely_leaves_no_job_and_no_service(tmp_path: Path) -> None:
+    """SIGTERM to the command mid-check: it cancels its run and stops its service
+    (Redis, worker, beat) before it exits; nothing of either is left."""
+    marker = "--steps=987654"  # names this test's job among the machine's processes
+    log = (tmp_path / "err").open("wb")
+    command = [sys.executable, "-m", "producers.cli", "check-trainer", "--warmup-steps", "1000",
+               "--", sys.executable, str(LOOP), marker, "--step-time", "0.1"]  # fmt: skip
+    checker = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
+    try:
+        wait_for(lambda: _processes_naming(marker + "\0") and b"warming up" in
+                 (tmp_path / "err").read_bytes(), timeout_s=60)  # fmt: skip
+        state_dir = (tmp_path / "err").read_text().split("service in ")[1].split()[0]
+        checker.send_signal(signal.SIGTERM)
+        assert checker.wait(timeout=120) != 0
+        assert _processes_naming(marker + "\0") == []
+        assert _processes_naming(state_dir) == []  # its Redis server names its socket
+    finally:
+        if checker.poll() is None:
+            checker.kill()
