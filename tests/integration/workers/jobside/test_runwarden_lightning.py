@@ -48,6 +48,8 @@ class Ran:
     losses: dict[int, dict[int, float]] = field(default_factory=dict)
     """By rank, then by step."""
     pids: dict[int, int] = field(default_factory=dict)
+    signalled: list[int] = field(default_factory=list)
+    """The steps at which a signal was sent to a rank."""
 
     def stopped_at(self) -> dict[int, int]:
         found = re.findall(r"rank (\d+) stopped at step (\d+)", self.out)
@@ -115,9 +117,9 @@ def request_at(step: int, run_dir: Path) -> Callable[[Ran, int, int], None]:
 
 def sigterm_at(step: int, rank: int) -> Callable[[Ran, int, int], None]:
     def on_step(ran: Ran, at: int, number: int) -> None:
-        if at == rank and number == step and not (sent := ran.__dict__.setdefault("sent", [])):
+        if at == rank and number == step and not ran.signalled:
             os.kill(ran.pids[rank], signal.SIGTERM)
-            sent.append(number)
+            ran.signalled.append(number)
 
     return on_step
 
@@ -248,7 +250,7 @@ def test_a_request_stops_every_rank_at_one_step_with_a_checkpoint_before_its_pro
 def test_a_sigterm_to_one_rank_stops_both_at_one_step(two: Runs) -> None:
     run_dir = two.run_dirs["preempted"]
     ran = two.ran["preempted"]
-    assert ran.__dict__.get("sent"), ran.out[-2000:]
+    assert ran.signalled == [8], ran.out[-2000:]
     step = check_stopped(ran, run_dir, 2, "preempted")
     assert 8 <= step < STEPS
     # Rank 0, which got no signal, wrote the request for the run directory.
