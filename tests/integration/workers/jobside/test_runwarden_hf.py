@@ -45,7 +45,6 @@ HF_TRAINER = ROOT / "examples" / "hf_tiny_trainer.py"
 START_TIMEOUT_S = 120.0
 STEP_DELAY_S = "0.05"
 RUN_STEPS = 200
-RESUMED_STEPS = 6
 
 
 def job_env(run_dir: Path, **extra: str) -> dict[str, str]:
@@ -233,38 +232,71 @@ def test_the_checkpoint_loads_with_from_pretrained(stopped_run: tuple[Path, int]
     }
 
 
-def test_a_resumed_run_continues_the_global_step(
-    stopped_run: tuple[Path, int],
-    tmp_path: Path,
-    processes: list[subprocess.Popen[bytes]],
+LOSS_STEPS = 16
+LOSS_TOLERANCE = 1e-6
+"""Absolute, on the losses and gradient norms the Trainer logs: the resumed run
+restores the model, the optimizer, the scheduler, the RNG states and the data
+position, so only floating-point noise may differ (none was seen)."""
+
+
+def logged(run_dir: Path) -> dict[int, tuple[float, float]]:
+    """Step -> (loss, grad_norm) of the per-step `log` lines."""
+    return {
+        r["step"]: (r["loss"], r["grad_norm"])
+        for r in metrics(run_dir)
+        if r["event"] == "log" and "loss" in r
+    }
+
+
+@pytest.mark.parametrize("ranks", [0, 2], ids=["1-rank", "2-ranks"])
+def test_a_stopped_and_resumed_run_trains_as_an_uninterrupted_one(
+    tmp_path: Path, processes: list[subprocess.Popen[bytes]], ranks: int
 ) -> None:
-    first_dir, step = stopped_run
-    run_dir = tmp_path / "run-resumed"
-    run_dir.mkdir()
-    last = step + RESUMED_STEPS
-    checkpoint = first_dir / "output" / f"checkpoint-{step}"
-    process = start_trainer(
-        run_dir, "--steps", str(last), "--save-every", "1000", **{job.RESUME_ENV: str(checkpoint)}
+    """Stopped by a request after a few steps and resumed from its checkpoint, a run
+    logs the losses (and gradient norms) of a run of the same steps left alone, at
+    every step, within `LOSS_TOLERANCE`; on one process and on two ranks under DDP.
+    The uninterrupted run and the stopped one run side by side."""
+    whole, first, second = (tmp_path / name for name in ("whole", "first", "second"))
+    for directory in (whole, first, second):
+        directory.mkdir()
+    steps = ("--steps", str(LOSS_STEPS))
+    alone = start_trainer(whole, *steps, ranks=ranks)
+    stopped = start_trainer(first, *steps, "--step-delay", "0.2", ranks=ranks)
+    processes += [alone, stopped]
+    wait_for(lambda: len(loss_steps(first)) >= 3 or stopped.poll() is not None)
+    put(first / job.SNAPSHOT_REQUEST, "requested\n")
+    finish(stopped, first)
+    proof = parse_proof((first / job.SNAPSHOT_FILE).read_bytes())
+    assert isinstance(proof, ProofSaved), proof
+    step = proof.snapshot.step
+    assert 3 <= step < LOSS_STEPS
+    checkpoint = str(first / proof.snapshot.checkpoint)
+    resumed = start_trainer(
+        second, *steps, "--save-every", "1000", ranks=ranks, **{job.RESUME_ENV: checkpoint}
     )
-    processes.append(process)
-    finish(process, run_dir)
-    assert loss_steps(run_dir) == list(range(step + 1, last + 1))
-    lines = metrics(run_dir)
-    assert (lines[0]["event"], lines[0]["max_steps"], lines[0]["first_step"]) == (
-        "begin",
-        last,
-        step + 1,
-    )
-    assert (lines[-1]["event"], lines[-1]["step"]) == ("end", last)
+    processes.append(resumed)
+    finish(alone, whole)
+    finish(resumed, second)
+    expected = logged(whole)
+    assert sorted(expected) == list(range(1, LOSS_STEPS + 1))
+    got = logged(first)
+    assert sorted(got) == list(range(1, step + 1))
+    got.update(logged(second))
+    assert sorted(got) == sorted(expected)
+    for at in expected:
+        assert got[at] == pytest.approx(expected[at], abs=LOSS_TOLERANCE, rel=0), at
+    # The resumed run went on from the checkpoint's global step and ended normally:
+    # its final save is its only checkpoint, and no proof.
+    lines = metrics(second)
+    begin = (lines[0]["event"], lines[0]["max_steps"], lines[0]["first_step"])
+    assert begin == ("begin", LOSS_STEPS, step + 1)
+    assert (lines[-1]["event"], lines[-1]["step"]) == ("end", LOSS_STEPS)
     assert "reason" not in lines[-1]
-    # The run ended normally: its final save is the only checkpoint, and no proof.
-    assert [p.name for p in (run_dir / "output").iterdir()] == [f"checkpoint-{last}"]
-    state = json.loads(
-        (run_dir / "output" / f"checkpoint-{last}" / "trainer_state.json").read_text()
-    )
-    assert state["global_step"] == last
-    assert not (run_dir / job.SNAPSHOT_FILE).exists()
-    assert f"resuming from {checkpoint}" in (run_dir / "job.log").read_text(errors="replace")
+    final = second / "output" / f"checkpoint-{LOSS_STEPS}"
+    assert [p.name for p in (second / "output").iterdir()] == [final.name]
+    assert json.loads((final / "trainer_state.json").read_text())["global_step"] == LOSS_STEPS
+    assert not (second / job.SNAPSHOT_FILE).exists()
+    assert f"resuming from {checkpoint}" in (second / "job.log").read_text(errors="replace")
 
 
 def test_without_a_request_the_run_ends_normally_and_its_saves_say_how_long_they_took(
