@@ -113,6 +113,10 @@ def _files(count: int) -> str:
     return f"{count} file" if count == 1 else f"{count} files"
 
 
+def _loads(count: int) -> str:
+    return "1 file loads" if count == 1 else f"{count} files load"
+
+
 def _s(seconds: float) -> str:
     return f"{seconds:.2f} s"
 
@@ -192,7 +196,7 @@ def _checkpoint(o: Observation) -> Check:
         return Check("checkpoint", True, count, detail)
     return Check(
         "checkpoint", True, count,
-        f"complete before the proof; {_files(loaded.files)} load ({loaded.framework})",
+        f"complete before the proof; {_loads(loaded.files)} ({loaded.framework})",
     )  # fmt: skip
 
 
