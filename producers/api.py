@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -43,12 +44,15 @@ from schemas.events import (
     TASK_LAUNCH,
     TASK_RETRIEVE,
     TASK_SNAPSHOT_REQUEST,
+    TASK_STOP_MANY,
     CancelBody,
     DoctorBody,
     FollowBody,
     LaunchSpec,
     RetrieveBody,
     SnapshotRequestBody,
+    StopManyBody,
+    StopManySummary,
     describe,
     resume_spec,
     wire_config,
@@ -233,6 +237,44 @@ class Runwarden:
         check_snapshot_request(self.store.runs.get(run_id))
         body = SnapshotRequestBody(run_id=run_id, reason=reason, asked_by=asked_by)
         return StopState.model_validate(self._call(TASK_SNAPSHOT_REQUEST, body, wait_s))
+
+    def stop_many(
+        self,
+        targets: str | Sequence[str],
+        *,
+        all: bool = False,
+        labels: Mapping[str, str] | None = None,
+        name_glob: str | None = None,
+        reason: SnapshotReason = SnapshotReason.REQUESTED,
+        asked_by: str = "api",
+        wait_s: float = 60.0,
+    ) -> StopManySummary:
+        """Asks a snapshot of every running run of `targets` that the selection picks:
+        `all`, or the runs carrying every label of `labels` and whose name matches
+        `name_glob` (`fnmatch`), both when both are given. One task
+        (`runwarden.stop_many`); each selected run's stop is opened as `stop` opens
+        one, the request files written by one script per target. Returns the summary:
+        `asked`, `already_stopping`, `not_running`, `refused` (with why: a target
+        this producer may not act on, a job that reads no requests, a target out of
+        reach). The selection and the targets are checked here first, before
+        anything is published, and again by the worker.
+
+        Raises:
+            ValidationError: a selection that does not fit (no selector, a bad label
+                or glob, no target); UnknownTarget; OperationFailed.
+        """
+        names = (targets,) if isinstance(targets, str) else tuple(targets)
+        body = StopManyBody(
+            targets=names,
+            all=all,
+            labels=dict(labels or {}),
+            name_glob=name_glob,
+            reason=reason,
+            asked_by=asked_by,
+        )
+        for name in body.targets:
+            self.store.targets.get(name)
+        return StopManySummary.model_validate(self._call(TASK_STOP_MANY, body, wait_s))
 
     def cancel(self, run_id: str, wait_s: float = 90.0) -> RunRecord:
         """Cancels the run's job now; returns the recorded run.

@@ -20,7 +20,9 @@ cause stays visible.
     │                                    read (schemas.webhooks)
     ├── RunError                         the run store and the operations on runs
     │   ├── StoreError                   Redis unreachable, refused, or a stored value
-    │   │                                unreadable
+    │   │   │                            unreadable
+    │   │   └── NotReplicated            a write no replica acknowledged in time
+    │   │                                (Redis's WAIT; it may be lost in a failover)
     │   ├── NotFound                     no such run (run_id)
     │   ├── UnknownTarget                no such target (name)
     │   ├── NotStarted                   the run has no job yet (run_id)
@@ -49,6 +51,7 @@ cause stays visible.
     │                                    optional packages it needs (extra, what,
     │                                    module): names the extra to install
     └── WorkerError                      a task of the workers failed (workers.errors)
+        ├── ProducerNotAllowed           a producer the target does not allow
         ├── LaunchError                  a launch could not be carried out
         │   ├── SecretMissing            a secret the launch names is not set
         │   ├── SecretUnusable           a secret's value no job can receive
@@ -83,6 +86,7 @@ __all__ = [
     "MissingExtra",
     "NoSnapshots",
     "NotFound",
+    "NotReplicated",
     "NotResumable",
     "NotRunning",
     "NotStarted",
@@ -156,6 +160,14 @@ class StoreError(RunError):
     stored value is unreadable. The Redis exception (or validation error) is the
     `__cause__`. When Redis dropped mid-command, the operation may or may not have
     taken effect (see `store` on retrying)."""
+
+
+class NotReplicated(StoreError):
+    """A write a deadline depends on was done on the primary, but fewer replicas than
+    `RUNWARDEN_REDIS_MIN_REPLICAS` acknowledged it within `RUNWARDEN_REDIS_WAIT_S`
+    (Redis's `WAIT`): a failover may lose it, or keep it. Taken as a failed write:
+    its caller tries again, and every write it may be retried with is a
+    compare-and-set (docs/architecture.md, "Durability")."""
 
 
 class NotFound(RunError):

@@ -16,6 +16,7 @@ from .chain import OnPreempt
 from .idempotency import LaunchKey
 from .ids import RunId
 from .job import check_absolute_path, check_secret_name
+from .labels import Labels, check_name_glob
 from .preemption import PreemptionMode
 from .run import RunLimits, RunRecord
 from .settings import Settings
@@ -45,6 +46,7 @@ __all__ = [
     "TASK_RETRIEVE",
     "TASK_ROUTES",
     "TASK_SNAPSHOT_REQUEST",
+    "TASK_STOP_MANY",
     "TASK_WATCH_TARGET",
     "CancelBody",
     "ContinueBody",
@@ -53,6 +55,9 @@ __all__ = [
     "LaunchSpec",
     "RetrieveBody",
     "SnapshotRequestBody",
+    "StopManyBody",
+    "StopManyRefusal",
+    "StopManySummary",
     "TimeoutBody",
     "describe",
     "launch_settings",
@@ -64,6 +69,10 @@ TASK_LAUNCH: Final = "runwarden.launch"
 TASK_FOLLOW: Final = "runwarden.follow"
 TASK_SNAPSHOT_REQUEST: Final = "runwarden.snapshot_request"
 TASK_CANCEL: Final = "runwarden.cancel"
+TASK_STOP_MANY: Final = "runwarden.stop_many"
+"""A bulk stop: every running run of the named targets that a selection picks
+(`StopManyBody`), asked for a snapshot, one batched write per target; answers a
+`StopManySummary`."""
 TASK_PROOF_TIMEOUT: Final = "runwarden.proof_timeout"
 TASK_END_TIMEOUT: Final = "runwarden.end_timeout"
 TASK_FOLLOW_TICK: Final = "runwarden.follow_tick"
@@ -114,14 +123,32 @@ def wire_config(settings: Settings) -> dict[str, Any]:
     broker and result backend of `settings`, one visibility timeout for both (longer
     than the longest countdown plus a task's run time, so that a countdown task held
     for its ETA is never redelivered while it waits), JSON only, the default queue and
-    the routes. Contains the broker URL (with its password, if any): never log it."""
+    the routes; with Redis behind Sentinel (`schemas.sentinel`), kombu's and Celery's
+    `sentinel://` transport and backend, the master's name in their transport options.
+    Contains the broker URL (with its password, if any): never log it."""
     url = settings.broker_url()
-    visibility = {"visibility_timeout": int(settings.visibility_timeout_s)}
-    return {
+    transport: dict[str, Any] = {"visibility_timeout": int(settings.visibility_timeout_s)}
+    sentinel = settings.sentinel_address()
+    publish: dict[str, Any] = {}
+    if sentinel is not None:
+        # kombu's `sentinel://` transport and Celery's sentinel result backend: the
+        # master's name, and the sentinels' own password and bounded waits. A publish
+        # is retried through a failover (the sentinels see the primary down after
+        # their `down-after-milliseconds`, then promote a replica): about 10 s.
+        sentinel_kwargs: dict[str, Any] = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0}
+        if sentinel.sentinel_password is not None:
+            sentinel_kwargs["password"] = sentinel.sentinel_password
+        transport |= {"master_name": sentinel.master, "sentinel_kwargs": sentinel_kwargs}
+        publish = {
+            "task_publish_retry_policy": {
+                "max_retries": 20, "interval_start": 0, "interval_step": 0.5, "interval_max": 0.5,
+            },
+        }  # fmt: skip
+    return publish | {
         "broker_url": url,
         "result_backend": url,
-        "broker_transport_options": visibility,
-        "result_backend_transport_options": visibility,
+        "broker_transport_options": transport,
+        "result_backend_transport_options": transport,
         "broker_connection_retry_on_startup": True,
         "task_serializer": SERIALIZER,
         "result_serializer": SERIALIZER,
@@ -146,6 +173,10 @@ class LaunchSpec(_Body):
     """POSIX shell command of the job, run in its run directory."""
     name: str = ""
     """Free text; its slug goes into the run id."""
+    labels: Labels = Field(default_factory=dict)
+    """`key=value` pairs kept on the run's record (`schemas.labels`: at most 16, keys
+    and values of a short grammar), by which a bulk stop (`runwarden.stop_many`)
+    selects runs."""
     upload: Path | None = None
     """A directory on the worker whose content is copied into the run directory."""
     skip: tuple[str, ...] = ()
@@ -289,6 +320,66 @@ class SnapshotRequestBody(_Body):
     reason stays). Without it, asking again changes only the open stop's reason."""
 
 
+MAX_STOP_MANY_TARGETS: Final = 100
+"""Targets one bulk stop may name."""
+
+
+class StopManyBody(_Body):
+    """`runwarden.stop_many`: ask a snapshot of every running run of `targets` that
+    the selection picks: `all`, or runs carrying every label of `labels` and whose
+    name matches `name_glob` (both when both are given). A run on a target the
+    producer may not act on (`TargetConfig.producers`) is refused, reported in the
+    summary with why; the others are asked. The selectors combine: `all` with labels
+    or a glob selects what they select. Each selected run's stop is opened as a
+    single stop opens it (its proof deadline in the deadline table first), and the
+    request files of each target are written by one script."""
+
+    targets: tuple[TargetName, ...] = Field(min_length=1, max_length=MAX_STOP_MANY_TARGETS)
+    all: bool = False
+    labels: Labels = Field(default_factory=dict)
+    name_glob: str | None = None
+    reason: SnapshotReason = SnapshotReason.REQUESTED
+    asked_by: AskedBy = "api"
+
+    @field_validator("name_glob")
+    @classmethod
+    def _glob(cls, glob: str | None) -> str | None:
+        return None if glob is None else check_name_glob(glob)
+
+    @field_validator("targets")
+    @classmethod
+    def _targets(cls, targets: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(targets))
+
+    @model_validator(mode="after")
+    def _selects(self) -> StopManyBody:
+        if not self.all and not self.labels and self.name_glob is None:
+            raise ValueError("a bulk stop selects runs: all, labels or a name glob (at least one)")
+        return self
+
+
+class StopManyRefusal(_Body):
+    """A selected run that was not asked, and why."""
+
+    run_id: RunId
+    why: str
+
+
+class StopManySummary(_Body):
+    """What a bulk stop did with the runs it selected on its targets: `asked` (a stop
+    opened for each now, its request written), `already_stopping` (a stop was open:
+    its reason is the one asked now, as a single stop does, and its request written
+    again), `not_running` (selected but not running: preparing or ended; no stop),
+    `refused` (a target this producer may not act on, a job that reads no requests, a
+    request that could not be reached: no stop left open). Run ids, each list in the
+    order of the targets, newest run first within a target."""
+
+    asked: tuple[str, ...] = ()
+    already_stopping: tuple[str, ...] = ()
+    not_running: tuple[str, ...] = ()
+    refused: tuple[StopManyRefusal, ...] = ()
+
+
 class RetrieveBody(_Body):
     """`runwarden.retrieve`: bring a finished run's artifacts into the artifact store
     now (again after a failure), verified against the target's manifest."""
@@ -331,6 +422,7 @@ _WHAT: Final = {
     TASK_FOLLOW: "follow",
     TASK_SNAPSHOT_REQUEST: "snapshot",
     TASK_CANCEL: "cancel",
+    TASK_STOP_MANY: "bulk stop",
     TASK_PROOF_TIMEOUT: "proof deadline",
     TASK_END_TIMEOUT: "end deadline",
     TASK_RETRIEVE: "retrieve",
@@ -346,7 +438,9 @@ def describe(task: str, body: Any) -> str:
     what = _WHAT.get(task, task.removeprefix("runwarden."))
     if not isinstance(body, dict):
         return what
-    parts = [str(body.get("run_id") or body.get("target") or "")[:64], what]
+    targets = body.get("targets")
+    where = ",".join(str(t) for t in targets) if isinstance(targets, list) else ""
+    parts = [str(body.get("run_id") or body.get("target") or where)[:64], what]
     for field in ("reason", "asked_by"):
         value = body.get(field)
         if isinstance(value, str) and value:

@@ -14,6 +14,7 @@ from .chain import Continuation, OnPreempt, is_preempted
 from .errors import Conflict, NoSnapshots, NotResumable, NotRunning, NotStarted
 from .ids import RunId
 from .job import WATCHDOG_MAX_S, JobEnd, JobId, JobStatus, check_absolute_path
+from .labels import Labels
 from .preemption import Preemption, PreemptionMode
 from .snapshot import ProofInvalid, ProofNone, ProofSaved, Snapshot, SnapshotReason
 
@@ -152,6 +153,9 @@ class RunRecord(BaseModel):
     """The stop timeouts the run was launched with (`LaunchSpec.timeouts`): each one
     given wins over what is learned and configured (`schemas.budget`)."""
     name: str = ""
+    labels: Labels = Field(default_factory=dict)
+    """The run's labels (`launch --label KEY=VALUE`, `schemas.labels`), by which a bulk
+    stop selects it; kept by a resume."""
     upload: str | None = None
     """The worker-side directory uploaded into the run directory (a resume uploads it
     again)."""

@@ -10,8 +10,10 @@ from typing import Annotated, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .auth import OPERATOR, WORKER
 from .job import check_absolute_path, check_env_name
 from .preemption import PreemptionMode
+from .secrets import PRODUCER_NAME
 
 __all__ = [
     "RUN_AS_ROOT",
@@ -138,6 +140,12 @@ class TargetConfig(BaseModel):
     allow_secrets: tuple[str, ...] = ()
     """The names of the secrets a run on this target may receive; a launch naming any
     other is refused, and nothing is started."""
+    producers: tuple[str, ...] | None = None
+    """The producers (`runwarden producers add NAME`) whose stops, bulk stops, cancels
+    and launches may act on this target's runs, besides the operator and the workers
+    themselves, which always may; None: every producer (`targets add --producer
+    NAME`, repeatable). Checked by the worker against the message's signature
+    ([`allows_producer`])."""
     upload_roots: tuple[str, ...] = ()
     """Directories of the worker a launch may upload from (the upload path, resolved,
     must be one of them or below one); none: no upload is allowed."""
@@ -165,6 +173,24 @@ class TargetConfig(BaseModel):
         for name in names:
             check_env_name(name)
         return tuple(sorted(set(names)))
+
+    @field_validator("producers")
+    @classmethod
+    def _producer_names(cls, names: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if names is None:
+            return None
+        for name in names:
+            if PRODUCER_NAME.fullmatch(name) is None:
+                raise ValueError(f"{name[:40]!r} is not a producer's name (a-z0-9-, 1-32)")
+        return tuple(sorted(set(names)))
+
+    def allows_producer(self, producer: str) -> bool:
+        """Whether `producer` (a message's verified signer) may act on this target's
+        runs: the operator and the workers always; another when the target names no
+        producers or names it."""
+        if producer in (OPERATOR, WORKER) or self.producers is None:
+            return True
+        return producer in self.producers
 
     @field_validator("upload_roots")
     @classmethod

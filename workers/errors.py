@@ -7,6 +7,7 @@ shared with producers; executors keep their own subtree (`workers.executors.erro
     ├── LaunchError               a launch could not be carried out
     │   ├── SecretMissing         a secret the launch names is not set (name only)
     │   └── NotAllowed            a secret or an upload its target does not allow
+    ├── ProducerNotAllowed        a producer its target does not allow
     └── RetrievalError            artifacts could not be retrieved or checked;
         │                         `retryable` says whether trying again may help
         ├── ArtifactMismatch      the download and the target's manifest disagree
@@ -29,6 +30,7 @@ __all__ = [
     "ArtifactQuotaExceeded",
     "LaunchError",
     "NotAllowed",
+    "ProducerNotAllowed",
     "RetrievalError",
     "SecretMissing",
     "SecretUnusable",
@@ -73,6 +75,21 @@ class SecretUnusable(LaunchError):
             f"secret {name} holds a line break or a NUL byte: no job can receive it as it "
             "is; write it on one line"
         )
+
+
+class ProducerNotAllowed(WorkerError):
+    """A message's producer may not act on the target of what it asks (the target
+    names its producers, `TargetConfig.producers`, and not this one). Nothing was
+    done."""
+
+    def __init__(self, producer: str, target: str, what: str) -> None:
+        self.producer = producer
+        self.target = target
+        self.what = what
+        super().__init__(producer, target, what)
+
+    def __str__(self) -> str:
+        return f"{self.what}: producer {self.producer!r} may not act on target {self.target!r}"
 
 
 class NotAllowed(LaunchError):

@@ -144,6 +144,7 @@ def _claim(
             limits=spec.limits,
             timeouts=spec.timeouts,
             name=spec.name,
+            labels=spec.labels,
             upload=None if spec.upload is None else str(spec.upload),
             skip=spec.skip,
             secrets=spec.secrets,

@@ -9,13 +9,17 @@ step) before anything is sent; the countdown task is the fast path and
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
+from typing import Final, NamedTuple
 
 from schemas import (
     DeadlineKind,
     NotRunning,
     ProofSaved,
     RunRecord,
+    RunwardenError,
     SnapshotReason,
     StopPhase,
     StopState,
@@ -28,18 +32,32 @@ from schemas.snapshot import proof_moment
 
 from .budgets import FOUND_BY, countdown_limit_s, next_budget, record_stop_save
 from .context import Context
-from .executors import ExecError, ProtocolError, SshError
+from .executors import CommandError, ExecError, ProtocolError, SshError
 from .notify import emit
 
 log = logging.getLogger("runwarden")
 
+MAX_WRITE_THREADS: Final = 16
+"""Targets whose request files a bulk stop writes at once (one thread each)."""
+
 __all__ = [
+    "Asked",
     "notice_request",
     "proof_seen",
     "request_snapshot",
+    "request_snapshots",
     "schedule_deadline",
     "send_deadline",
 ]
+
+
+class Asked(NamedTuple):
+    """One run of a bulk request ([`request_snapshots`]): its stop and whether this
+    request opened it, or the error that refused it."""
+
+    run: RunRecord
+    outcome: StopState | RunwardenError
+    opened: bool
 
 
 def schedule_deadline(
@@ -119,45 +137,134 @@ def request_snapshot(
         except ProtocolError:
             written = b""  # not a regular file: no request; the write below replaces it
         if written.strip():
-            notice_request(
-                ctx, run, written.decode("utf-8", "replace"), now, asked_by=found_by
-            )
+            notice_request(ctx, run, written.decode("utf-8", "replace"), now, asked_by=found_by)
             found = ctx.store.stops.get(run_id)
             if found is not None:
                 return found
-    budget = next_budget(ctx, run)
-    stop, opened = ctx.store.stops.open(
-        run_id,
-        reason,
-        asked_by,
-        now,
-        budget.proof_timeout_s,
-        replace_reason=not only_if_none_open,
-        budget=budget,
-    )
+    stop, opened = _open(ctx, run, reason, asked_by, now, replace_reason=not only_if_none_open)
     if not opened and only_if_none_open:
         return stop
     try:
         executor.put_file(f"{run.remote_dir}/{SNAPSHOT_REQUEST}", str(stop.reason))
-    except SshError:
-        if opened:
-            # Never asked, the target out of reach: a proof deadline would cancel a
-            # job that was not told. Asking again opens a new stop.
-            ctx.store.stops.close(run_id, stop.stop_id, note="the request could not be written")
-        raise
     except ExecError as error:
+        return _written(ctx, stop, opened, error)
+    return _written(ctx, stop, opened, None)
+
+
+def request_snapshots(
+    ctx: Context,
+    runs: Sequence[RunRecord],
+    reason: SnapshotReason,
+    asked_by: str,
+    now: datetime,
+) -> list[Asked]:
+    """Asks the jobs of `runs` for a snapshot, as [`request_snapshot`] asks one (a
+    person's request: an open stop gets the reason asked now), with one batched write
+    per target: each run's stop opened with its proof deadline in the deadline table
+    first (the same step, `_open`), then every request file of a target written by one
+    `put_files` script (`Executor.put_files`; the targets at once, one thread each),
+    then each outcome taken as a single stop takes its write's (`_written`: an
+    unreachable target closes the stops this call opened; a request that could not
+    be put in place leaves its stop to cancel at its deadline) and each new stop's
+    proof countdown sent. Returns, per run in order, its stop and whether this call
+    opened it, or the error that refused it (NotStarted, NotRunning, NoSnapshots,
+    SshError, StoreError...): one run's refusal never stops the others."""
+    answers: list[StopState | RunwardenError] = []
+    opened_flags: list[bool] = []
+    for run in runs:
+        try:
+            check_snapshot_request(run)
+            stop, opened = _open(ctx, run, reason, asked_by, now, replace_reason=True)
+        except RunwardenError as error:
+            answers.append(error)
+            opened_flags.append(False)
+            continue
+        answers.append(stop)
+        opened_flags.append(opened)
+    by_target: dict[str, list[tuple[int, StopState]]] = {}
+    for i, answer in enumerate(answers):
+        if isinstance(answer, StopState):
+            by_target.setdefault(runs[i].target, []).append((i, answer))
+
+    def write(target: str) -> list[ExecError | None]:
+        stops = by_target[target]
+        files = [(f"{runs[i].remote_dir}/{SNAPSHOT_REQUEST}", str(s.reason)) for i, s in stops]
+        try:
+            whys = ctx.executor(target).put_files(files)
+        except ExecError as error:  # the whole write: every run of the target shares it
+            return [error] * len(stops)
+        except RunwardenError as error:  # no executor (an unknown or unsigned target)
+            return [CommandError("put_files", str(error))] * len(stops)
+        return [None if why is None else CommandError("put_files", why) for why in whys]
+
+    if by_target:
+        workers = min(len(by_target), MAX_WRITE_THREADS)
+        with ThreadPoolExecutor(workers, thread_name_prefix="put-requests") as pool:
+            written = dict(zip(by_target, pool.map(write, by_target), strict=True))
+    for target, stops in by_target.items():
+        for (i, stop), failure in zip(stops, written[target], strict=True):
+            try:
+                answers[i] = _written(ctx, stop, opened_flags[i], failure)
+            except RunwardenError as error:
+                answers[i] = error
+                opened_flags[i] = False
+    return [Asked(r, a, o) for r, a, o in zip(runs, answers, opened_flags, strict=True)]
+
+
+def _open(
+    ctx: Context,
+    run: RunRecord,
+    reason: SnapshotReason,
+    asked_by: str,
+    now: datetime,
+    *,
+    replace_reason: bool,
+) -> tuple[StopState, bool]:
+    """Opens the stop of `run` (its timeouts decided now, its proof deadline in the
+    deadline table in the same step), or finds the open one (`Stops.open`); returns it
+    and whether this call opened it. Nothing is written or sent yet."""
+    budget = next_budget(ctx, run)
+    return ctx.store.stops.open(
+        run.id,
+        reason,
+        asked_by,
+        now,
+        budget.proof_timeout_s,
+        replace_reason=replace_reason,
+        budget=budget,
+    )
+
+
+def _written(ctx: Context, stop: StopState, opened: bool, error: ExecError | None) -> StopState:
+    """`stop` (opened by this request when `opened`) once its request file was written,
+    or not (`error`): its proof countdown sent and told for a new stop.
+
+    Raises:
+        SshError: the target out of reach: never asked, so a new stop is closed (a
+            proof deadline would cancel a job that was not told; asking again opens
+            a new one).
+    """
+    if isinstance(error, SshError):
+        if opened:
+            note = "the request could not be written"
+            ctx.store.stops.close(stop.run_id, stop.stop_id, note=note)
+        raise error
+    if error is not None:
         # The target answered but the request could not be put in place: the job's
         # own doing (its run directory holds something that cannot be replaced). The
         # stop stays: a job that cannot be asked is cancelled at its proof deadline.
-        log.warning("run %s: the request could not be written: %s", run_id, error)
+        log.warning("run %s: the request could not be written: %s", stop.run_id, error)
         if opened:
-            stop = ctx.store.stops.advance(
-                run_id,
-                stop.stop_id,
-                StopPhase.WAITING_PROOF,
-                StopPhase.WAITING_PROOF,
-                note=f"the request could not be written ({error}): cancelled at the deadline",
-            ) or stop
+            stop = (
+                ctx.store.stops.advance(
+                    stop.run_id,
+                    stop.stop_id,
+                    StopPhase.WAITING_PROOF,
+                    StopPhase.WAITING_PROOF,
+                    note=f"the request could not be written ({error}): cancelled at the deadline",
+                )
+                or stop
+            )
     return _armed(ctx, stop, "snapshot asked") if opened else stop
 
 

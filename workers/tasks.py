@@ -35,7 +35,7 @@ from schemas import (
     UnknownTarget,
     validation_message,
 )
-from schemas.auth import Unauthenticated, asked_by, new_task_id
+from schemas.auth import OPERATOR, WORKER, Unauthenticated, asked_by, new_task_id
 from schemas.events import (
     TASK_CANCEL,
     TASK_CONTINUE,
@@ -50,6 +50,7 @@ from schemas.events import (
     TASK_RECONCILE,
     TASK_RETRIEVE,
     TASK_SNAPSHOT_REQUEST,
+    TASK_STOP_MANY,
     TASK_WATCH_TARGET,
     CancelBody,
     ContinueBody,
@@ -58,6 +59,7 @@ from schemas.events import (
     LaunchSpec,
     RetrieveBody,
     SnapshotRequestBody,
+    StopManyBody,
     TimeoutBody,
     describe,
 )
@@ -65,14 +67,14 @@ from schemas.idempotency import adopt_key, owned_launch_key, task_launch_key
 from schemas.targets import TARGET_NAME
 from store import RunStore
 
-from . import cancels, chain, policies, stops, watch
+from . import bulk, cancels, chain, policies, stops, watch
 from . import doctor as doctoring
 from . import launch as launching
 from . import reconcile as sweep
 from .app import NO_EVENTS, QuietTask, app, settings
 from .artifacts import retrieve_artifacts
 from .context import Context, utcnow
-from .errors import NotAllowed, SecretMissing, SecretUnusable
+from .errors import NotAllowed, ProducerNotAllowed, SecretMissing, SecretUnusable
 from .executors import ExecError
 from .memory import watch_memory
 from .notify import observe_tick
@@ -131,6 +133,7 @@ _M = TypeVar("_M", bound=BaseModel)
 REFUSALS: Final = (
     SchemaError,
     NotAllowed,
+    ProducerNotAllowed,
     SecretMissing,
     SecretUnusable,
     NotFound,
@@ -168,6 +171,24 @@ def _parse(model: type[_M], body: Any, auth: Any, task: str) -> tuple[_M, str]:
         raise BadRequest(message) from None
 
 
+def _may_act(producer: str, target: str, what: str) -> None:
+    """Refuses a message of `producer` about target `target` that the target does not
+    allow (`TargetConfig.producers`; the operator and the workers always may).
+
+    Raises:
+        ProducerNotAllowed, UnknownTarget, Unauthenticated, StoreError.
+    """
+    if not context().target(target).allows_producer(producer):
+        raise ProducerNotAllowed(producer, target, what)
+
+
+def _may_act_on_run(producer: str, run_id: str, what: str) -> None:
+    """[`_may_act`] on the target of run `run_id` (nothing read for the operator and
+    the workers, who always may)."""
+    if producer not in (OPERATOR, WORKER):
+        _may_act(producer, context().store.runs.get(run_id).target, what)
+
+
 # A launch uploads (a resume: a whole checkpoint), so it gets its own limits; the
 # soft one raises inside `launch`, which records the run failed. Bound, for the
 # message's own task id: a body without a key gets one derived from it, which a
@@ -181,6 +202,7 @@ def _parse(model: type[_M], body: Any, auth: Any, task: str) -> tuple[_M, str]:
 )
 def launch(self: Any, body: Any = None, auth: Any = None) -> dict[str, Any]:
     spec, producer = _parse(LaunchSpec, body, auth, TASK_LAUNCH)
+    _may_act(producer, spec.target, TASK_LAUNCH)
     task_id = self.request.id
     key = spec.key or (task_launch_key(task_id) if task_id else None)
     owned = None if key is None else owned_launch_key(producer, key)
@@ -205,6 +227,7 @@ def follow(body: Any = None, auth: Any = None) -> dict[str, Any]:
 @app.task(name=TASK_SNAPSHOT_REQUEST, throws=REFUSALS)
 def snapshot_request(body: Any = None, auth: Any = None) -> dict[str, Any]:
     request, producer = _parse(SnapshotRequestBody, body, auth, TASK_SNAPSHOT_REQUEST)
+    _may_act_on_run(producer, request.run_id, TASK_SNAPSHOT_REQUEST)
     ctx, now = context(), utcnow()
     stop = stops.request_snapshot(
         ctx,
@@ -219,9 +242,28 @@ def snapshot_request(body: Any = None, auth: Any = None) -> dict[str, Any]:
     return stop.model_dump(mode="json")
 
 
+@app.task(name=TASK_STOP_MANY, throws=REFUSALS)
+def stop_many(body: Any = None, auth: Any = None) -> dict[str, Any]:
+    """A bulk stop (`workers.bulk`): the runs a selection picks on the named targets,
+    each asked as a single stop asks, one batched write per target; the summary."""
+    request, producer = _parse(StopManyBody, body, auth, TASK_STOP_MANY)
+    ctx, now = context(), utcnow()
+    who = asked_by(producer, request.asked_by)
+    summary = bulk.stop_many(
+        ctx,
+        request,
+        producer,
+        who,
+        now,
+        opened=lambda stop: cancels.cancel_if_queued(ctx, stop, now),
+    )
+    return summary.model_dump(mode="json")
+
+
 @app.task(name=TASK_CANCEL, throws=REFUSALS)
 def cancel(body: Any = None, auth: Any = None) -> dict[str, Any]:
     request, producer = _parse(CancelBody, body, auth, TASK_CANCEL)
+    _may_act_on_run(producer, request.run_id, TASK_CANCEL)
     record = cancels.cancel(context(), request.run_id, asked_by=producer)
     return {"run_id": record.id, "state": str(record.state)}
 

@@ -63,6 +63,16 @@ def launch(
             show_default=False,
         ),
     ] = "",
+    label: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="KEY=VALUE",
+            help="A label kept on the run, by which `stop --label` selects it (repeat "
+            "for several, at most 16; keys 1-63 of A-Za-z0-9_.-, values 1-63 of "
+            "A-Za-z0-9_.:+-).",
+            show_default=False,
+        ),
+    ] = None,
     upload: Annotated[
         Path | None,
         typer.Option(
@@ -218,6 +228,7 @@ def launch(
     Examples:
       runwarden launch --target here -- python train.py --lr 3e-4
       runwarden launch --target gpu1 --name gpt --max-hours 24 --upload ./project -- python train.py
+      runwarden launch --target gpu1 --name gpt-lr3 --label sweep=lr -- python train.py --lr 3e-4
     """
     if not command:
         fail("launch needs a command after --", 2)
@@ -234,6 +245,9 @@ def launch(
     from schemas.chain import OnPreempt
     from schemas.events import LaunchSpec
     from schemas.idempotency import new_launch_key
+    from schemas.labels import parse_labels
+
+    labels = run_op(lambda: parse_labels(label or ()))
 
     def plan() -> OnPreempt | None:
         if on_preempt == "stop":
@@ -245,7 +259,7 @@ def launch(
 
     def build() -> LaunchSpec:
         return LaunchSpec(
-            target=target, command=shlex.join(command), name=name,
+            target=target, command=shlex.join(command), name=name, labels=labels,
             upload=upload.expanduser().absolute() if upload else None,
             skip=tuple(skip or ()), secrets=tuple(secret or ()),
             limits=RunLimits(max_hours=max_hours, max_cost_usd=max_cost_usd,

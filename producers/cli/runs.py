@@ -25,9 +25,12 @@ from .common import (
 )
 
 if TYPE_CHECKING:
-    pass
+    from schemas import SnapshotReason
 
 __all__ = ["cancel", "follow", "retrieve", "stop"]
+
+LISTED = 20
+"""Run ids a bulk stop's summary lists per line at most (all of them with --json)."""
 
 
 @app.command()
@@ -117,7 +120,42 @@ def follow(
 
 @app.command()
 def stop(
-    run_id: Annotated[str, typer.Argument(metavar="RUN_ID", help="A running run.")],
+    run_id: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="RUN_ID",
+            help="A running run (or a bulk stop: --target with --all, --label or --name-glob).",
+            show_default=False,
+        ),
+    ] = None,
+    target: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="NAME",
+            help="Bulk stop: the target whose runs are selected (repeat for several).",
+            show_default=False,
+        ),
+    ] = None,
+    all_runs: Annotated[
+        bool,
+        typer.Option("--all", help="Bulk stop: every running run of the targets."),
+    ] = False,
+    label: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="KEY=VALUE",
+            help="Bulk stop: the runs launched with this label (repeat: all of them).",
+            show_default=False,
+        ),
+    ] = None,
+    name_glob: Annotated[
+        str | None,
+        typer.Option(
+            metavar="PATTERN",
+            help="Bulk stop: the runs whose name matches PATTERN (fnmatch: * ? [...]).",
+            show_default=False,
+        ),
+    ] = None,
     reason: Annotated[
         str,
         typer.Option(
@@ -149,11 +187,17 @@ def stop(
 ) -> None:
     """Ask the run's job for a snapshot: it saves a checkpoint at the end of its
     step, proves it, and stops; a job that does not is cancelled at the timeouts.
+    A bulk stop asks every running run of --target that --all, --label and
+    --name-glob select (combined: all of them), one batched write per target, and
+    prints what came of each run: asked, already stopping, not running, refused
+    (with why); exit 1 when any was refused.
 
     \b
     Examples:
       runwarden stop 20260601-020000-kqzmx-gpt
       runwarden stop 20260601-020000-kqzmx-gpt --reason cost --wait --timeout 3600
+      runwarden stop --target gpu1 --all --reason cost
+      runwarden stop --target gpu1 --target gpu2 --label sweep=lr3 --name-glob 'gpt-*'
     """
     from schemas import SnapshotReason
 
@@ -161,6 +205,11 @@ def stop(
         why = SnapshotReason(reason)
     except ValueError:
         fail(f"invalid reason {reason!r}: use {', '.join(SnapshotReason)}", 2)
+    if run_id is None or target or all_runs or label or name_glob is not None:
+        if run_id is not None or wait or timeout is not None:
+            fail("a bulk stop takes no run id, --wait or --timeout", 2)
+        _stop_many(target or [], all_runs, label or [], name_glob, why, as_json)
+        return
     api = client()
     run_id = checked_run_id(run_id)
     stop_state = run_op(lambda: api.stop(run_id, why, asked_by="cli"))
@@ -187,6 +236,53 @@ def stop(
     else:
         print_outcome(run)
     raise typer.Exit(0 if run.state.value in ("stopped", "succeeded") else 1)
+
+
+def _stop_many(
+    targets: list[str],
+    all_runs: bool,
+    labels: list[str],
+    name_glob: str | None,
+    reason: SnapshotReason,
+    as_json: bool,
+) -> None:
+    """`stop`'s bulk form: the selection checked here (a clear error, exit 2, before
+    anything is published), one `runwarden.stop_many` task, its summary printed."""
+    from schemas.events import StopManyBody
+    from schemas.labels import parse_labels
+
+    if not targets:
+        fail("stop needs a run id, or --target with --all, --label or --name-glob", 2)
+    if not all_runs and not labels and name_glob is None:
+        fail("a bulk stop selects runs: --all, --label or --name-glob", 2)
+    selection = run_op(lambda: parse_labels(labels))
+    run_op(
+        lambda: StopManyBody(
+            targets=tuple(targets), all=all_runs, labels=selection, name_glob=name_glob
+        )
+    )
+    api = client()
+    summary = run_op(
+        lambda: api.stop_many(
+            targets, all=all_runs, labels=selection, name_glob=name_glob, reason=reason,
+            asked_by="cli",
+        )
+    )  # fmt: skip
+    if as_json:
+        print_json(summary.model_dump(mode="json"))
+    else:
+        for title, ids in (
+            ("asked", summary.asked),
+            ("already stopping", summary.already_stopping),
+            ("not running", summary.not_running),
+        ):
+            listed = f" ({', '.join(ids)})" if 0 < len(ids) <= LISTED else ""
+            say(f"{title}: {len(ids)}{listed}")
+        say(f"refused: {len(summary.refused)}")
+        for refusal in summary.refused:
+            say(f"  {refusal.run_id}: {refusal.why}")
+    if summary.refused:
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -79,6 +79,15 @@ def targets_add(
             metavar="NAME",
         ),
     ] = None,
+    producer: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A producer (`runwarden producers add`) whose launches, stops, bulk stops "
+            "and cancels may act on this target's runs (repeat for several); default: "
+            "every producer. The operator's own always may.",
+            metavar="NAME",
+        ),
+    ] = None,
     upload_root: Annotated[
         list[Path] | None,
         typer.Option(
@@ -182,6 +191,7 @@ def targets_add(
             workdir=workdir,
             ssh=options,
             allow_secrets=tuple(allow_secret or ()),
+            producers=tuple(producer) if producer else None,
             upload_roots=tuple(str(p.expanduser().absolute()) for p in upload_root or ()),
             run_as=run_as,
             preemption=preemption,

@@ -313,6 +313,21 @@ class Executor(Protocol):
         content or the new one, never a part."""
         ...
 
+    def put_files(self, files: Sequence[tuple[str, str]]) -> list[str | None]:
+        """Replaces each small file `path` of `files` with its `content`, as
+        [`put_file`] replaces one, all in one script on the target (as few as fit the
+        transport's size limit: `PUT_FILES_BATCH_BYTES`), or in this process for a
+        local target: None for each file replaced, else why not, in order; a file that
+        cannot be replaced never stops the others (a bulk stop's request files).
+
+        Raises:
+            InvalidArgument: a path that is not absolute (before any write).
+            CommandError: (action `put_files`) when the script fails as a whole or
+                times out; SshError when the target cannot be reached.
+            ProtocolError: when its answer is cut short or malformed.
+        """
+        ...
+
     def tail(self, path: str, offset: int = 0) -> LineStream:
         """Follows the file `path` from byte `offset`, one complete line at a time."""
         ...

@@ -159,6 +159,18 @@ class LocalExecutor(ScriptExecutor):
             temp.unlink(missing_ok=True)
             raise IoError(target, error) from error
 
+    def put_files(self, files: Sequence[tuple[str, str]]) -> list[str | None]:
+        checked = [(check_remote(path), content) for path, content in files]
+        answers: list[str | None] = []
+        for path, content in checked:
+            try:
+                self.put_file(path, content)
+            except IoError as error:
+                answers.append(str(error))
+            else:
+                answers.append(None)
+        return answers
+
     def upload(self, local: Path, remote: str, skip: Sequence[str] = ()) -> None:
         dest = Path(check_remote(remote))
         root = open_checked(local, "upload")

@@ -49,7 +49,7 @@ from .probe import disk_probe_script, parse_disk_probe
 from .safetree import Downloaded, SafeTree
 from .scripts import FollowEntry, FollowUpdate
 from .scripts.common import check_job_pid
-from .transport import DEFAULT_TIMEOUT_S, Completed, Transport, error_line
+from .transport import DEFAULT_TIMEOUT_S, MAX_SCRIPT_BYTES, Completed, Transport, error_line
 from .untar import extract_stream
 from .uploadtree import add_to_tar, open_checked, upload_nodes
 
@@ -155,6 +155,27 @@ def _checked(result: Completed, action: str) -> Completed:
     if result.exit_code != 0:
         raise CommandError(action, error_line(result.stderr, result.exit_code))
     return result
+
+
+PUT_FILES_BATCH_BYTES: Final = MAX_SCRIPT_BYTES - 8 * 1024
+"""The arguments one `put_files` script takes at most, in bytes: a target's request
+files are written by as few scripts as fit (one for some 800 runs of 100-byte
+paths), each below the transports' limit with room for the script's text."""
+
+
+def _batches(files: Sequence[tuple[str, str]], limit: int) -> list[list[tuple[str, str]]]:
+    """`files` cut, in order, into lists whose `put_files` arguments fit in `limit`
+    bytes (one file each at least)."""
+    batches: list[list[tuple[str, str]]] = []
+    size = 0
+    for index, (path, content) in enumerate(files):
+        cost = len(str(index)) + len(path.encode()) + len(content.encode()) + 3
+        if not batches or size + cost > limit:
+            batches.append([])
+            size = 40  # the token
+        batches[-1].append((path, content))
+        size += cost
+    return batches
 
 
 class ScriptExecutor:
@@ -447,6 +468,21 @@ class ScriptExecutor:
         script = scripts.put_file_script(path, parent, content)
         result = self._transport.run(script.text, action="put_file", args=script.args)
         _checked(result, "put_file")
+
+    def put_files(self, files: Sequence[tuple[str, str]]) -> list[str | None]:
+        checked = [(check_remote(path), content) for path, content in files]
+        answers: list[str | None] = []
+        for batch in _batches(checked, PUT_FILES_BATCH_BYTES):
+            token = _secrets.token_hex(16)
+            script = scripts.put_files_script(batch, token)
+            result = _checked(
+                self._transport.run(script.text, action="put_files", args=script.args),
+                "put_files",
+            )
+            done = scripts.parse_put_files(result.stdout, token, len(batch))
+            answers += [None if ok else f"cannot replace {path}" for (path, _), ok in
+                        zip(batch, done, strict=True)]  # fmt: skip
+        return answers
 
     def tail(self, path: str, offset: int = 0) -> LineStream:
         return LineStream(self, check_remote(path), offset)

@@ -22,12 +22,15 @@ __all__ = [
     "claim_script",
     "manifest_script",
     "parse_claim",
+    "parse_put_files",
     "parse_size_answer",
     "put_file_script",
+    "put_files_script",
     "read_range_script",
     "size_script",
     "unpack_script",
 ]
+
 
 def check_owner(owner: str) -> str:
     """Returns `owner` when it is one non-empty line without NUL, else raises
@@ -79,6 +82,57 @@ def put_file_script(path: str, parent: str, content: str) -> Script:
     a directory there (a job's, in a protocol file's place) is removed first. Exit 3
     when it cannot be replaced."""
     return Script(sh("put_file"), (path, parent, _secrets.token_hex(6), content))
+
+
+def put_files_script(files: Sequence[tuple[str, str]], token: str) -> Script:
+    """One script replacing each `(path, content)` of `files`, as [`put_file_script`]
+    replaces one (its directory created if needed, a rename from a writer-unique
+    name, a directory in its place removed first, a link or FIFO renamed over); a
+    file that cannot be replaced never stops the others. It prints, each record
+    introduced by `token` (random: no name on the target can forge one), `W <i> ok`
+    or `W <i> fail` for each, then `E` ([`parse_put_files`]).
+
+    Raises:
+        InvalidArgument: a token that is not alphanumeric.
+    """
+    if not token.isalnum():
+        raise InvalidArgument("the put_files token is alphanumeric")
+    args = [token]
+    for index, (path, content) in enumerate(files):
+        args += [str(index), path, content]
+    return Script(sh("put_files"), tuple(args))
+
+
+def parse_put_files(output: bytes, token: str, count: int) -> list[bool]:
+    """Whether each of the `count` files of a [`put_files_script`] run was replaced,
+    in order.
+
+    Raises:
+        ProtocolError: when the answer is cut short or malformed.
+    """
+    done: dict[int, bool] = {}
+    ended = False
+    for line in output.decode("utf-8", "replace").splitlines():
+        if not line.strip():
+            continue
+        words = line.split(" ")
+        if words[0] != token:
+            raise ProtocolError(f"put_files answer {line[:80]!r}")
+        if words[1:] == ["E"]:
+            ended = True
+            continue
+        try:
+            if len(words) != 4 or words[1] != "W" or words[3] not in ("ok", "fail"):
+                raise ValueError("not a record")
+            index = int(words[2])
+            if not 0 <= index < count:
+                raise ValueError("no such file")
+        except ValueError as error:
+            raise ProtocolError(f"put_files answer {line[:80]!r}") from error
+        done[index] = words[3] == "ok"
+    if not ended or len(done) != count:
+        raise ProtocolError(f"put_files answered {len(done)} of {count} files")
+    return [done[i] for i in range(count)]
 
 
 _PATTERN_SPECIALS = re.compile(r"[\[\]\\/]")
