@@ -4,7 +4,7 @@
 
 VENV ?= .venv
 PY := $(VENV)/bin/python
-APT_PACKAGES := redis-server openssh-server openssh-client busybox procps tar coreutils findutils iproute2 docker-compose chromium curl wget sudo util-linux passwd shellcheck slurmctld slurmd slurm-client munge
+APT_PACKAGES := redis-server redis-sentinel openssh-server openssh-client busybox procps tar coreutils findutils iproute2 docker-compose chromium curl wget sudo util-linux passwd shellcheck slurmctld slurmd slurm-client munge
 PYTEST_ARGS ?=
 # pytest-xdist processes: the integration tests mostly wait (on services, jobs, SSH),
 # so more processes than cores pay; files are the unit of distribution, so a module's

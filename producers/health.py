@@ -27,6 +27,7 @@ from schemas.health_report import (
     assess,
     unreachable,
 )
+from schemas.sentinel import is_sentinel, parse_sentinel
 from schemas.text import clean_text, format_bytes
 from store import RunStore
 
@@ -51,10 +52,14 @@ HealthRow = tuple[str, str, str, str]
 def redis_address(settings: Settings) -> str:
     """Where `settings` look for Redis, for people: the URL without its user,
     password or query (`redis://host:6379/0`, `unix:///path/redis.sock`); the embedded
-    server's socket when no URL is set."""
+    server's socket when no URL is set; behind Sentinel, the sentinels and the master's
+    name (`sentinel://h1:26379,h2:26379/mymaster`)."""
     if settings.redis_url is None:
         return f"unix://{settings.embedded_socket} (embedded)"
-    parts = urlsplit(settings.redis_url.get_secret_value())
+    url = settings.redis_url.get_secret_value()
+    if is_sentinel(url):
+        return parse_sentinel(url).public()
+    parts = urlsplit(url)
     host = parts.hostname or ""
     if ":" in host:
         host = f"[{host}]"

@@ -44,6 +44,13 @@ from .secrets import (
     SecretsError,
     service_redis_password_file,
 )
+from .sentinel import (
+    SENTINEL_PASSWORD,
+    SentinelAddress,
+    is_sentinel,
+    parse_sentinel,
+    with_sentinel_password,
+)
 from .snapshot import END_TIMEOUT_S, PROOF_TIMEOUT_S
 
 __all__ = ["Settings"]
@@ -70,6 +77,15 @@ class Settings(BaseSettings):
     FLUSHALL or other dangerous command) or `web` (the web view: reads the store, sends
     stops and cancels; store/acl.py), its password the secrets directory's
     `redis-password.<user>`. None: the default user, with `redis-password`."""
+    redis_min_replicas: Annotated[int, Field(ge=0, le=16)] | None = None
+    """How many replicas must have acknowledged a write a deadline depends on (a stop
+    opened with its proof deadline, a stop's move with its deadlines, its close, a
+    deadline's claim or removal, a run's end) before it counts as done: Redis's
+    `WAIT`, after the write. A write no replica acknowledged within
+    `redis_wait_s` fails (`NotReplicated`), and is retried by its caller. None: 1
+    with a `sentinel://` URL, else 0 (no `WAIT`). docs/architecture.md, "Durability"."""
+    redis_wait_s: Annotated[float, Field(gt=0, le=60, allow_inf_nan=False)] = 1.0
+    """How long such a write waits for its replicas (`WAIT`'s timeout)."""
     state_dir: Path = Path("~/.local/state/runwarden").expanduser()
     secrets_dir: Path | None = None
     """The secrets directory (`schemas.secrets`). None: `$CREDENTIALS_DIRECTORY` when
@@ -221,6 +237,36 @@ class Settings(BaseSettings):
             ceiling_s=self.proof_timeout_ceiling_s,
         )
 
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and is_sentinel(value.get_secret_value()):
+            parse_sentinel(value.get_secret_value())  # a bad one is refused at start
+        return value
+
+    @property
+    def sentinel(self) -> bool:
+        """Whether Redis is reached through its sentinels (`schemas.sentinel`)."""
+        return self.redis_url is not None and is_sentinel(self.redis_url.get_secret_value())
+
+    @property
+    def min_replicas(self) -> int:
+        """[`redis_min_replicas`], its default applied."""
+        if self.redis_min_replicas is not None:
+            return self.redis_min_replicas
+        return 1 if self.sentinel else 0
+
+    def sentinel_address(self) -> SentinelAddress | None:
+        """The sentinels, master and credentials (from the secrets directory) of a
+        `sentinel://` URL; None for any other. Holds passwords: never log it.
+
+        Raises:
+            SecretsError: when a password file cannot be read.
+        """
+        if not self.sentinel:
+            return None
+        return parse_sentinel(self.store_url())
+
     @field_validator("metadata_aws_url", "metadata_gcp_url", "metadata_azure_url")
     @classmethod
     def _metadata_url(cls, value: str) -> str:
@@ -286,9 +332,14 @@ class Settings(BaseSettings):
 
     def broker_url(self) -> str:
         """The Redis URL for Celery (kombu): the embedded server's socket when none is
-        configured; a `unix://` URL becomes `redis+socket://`. Holds the password (from
-        the secrets directory) when there is one: never log it."""
+        configured; a `unix://` URL becomes `redis+socket://`; a `sentinel://` one
+        becomes one `sentinel://` URL per sentinel, joined with `;` (the master's name
+        and the sentinels' password go in the transport options:
+        `schemas.events.wire_config`). Holds the password (from the secrets directory)
+        when there is one: never log it."""
         url = self.store_url()
+        if is_sentinel(url):
+            return parse_sentinel(url).kombu_url()
         if url.startswith("unix://"):
             return "redis+socket://" + url.removeprefix("unix://")
         return url
@@ -296,7 +347,9 @@ class Settings(BaseSettings):
     def store_url(self) -> str:
         """The Redis URL for redis-py (the run store): the embedded server's socket as
         `unix://`. Holds the password (from the secrets directory, when the URL has
-        none) when there is one: never log it.
+        none) when there is one: never log it. A `sentinel://` URL gets the
+        sentinels' password too (`redis-sentinel-password`, in its query: see
+        `schemas.sentinel`).
 
         Raises:
             SecretsError: when the password file cannot be read.
@@ -307,6 +360,10 @@ class Settings(BaseSettings):
                 url = "unix://" + url.removeprefix("redis+socket://")
         else:
             url = f"unix://{self.embedded_socket}"
+        if is_sentinel(url) and "sentinel_password=" not in url:
+            sentinel_secret = self.secrets.read(SENTINEL_PASSWORD)
+            if sentinel_secret is not None:
+                url = with_sentinel_password(url, sentinel_secret.get_secret_value())
         parts = urlsplit(url)
         if self.redis_user is not None and parts.username is None and parts.password is None:
             name = service_redis_password_file(self.redis_user)

@@ -37,13 +37,17 @@ from .base import translated
 
 __all__ = [
     "PRODUCER_USER_PREFIX",
+    "REPLICA_USER",
+    "SENTINEL_USER",
     "WEB_USER",
     "WORKER_USER",
     "delete_producer_user",
     "producer_rules",
     "producer_user",
     "producer_users_config",
+    "replica_rules",
     "save_users",
+    "sentinel_rules",
     "set_producer_user",
     "set_web_user",
     "set_worker_user",
@@ -143,6 +147,29 @@ def web_rules(password: SecretStr) -> list[str]:
                   "+subscribe", "+unsubscribe"),
         _selector("&/[0-9].celeryev/*", "&/[0-9][0-9].celeryev/*", "+publish"),
     ]  # fmt: skip
+
+
+SENTINEL_USER: Final = "sentinel"
+REPLICA_USER: Final = "replica"
+
+
+def sentinel_rules(password: SecretStr) -> list[str]:
+    """The `ACL SETUSER` rules of the user the sentinels log in to the primary and its
+    replicas as (`sentinel auth-user`): what Redis's documentation lists for a
+    sentinel (watch, publish and read its hello channel, reconfigure a replica,
+    rewrite its configuration, kill clients after a failover), no key."""
+    return [
+        "reset", "on", f"#{_digest(password)}", "allchannels", "-@all", "+multi", "+exec",
+        "+slaveof", "+replicaof", "+ping", "+subscribe", "+publish", "+info", "+role",
+        "+config|rewrite", "+client|setname", "+client|kill", "+script|kill",
+    ]  # fmt: skip
+
+
+def replica_rules(password: SecretStr) -> list[str]:
+    """The `ACL SETUSER` rules of the user a replica syncs from its primary as
+    (`masteruser`): the replication commands only, no key. Every data server has it,
+    since any of them may be the primary after a failover."""
+    return ["reset", "on", f"#{_digest(password)}", "-@all", "+psync", "+replconf", "+ping"]
 
 
 def _digest(password: SecretStr) -> str:

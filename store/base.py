@@ -23,6 +23,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from schemas import Conflict, StoreError, validation_message
 from schemas.bounds import LOG_BYTES_PER_RUN, LOG_LINE_BYTES, METRICS_BYTES_PER_RUN, RETENTION_DAYS
+from schemas.errors import NotReplicated
 
 from .keys import Keys
 
@@ -168,16 +169,22 @@ class StoreBase:
         log_bytes: int = LOG_BYTES_PER_RUN,
         metrics_bytes: int = METRICS_BYTES_PER_RUN,
         retention_s: float = RETENTION_DAYS * 86400.0,
+        min_replicas: int = 0,
+        wait_s: float = 1.0,
     ) -> None:
         """`log_cap` / `metrics_cap` entries and `log_bytes` / `metrics_bytes` bytes
         are kept of each run's log and metrics streams, each line at most
         `line_bytes` bytes; an ended run's follow data is kept `retention_s` seconds
-        (`store.streams`, `store.ending`).
+        (`store.streams`, `store.ending`). With `min_replicas` above 0, each write a
+        deadline depends on waits up to `wait_s` seconds for that many replicas
+        ([`replicated`]).
 
         Raises:
             ValueError: a cap below 1, a line cap below 64 bytes, or a byte budget
                 that does not hold two longest lines.
         """
+        if min_replicas < 0:
+            raise ValueError("min_replicas is 0 or more")
         if min(log_cap, metrics_cap, history_cap, max_attempts) < 1:
             raise ValueError("caps and attempts must be at least 1")
         if line_bytes < 64 or min(log_bytes, metrics_bytes) < 2 * line_bytes:
@@ -198,6 +205,8 @@ class StoreBase:
         self._log_bytes = log_bytes
         self._metrics_bytes = metrics_bytes
         self._retention_ms = millis(retention_s, "retention")
+        self._min_replicas = min_replicas
+        self._wait_ms = millis(wait_s, "wait")
         self._scripts: dict[str, Script] = {
             name: client.register_script(lua(name)) for name in _SCRIPTS
         }
@@ -233,9 +242,40 @@ class StoreBase:
         replies: list[Any] = self._r.transaction(attempt, *keys)
         return result[0], replies
 
-    def _script(
-        self, name: str, keys: list[str], args: list[Any], client: Any = None
-    ) -> Any:
+    def replicated(self, what: str) -> None:
+        """Returns once `min_replicas` replicas hold every write this process made
+        before the call (nothing to wait for with `min_replicas` 0): one round trip
+        of a write of its own (`P replicated`, incremented) and Redis's `WAIT` on the
+        same connection, since `WAIT` counts only its own connection's writes, and
+        the replication stream is in order, so a replica that acknowledged the
+        later write holds the earlier ones. Call it after a write a deadline depends
+        on (`what` names it, for the error).
+
+        Raises:
+            NotReplicated: fewer replicas acknowledged within `wait_s`, or Redis
+                could not be asked (the write was done on the primary: it may or may
+                not survive a failover; the caller takes it as failed and tries
+                again).
+        """
+        if self._min_replicas == 0:
+            return
+        pipe = self._r.pipeline(transaction=False)
+        pipe.incr(self.keys.replicated)
+        pipe.wait(self._min_replicas, self._wait_ms)
+        try:
+            _, acknowledged = pipe.execute()
+        except RedisError as error:
+            raise NotReplicated(
+                f"run store: {what}: its replication could not be checked: {error}"
+            ) from error
+        if int(acknowledged) < self._min_replicas:
+            raise NotReplicated(
+                f"run store: {what}: {acknowledged} of {self._min_replicas} replica(s) "
+                f"acknowledged it within {self._wait_ms / 1000:g} s; it may be lost in a "
+                "failover: try again"
+            )
+
+    def _script(self, name: str, keys: list[str], args: list[Any], client: Any = None) -> Any:
         """Runs the Lua script `name` (EVALSHA, loading it on first use); with a
         pipeline as `client`, queues it there."""
         return self._scripts[name](keys=keys, args=args, client=client)
@@ -252,6 +292,7 @@ class StorePart:
         self._r: Any = shared._r
         self._script = shared._script
         self._compare_and_set = shared.compare_and_set
+        self._replicated = shared.replicated
         self._log_cap = shared._log_cap
         self._metrics_cap = shared._metrics_cap
         self._history_cap = shared._history_cap

@@ -22,6 +22,7 @@ key, only `[A-Za-z0-9_.-]` as `schemas.idempotency` checks it; `<target>` a targ
 | `P stops:h:<id>` | list | closed stops of the run (`StopState` JSON), newest first, capped |
 | `P deadlines` | sorted set | `run_id|stop_id|kind`, score = due (unix seconds) |
 | `P lease:<run_id|stop_id|kind>` | string | worker id holding a deadline (expires) |
+| `P replicated` | string | a counter: each write a deadline depends on, then `WAIT` (13) |
 | `P log:<id>` | stream | `l` = one line of `job.log`, cut to the line cap (8) (7) |
 | `P metrics:<id>` | stream | `m` = one metrics record, JSON (8) (7) |
 | `P streambytes:<id>` | hash | `log`, `metrics`: bytes each stream has taken in (8) (7) |
@@ -83,6 +84,9 @@ both.
 (12) Moved in every transaction that writes a record (`runs.index_preparing`, and the
 script that creates it); a store from before these sets gets them once from its
 records (`Runs.count_by_state`, under the marker `P runs:s` = "1").
+(13) Only with `RUNWARDEN_REDIS_MIN_REPLICAS` above 0 (`StoreBase.replicated`): `WAIT`
+counts the writes of its own connection, and a write made on another connection of
+the pool is covered by this later one, on the `WAIT`'s.
 
 Celery's Redis transport keeps its own keys in the same database, without our
 prefix (`broker_*` below, read by `runwarden status`): each queue is a list named as
@@ -180,6 +184,7 @@ class Keys:
 
     def saves(self, run_id: str) -> str:
         return self._key("saves", validate_run_id(run_id))
+
     def stream_bytes(self, run_id: str) -> str:
         return self._key("streambytes", validate_run_id(run_id))
 
@@ -211,6 +216,10 @@ class Keys:
 
     def lease(self, member: str) -> str:
         return self._key("lease", member)
+
+    @property
+    def replicated(self) -> str:
+        return self._key("replicated")
 
     # --- retrievals and coordination --------------------------------------------------
 

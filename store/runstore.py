@@ -8,10 +8,12 @@ from __future__ import annotations
 from typing import Any
 
 import redis
-from redis.backoff import NoBackoff
+from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
+from redis.sentinel import Sentinel
 
 from schemas import Settings
+from schemas.sentinel import SentinelAddress, is_sentinel, parse_sentinel
 
 from .base import StoreBase, translated
 from .budgets import Budgets
@@ -83,33 +85,48 @@ class RunStore(StoreBase):
     def from_url(
         cls, url: str, prefix: str = "rw:", *, timeout_s: float | None = None, **options: Any
     ) -> RunStore:
-        """A store on the Redis at `url` (`redis://`, `rediss://` or `unix://`), with
+        """A store on the Redis at `url` (`redis://`, `rediss://`, `unix://`, or
+        `sentinel://`: the primary its sentinels name, `schemas.sentinel`), with
         bounded timeouts and one retry without backoff: a down Redis is a
-        `StoreError` within seconds, never a hang. With `timeout_s`, every connect and
-        every reply waits at most that long, without a retry (a health check, a
-        heartbeat). `url` may hold a password: it is never logged. `options` go to
-        the constructor (caps, bounds)."""
+        `StoreError` within seconds, never a hang. Behind Sentinel the retries wait
+        for a failover (about 6 s, backing off: the sentinels see the primary down,
+        then promote a replica; each new connection asks them where the primary is).
+        With `timeout_s`, every connect and every reply waits at most that long,
+        without a retry (a health check, a heartbeat). `url` may hold a password: it
+        is never logged. `options` go to the constructor (caps, bounds, replicas).
+
+        Raises:
+            ValueError: a `sentinel://` URL that does not parse.
+        """
         if timeout_s is not None:
-            client = redis.Redis.from_url(
-                url,
-                socket_timeout=timeout_s,
-                socket_connect_timeout=timeout_s,
-                retry=Retry(NoBackoff(), 0),
-            )
-            return cls(client, prefix, **options)
-        client = redis.Redis.from_url(
-            url,
-            socket_timeout=10,
-            socket_connect_timeout=5,
-            retry=Retry(NoBackoff(), 1),
-            health_check_interval=30,
-        )
-        return cls(client, prefix, **options)
+            bounded: dict[str, Any] = {
+                "socket_timeout": timeout_s,
+                "socket_connect_timeout": timeout_s,
+                "retry": Retry(NoBackoff(), 0),
+            }
+        elif is_sentinel(url):
+            bounded = {
+                "socket_timeout": 10,
+                "socket_connect_timeout": 2,
+                "retry": Retry(ExponentialBackoff(cap=1.0, base=0.1), 10),
+                "health_check_interval": 30,
+            }
+        else:
+            bounded = {
+                "socket_timeout": 10,
+                "socket_connect_timeout": 5,
+                "retry": Retry(NoBackoff(), 1),
+                "health_check_interval": 30,
+            }
+        if is_sentinel(url):
+            return cls(_sentinel_client(parse_sentinel(url), bounded), prefix, **options)
+        return cls(redis.Redis.from_url(url, **bounded), prefix, **options)
 
     @classmethod
     def from_settings(cls, settings: Settings, prefix: str = "rw:") -> RunStore:
         """[`from_url`] on the settings' Redis, with their bounds: the line cap, the
-        per-run byte budgets of the log and metrics streams, and the retention."""
+        per-run byte budgets of the log and metrics streams, and the retention; and
+        the replicas a deadline's write waits for (`Settings.min_replicas`)."""
         return cls.from_url(
             settings.store_url(),
             prefix,
@@ -117,9 +134,32 @@ class RunStore(StoreBase):
             log_bytes=settings.log_bytes_per_run,
             metrics_bytes=settings.metrics_bytes_per_run,
             retention_s=settings.retention_s,
+            min_replicas=settings.min_replicas,
+            wait_s=settings.redis_wait_s,
         )
 
     @translated
     def ping(self) -> None:
         """Returns when Redis answers; raises `StoreError` otherwise."""
         self._r.ping()
+
+
+def _sentinel_client(address: SentinelAddress, bounded: dict[str, Any]) -> redis.Redis:
+    """redis-py's client of the primary the sentinels of `address` name (asked again
+    on each new connection, and when the one it holds turns out to be a replica),
+    with `bounded`'s waits for the data servers and the sentinels alike."""
+    sentinel_kwargs = {
+        "socket_timeout": min(float(bounded["socket_timeout"]), 2.0),
+        "socket_connect_timeout": bounded["socket_connect_timeout"],
+    }
+    if address.sentinel_password is not None:
+        sentinel_kwargs["password"] = address.sentinel_password
+    sentinel = Sentinel(list(address.sentinels), sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
+    client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
+        address.master,
+        username=address.username,
+        password=address.password,
+        db=address.db,
+        **bounded,
+    )
+    return client

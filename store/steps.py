@@ -42,6 +42,9 @@ def end_run(
     stay. Returns the stored record and whether this call changed the run's
     state.
 
+    It waits for the configured replicas (`StoreBase.replicated`): the close of
+    the stop removes its deadlines.
+
     A run already in `to_state` is left as it is (False), but its stop is still
     closed and its follow ended: a second caller finishes what a first one, killed
     half way through an older, non-atomic end, left.
@@ -50,6 +53,7 @@ def end_run(
         NotFound: no such run.
         Conflict: the run already ended in another state (nothing changed), or too
             many concurrent writers.
+        NotReplicated: too few replicas acknowledged the end in time.
         ValueError: `to_state` is not terminal.
     """
     if not RunState(to_state).is_terminal:
@@ -87,4 +91,5 @@ def end_run(
         f"run {run_id!r} is being changed by too many writers at once; try again",
         run_id,
     )
+    store.replicated(f"the end of run {run_id!r}")
     return record, changed

@@ -6,6 +6,12 @@ only if the stored JSON is byte for byte the one the decision was made on) that
 moves the stop's deadlines in the same step, so a deadline is never lost between
 the two (only `Stops.remove_deadline`, the reconciler's, touches one alone). A closed stop
 goes to the run's capped stop history.
+
+Each of these writes (a stop opened with its proof deadline, moved with its
+deadlines, closed; a deadline claimed or removed) waits for the configured replicas
+(`StoreBase.replicated`, Redis's `WAIT`) before it returns, and raises
+`NotReplicated` when they did not acknowledge it in time: a failover keeps every
+write that returned (docs/architecture.md, "Durability").
 """
 
 from __future__ import annotations
@@ -130,6 +136,7 @@ class Stops(StorePart):
                     return current, False
                 changed = replace_model(current, reason=reason)
                 if self._cas_stop(raw, changed, remove=(), add=None):
+                    self._replicated(f"the new reason of the stop of run {run_id!r}")
                     return changed, False
                 continue
             done = self._script(
@@ -142,6 +149,7 @@ class Stops(StorePart):
             if done == -2:
                 raise NotRunning(run_id, self._runs.get(run_id).state)
             if done == 1:
+                self._replicated(f"the stop of run {run_id!r} and its proof deadline")
                 return fresh, True
         raise Conflict(f"the stop of run {run_id!r} keeps changing; try again", run_id=run_id)
 
@@ -234,6 +242,7 @@ class Stops(StorePart):
             if to_phase is StopPhase.DONE:
                 closed = replace_model(current, closed_at=datetime.now(UTC), **changes)
                 if self._archive_stop(raw, closed):
+                    self._replicated(f"the close of the stop of run {run_id!r}")
                     return closed
                 continue
             add = None
@@ -244,6 +253,7 @@ class Stops(StorePart):
                 )
             changed = replace_model(current, **changes)
             if self._cas_stop(raw, changed, remove=stop_members(current), add=add):
+                self._replicated(f"the stop of run {run_id!r} moved to {to_phase}")
                 return changed
         raise Conflict(f"the stop of run {run_id!r} keeps changing; try again", run_id=run_id)
 
@@ -279,6 +289,7 @@ class Stops(StorePart):
                 changes["note"] = note
             closed = replace_model(current, **changes)
             if self._archive_stop(raw, closed):
+                self._replicated(f"the close of the stop of run {run_id!r}")
                 return closed
         raise Conflict(f"the stop of run {run_id!r} keeps changing; try again", run_id=run_id)
 
@@ -372,10 +383,15 @@ class Stops(StorePart):
             keys=[self.keys.deadlines, self.keys.lease(deadline.member)],
             args=[deadline.member, worker_id, millis(lease_s, "lease")],
         )
+        if done:
+            self._replicated(f"the claim of deadline {deadline.member!r}")
         return bool(done)
 
     @translated
     def remove_deadline(self, deadline: Deadline) -> bool:
         """Removes `deadline` from the pending ones; whether it was pending. The stop's
         own state is not changed (use [`advance`] / [`close`] for that)."""
-        return bool(self._r.zrem(self.keys.deadlines, deadline.member))
+        removed = bool(self._r.zrem(self.keys.deadlines, deadline.member))
+        if removed:
+            self._replicated(f"the removal of deadline {deadline.member!r}")
+        return removed

@@ -32,7 +32,8 @@ from schemas import (
 )
 from schemas.auth import OPERATOR, WORKER, new_task_id, sign
 from schemas.events import DEFAULT_QUEUE, QUEUE, QUEUE_RETRIEVE, QUEUE_WATCH
-from schemas.secrets import producer_key_file, service_redis_password_file
+from schemas.secrets import REDIS_PASSWORD, producer_key_file, service_redis_password_file
+from schemas.sentinel import SENTINEL_PASSWORD
 from schemas.target_sig import TARGET_KEY, ensure_key_pair, next_version, sign_record
 from store.acl import WORKER_USER, save_users, set_worker_user
 from workers.executors import quote
@@ -41,6 +42,7 @@ from . import warm
 from .paths import ROOT, TOY_TRAINER
 from .processes import kill_job_groups, kill_processes_in
 from .redis_server import RedisServer
+from .sentinel import SentinelCluster
 from .sshd import SshServer
 from .users import JOB_USER, as_the_worker, ensure_user, job_python
 from .warm import Warm
@@ -174,6 +176,9 @@ class Pipeline:
     workdir: Path
     workers: dict[str, subprocess.Popen[bytes] | Warm] = field(default_factory=dict)
     beat: subprocess.Popen[bytes] | Warm | None = None
+    sentinel: SentinelCluster | None = None
+    """The Sentinel set the service runs on (`running_pipeline(sentinel=True)`); then
+    `redis` is its first primary."""
     exec_start: bool = False
     """Start the workers and beat with `exec` (as `runwarden serve` does), not forked
     warm: for a test that reads their command lines or environments in /proc."""
@@ -384,6 +389,7 @@ def running_pipeline(
     *,
     watch_worker: bool = False,
     exec_start: bool = False,
+    sentinel: bool = False,
 ) -> Iterator[Pipeline]:
     """The whole service in `tmp`: `workers` workers of `concurrency` processes each,
     beat unless told not to, the clocks of [`CLOCKS`] with `extra_env` on top. The
@@ -393,14 +399,30 @@ def running_pipeline(
     `workers` consume the others. A test that times stops needs this layout: a storm
     of ended runs' retrievals on the stops' workers delays every proof deadline
     behind them (the hostile matrix on a loaded machine: 13 s). With `exec_start`, the
-    workers and beat are started as `runwarden serve` starts them (`Pipeline.exec_start`)."""
-    # Users in an ACL file: the workers' user outlives a restart (chaos, faults).
-    redis = RedisServer(tmp / "redis", acl_file=True)
-    redis.start()
+    workers and beat are started as `runwarden serve` starts them (`Pipeline.exec_start`).
+    With `sentinel`, Redis is a primary, a replica and three sentinels
+    (`bench/harness/sentinel.py`), reached by its `sentinel://` URL, its passwords in
+    the secrets directory (`redis-password`, `redis-password.worker`,
+    `redis-sentinel-password`)."""
+    cluster: SentinelCluster | None = None
+    if sentinel:
+        secrets = Settings(state_dir=state_dir_of(tmp), redis_url=None).secrets
+        cluster = SentinelCluster(
+            tmp / "redis",
+            password=secrets.ensure(REDIS_PASSWORD)[0],
+            sentinel_password=secrets.ensure(SENTINEL_PASSWORD)[0],
+            worker_password=secrets.ensure(service_redis_password_file(WORKER_USER))[0],
+        )
+        cluster.start()
+        redis: RedisServer = cluster.servers[0]
+    else:
+        # Users in an ACL file: the workers' user outlives a restart (chaos, faults).
+        redis = RedisServer(tmp / "redis", acl_file=True)
+        redis.start()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RUNWARDEN_")}
     env.update(CLOCKS)
     env.update(extra_env or {})
-    env["RUNWARDEN_REDIS_URL"] = redis.url
+    env["RUNWARDEN_REDIS_URL"] = redis.url if cluster is None else cluster.url
     env["RUNWARDEN_STATE_DIR"] = str(state_dir_of(tmp))
     env["PYTHONPATH"] = str(ROOT)
     fields: dict[str, Any] = {
@@ -414,11 +436,12 @@ def running_pipeline(
     ensure_key_pair(settings.secrets)
     # The workers and beat connect as their own user, as serve starts them
     # (store/acl.py, worker_rules); the test's own API and CLI as the operator.
-    password, _ = settings.secrets.ensure(service_redis_password_file(WORKER_USER))
-    admin = redis.client()
-    set_worker_user(admin, password)
-    assert save_users(admin), "the test server has an ACL file"
-    admin.close()
+    if cluster is None:  # a Sentinel set's servers start with their users
+        password, _ = settings.secrets.ensure(service_redis_password_file(WORKER_USER))
+        admin = redis.client()
+        set_worker_user(admin, password)
+        assert save_users(admin), "the test server has an ACL file"
+        admin.close()
     api = Runwarden(settings)
     workdir = tmp / "work"
     workdir.mkdir()
@@ -433,7 +456,7 @@ def running_pipeline(
             **as_the_worker(),
         )
     )
-    pipeline = Pipeline(tmp, redis, env, api, workdir, exec_start=exec_start)
+    pipeline = Pipeline(tmp, redis, env, api, workdir, sentinel=cluster, exec_start=exec_start)
     done = threading.Event()
 
     def reap() -> None:
@@ -456,6 +479,9 @@ def running_pipeline(
         yield pipeline
     finally:
         pipeline.stop()
-        redis.stop()
+        if cluster is not None:
+            cluster.stop()
+        else:
+            redis.stop()
         done.set()
         reaper.join()

@@ -134,7 +134,7 @@ class RedisServer:
             preexec_fn=_die_with_parent,  # noqa: PLW1509 - only prctl, async-signal-safe
         )
         deadline = time.monotonic() + timeout_s
-        probe = client_for(self.socket_path, socket_timeout=1.0, retries=0)
+        probe = self.client(socket_timeout=1.0, retries=0)
         try:
             while True:
                 if self.process.poll() is not None:

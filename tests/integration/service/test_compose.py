@@ -17,6 +17,7 @@ import pytest
 import redis
 import yaml
 
+from bench.harness.ports import free_port
 from bench.harness.redis_server import REDIS_SERVER, RedisServer
 from schemas import Settings
 from schemas.bounds import parse_size
@@ -244,3 +245,112 @@ def _answers(client: redis.Redis) -> bool:
         return bool(client.ping())
     except redis.ConnectionError:
         return False
+
+
+# --- docker-compose.ha.yml: Redis behind Sentinel ----------------------------------
+
+
+def ha_config(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    files = ["-f", str(ROOT / "docker-compose.yml"), "-f", str(ROOT / "docker-compose.ha.yml")]
+    return subprocess.run(
+        ["docker-compose", *files, "config"],
+        env={**os.environ, **env}, capture_output=True, text=True, check=False, cwd=ROOT,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def ha() -> dict[str, Any]:
+    done = ha_config({"RUNWARDEN_SECRETS_HOST_DIR": "/srv/runwarden/secrets"})
+    assert done.returncode == 0, done.stderr
+    loaded: dict[str, Any] = yaml.safe_load(done.stdout)
+    return loaded
+
+
+OURS = ("worker", "retriever", "watcher", "beat", "flower")
+
+
+def test_the_ha_override_adds_a_replica_and_three_sentinels(ha: dict[str, Any]) -> None:
+    sentinels = {"sentinel-1", "sentinel-2", "sentinel-3"}
+    assert set(ha["services"]) == {*OURS, "redis", "redis-replica", *sentinels}
+    assert set(ha["secrets"]) == CREDENTIALS | {"redis-sentinel-password"}
+    replica = str(ha["services"]["redis-replica"]["command"][-1])
+    assert "--replicaof redis 6379" in replica
+    assert "masterauth" in replica
+    assert "masterauth" in str(ha["services"]["redis"]["command"][-1])
+    for name in sentinels:
+        script = str(ha["services"][name]["command"][-1])
+        assert "sentinel monitor runwarden redis 6379 2" in script
+        assert "exec redis-sentinel" in script
+        assert _secrets_of(ha["services"][name]) == {"redis-password", "redis-sentinel-password"}
+
+
+def test_every_service_of_ours_reaches_redis_through_the_sentinels(ha: dict[str, Any]) -> None:
+    for name in OURS:
+        service = ha["services"][name]
+        url = service["environment"]["RUNWARDEN_REDIS_URL"]
+        settings = Settings(redis_url=url, secrets_dir=Path("/nonexistent"))
+        address = settings.sentinel_address()
+        assert address is not None, name
+        assert address.master == "runwarden"
+        assert [h for h, _ in address.sentinels] == ["sentinel-1", "sentinel-2", "sentinel-3"]
+        assert settings.min_replicas == 1
+        assert "redis-sentinel-password" in _secrets_of(service), name
+    for name in ("worker", "retriever", "watcher", "beat"):
+        service = ha["services"][name]
+        assert service["environment"]["RUNWARDEN_REDIS_USER"] == "worker"
+        assert "redis-password" not in _secrets_of(service)
+
+
+def test_the_ha_override_puts_no_credential_in_an_environment_or_on_a_command_line(
+    ha: dict[str, Any],
+) -> None:
+    for name, service in ha["services"].items():
+        for key, value in (service.get("environment") or {}).items():
+            if any(word in key for word in ("PASSWORD", "TOKEN", "SECRET", "AUTH", "KEY")):
+                assert str(value).startswith("/run/secrets"), (name, key)
+            assert "@" not in str(value), (name, key)
+        command = " ".join(map(str, service.get("command") or []))
+        for option in ("--requirepass", "--masterauth", "--password", "-a "):
+            assert option not in command, (name, option)
+    text = (ROOT / "docker-compose.ha.yml").read_text()
+    for option in ("--requirepass", "--masterauth", "PASSWORD=", "PASSWORD:"):
+        assert option not in text, option
+
+
+def test_the_ha_sentinels_configuration_from_their_secrets(
+    ha: dict[str, Any], tmp_path: Path
+) -> None:
+    """The configuration a sentinel of the override writes, from its two secret files,
+    read by a real `redis-sentinel`-capable server's parser: it starts, answers with
+    its password, and watches `runwarden`."""
+    secrets_dir = tmp_path / "secrets"
+    secrets_dir.mkdir()
+    (secrets_dir / "redis-password").write_text("operator-pw")
+    (secrets_dir / "redis-sentinel-password").write_text("sentinel-pw")
+    script = str(ha["services"]["sentinel-1"]["command"][-1]).replace("$$", "$")
+    printing = script.split("&& exec redis-sentinel", 1)[0]
+    printing = printing.replace("/run/secrets", str(secrets_dir)).replace(
+        "/tmp/sentinel.conf", str(tmp_path / "sentinel.conf")
+    )
+    subprocess.run(["sh", "-c", printing], check=True)
+    conf = (tmp_path / "sentinel.conf").read_text()
+    assert 'requirepass "sentinel-pw"' in conf
+    assert 'sentinel auth-pass runwarden "operator-pw"' in conf
+    # The master's host name resolves in compose's network only: here, loopback.
+    conf = conf.replace(
+        "sentinel monitor runwarden redis 6379", "sentinel monitor runwarden 127.0.0.1 6379"
+    )
+    port = free_port()
+    (tmp_path / "sentinel.conf").write_text(conf.replace("port 26379", f"port {port}"))
+    server = subprocess.Popen(
+        [REDIS_SERVER, str(tmp_path / "sentinel.conf"), "--sentinel", "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        client = redis.Redis(host="127.0.0.1", port=port, password="sentinel-pw")
+        assert wait_for(lambda: _answers(client), timeout_s=10)
+        assert client.sentinel_master("runwarden")["name"] == "runwarden"
+        client.close()
+    finally:
+        server.terminate()
+        server.wait(timeout=10)

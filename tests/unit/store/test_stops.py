@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from schemas import StopPhase, StopState
-from schemas.errors import NotFound
+from schemas.errors import NotFound, NotReplicated
 from schemas.snapshot import SnapshotReason
 from store import RunStore
 
@@ -267,3 +267,23 @@ def test_malformed_deadline_member_is_dropped(store: RunStore, redis_client: red
     redis_client.zadd("rw:deadlines", {"garbage": 1.0, "r1|short|proof": 2.0})
     assert store.stops.due_deadlines(T0) == []
     assert redis_client.zcard("rw:deadlines") == 0
+
+
+def test_a_deadline_write_no_replica_acknowledged_fails_and_a_retry_finds_it(
+    make_store: Callable[..., RunStore], redis_client: redis.Redis
+) -> None:
+    """With `min_replicas`, a stop's write waits for that many replicas (Redis's
+    `WAIT`): on a server without one it raises `NotReplicated` after the wait, though
+    the primary holds the write; asked again, the stop is found, not opened twice."""
+    if "fake" in type(redis_client).__module__:
+        pytest.skip("fakeredis has no replication")
+    waiting = make_store(min_replicas=1, wait_s=0.05)
+    running(waiting)
+    with pytest.raises(NotReplicated, match="0 of 1 replica"):
+        waiting.stops.open("r1", SnapshotReason.REQUESTED, "cli", T0, 60)
+    again, opened = make_store().stops.open("r1", SnapshotReason.REQUESTED, "cli", T0, 60)
+    assert not opened
+    assert len(deadlines_of(waiting)) == 1
+    with pytest.raises(NotReplicated):
+        waiting.stops.close("r1", again.stop_id)
+    assert make_store().stops.get("r1") is None  # closed on the primary all the same
