@@ -8,6 +8,7 @@ step) before anything is sent; the countdown task is the fast path and
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +25,7 @@ from schemas import (
     StopPhase,
     StopState,
 )
+from schemas.errors import NotReplicated
 from schemas.events import TASK_END_TIMEOUT, TASK_PROOF_TIMEOUT
 from schemas.ledger import ProofSeen, ProofSeenBy, StopOpened
 from schemas.protocol import SNAPSHOT_REQUEST
@@ -141,7 +143,16 @@ def request_snapshot(
             found = ctx.store.stops.get(run_id)
             if found is not None:
                 return found
-    stop, opened = _open(ctx, run, reason, asked_by, now, replace_reason=not only_if_none_open)
+    try:
+        stop, opened = _open(ctx, run, reason, asked_by, now, replace_reason=not only_if_none_open)
+    except NotReplicated:
+        # Opened on the primary, not confirmed on a replica: a failover may keep the
+        # stop or lose it. The job is asked either way, so a stop that survives never
+        # cancels a job that was not told, and one that is lost is opened again by the
+        # follow tick that finds the request; the caller is told it failed.
+        with contextlib.suppress(ExecError):
+            executor.put_file(f"{run.remote_dir}/{SNAPSHOT_REQUEST}", str(reason))
+        raise
     if not opened and only_if_none_open:
         return stop
     try:
