@@ -6,7 +6,15 @@
 2. one poll tick over 1,000 followed runs on 10 SSH targets (one sshd, ten
    workdirs): SSH commands counted and time measured, beside polling each run with
    its own command;
-3. the worker's peak RSS with 1,000 followed runs and 1,000 pending countdowns.
+3. the worker's peak RSS with 1,000 followed runs and 1,000 pending countdowns;
+4. a bulk stop of 1,000 runs on 10 local targets (`Runwarden.stop_many`, one
+   `runwarden.stop_many` task): from the call to every run's `snapshot.request` on
+   its target, beside one `Runwarden.stop` per run (each awaited, as a loop over
+   `runwarden stop` would be, without the CLI's start-up) over the same number of runs.
+   The runs are registered in the store as running, their job one shared `sleep`
+   process group (not 1,000 trainers): what is measured is the stop's own path (the
+   stops opened with their deadlines, the countdowns sent, the ledger, the request
+   files written), not a job's reaction to it.
 
     .venv/bin/python -m workers.reaper -- .venv/bin/python bench/pipeline.py
 
@@ -42,6 +50,7 @@ from bench.harness.pipeline import (  # noqa: E402
     toy,
 )
 from bench.harness.sshd import running_sshd  # noqa: E402
+from bench.harness.users import as_the_worker  # noqa: E402
 from schemas import JobId, RunRecord, RunState, SshOptions, TargetConfig  # noqa: E402
 from schemas.auth import WORKER, new_task_id  # noqa: E402
 from schemas.events import LaunchSpec  # noqa: E402
@@ -274,12 +283,102 @@ def worker_memory(tmp: Path, runs: int) -> None:
     )
 
 
+def register_runs(pipeline: Pipeline, prefix: str, targets: list[str], per_target: int,
+                  *, leader: int, labels: dict[str, str]) -> list[RunRecord]:  # fmt: skip
+    """`per_target` runs on each of `targets`, recorded running with job `leader`."""
+    store, now, runs = pipeline.api.store, datetime.now(UTC), []
+    for target in targets:
+        workdir = pipeline.tmp / target
+        for r in range(per_target):
+            run_dir = workdir / f"{prefix}-{target}-{r}"
+            run_dir.mkdir(parents=True)
+            run = RunRecord(id=f"{prefix}-{target}-{r}", target=target, created=now,
+                            remote_dir=str(run_dir), job=JobId(dir=str(run_dir), pid=leader),
+                            state=RunState.RUNNING, labels=labels)  # fmt: skip
+            store.runs.create(run)
+            runs.append(run)
+    return runs
+
+
+CLI_SAMPLE = 5
+"""`runwarden stop` processes timed for the one-process-per-run baseline."""
+
+
+def all_asked(runs: list[RunRecord]) -> bool:
+    return all((Path(run.remote_dir) / "snapshot.request").exists() for run in runs)
+
+
+def bulk_stop(tmp: Path, targets: int, per_target: int, rounds: int) -> None:
+    total = targets * per_target
+    print(f"== 4. bulk stop of {total} runs on {targets} local targets")
+    # Long proof timeouts: no deadline fires (and cancels the shared job) meanwhile.
+    slow = {"RUNWARDEN_PROOF_TIMEOUT_S": "3600", "RUNWARDEN_END_TIMEOUT_S": "3600"}
+    with running_pipeline(tmp / "p4", beat=False, extra_env=slow) as pipeline:
+        api = pipeline.api
+        names = [f"b{t}" for t in range(targets)]
+        for name in names:
+            (pipeline.tmp / name).mkdir()
+            api.add_target(TargetConfig(name=name, kind="local", workdir=str(pipeline.tmp / name),
+                                        **as_the_worker()))  # fmt: skip
+        leader = subprocess.Popen(["sleep", "3600"], start_new_session=True)
+        try:
+            warm = register_runs(
+                pipeline, "warm", names, 1, leader=leader.pid, labels={"round": "warm"}
+            )
+            api.stop_many(names, labels={"round": "warm"})  # executors built, code loaded
+            assert all_asked(warm)
+            bulk = []
+            for k in range(rounds):
+                runs = register_runs(pipeline, f"k{k}", names, per_target, leader=leader.pid,
+                                     labels={"round": str(k)})  # fmt: skip
+                started = time.perf_counter()
+                summary = api.stop_many(names, labels={"round": str(k)}, wait_s=120)
+                elapsed = time.perf_counter() - started
+                if len(summary.asked) != total or not all_asked(runs):
+                    raise SystemExit(f"bulk stop asked {len(summary.asked)} of {total}\n"
+                                     f"{summary.refused[:3]}\n{pipeline.logs()}")  # fmt: skip
+                bulk.append(elapsed)
+            runs = register_runs(
+                pipeline, "single", names, per_target, leader=leader.pid, labels={}
+            )
+            started = time.perf_counter()
+            for run in runs:
+                api.stop(run.id, asked_by="bench")
+            single = time.perf_counter() - started
+            if not all_asked(runs):
+                raise SystemExit("a single stop left no request\n" + pipeline.logs())
+            # `runwarden stop RUN` itself, a process per run: a few, timed one by one.
+            sample = register_runs(pipeline, "cli", names[:1], CLI_SAMPLE, leader=leader.pid,
+                                   labels={})  # fmt: skip
+            per_cli = []
+            for run in sample:
+                started = time.perf_counter()
+                argv = [sys.executable, "-m", "producers.cli", "stop", run.id]
+                subprocess.run(argv, env=pipeline.env, cwd=ROOT, capture_output=True, check=True)
+                per_cli.append(time.perf_counter() - started)
+        finally:
+            leader.kill()
+            leader.wait()
+    b = statistics.median(bulk)
+    spread = f"{min(bulk):.2f}-{max(bulk):.2f} s"
+    print(f"  bulk: {total} runs asked in {b:.2f} s (median of {rounds}; {spread})")
+    print(f"  one stop per run: {total} runs asked in {single:.2f} s "
+          f"({single / total * 1000:.1f} ms a run)")  # fmt: skip
+    cli = statistics.median(per_cli) * total
+    print(f"  one `runwarden stop` process per run: {statistics.median(per_cli) * 1000:.0f} ms "
+          f"a run (median of {CLI_SAMPLE}), {cli:.0f} s for {total} (extrapolated)")  # fmt: skip
+    print(f"  bulk is {single / b:.1f}x faster than one API stop per run, {cli / b:.0f}x than "
+          f"one CLI stop per run   targets <= 2 s and >= 100x: "
+          f"{'yes' if b <= 2 and single / b >= 100 else 'NO'}")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stops", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--targets", type=int, default=10)
     parser.add_argument("--per-target", type=int, default=100)
+    parser.add_argument("--only-bulk", action="store_true", help="only the bulk stop (4.)")
     parser.add_argument("--tiny", action="store_true", help="the smoke test's run: least of all")
     args = parser.parse_args()
     floor_rounds = 50
@@ -288,9 +387,11 @@ def main() -> None:
         floor_rounds = 5
     tmp = Path(tempfile.mkdtemp(prefix="rw-bench-pipeline-"))
     try:
-        stop_latency(tmp, args.stops, floor_rounds)
-        poll_tick(tmp, args.targets, args.per_target, args.rounds)
-        worker_memory(tmp, args.targets * args.per_target)
+        if not args.only_bulk:
+            stop_latency(tmp, args.stops, floor_rounds)
+            poll_tick(tmp, args.targets, args.per_target, args.rounds)
+            worker_memory(tmp, args.targets * args.per_target)
+        bulk_stop(tmp, args.targets, args.per_target, min(args.rounds, 3))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -13,11 +13,12 @@ from .smoke import run_bench
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(660)]
 
 
-def test_pipeline_prints_its_three_figures(tmp_path: Path) -> None:
+def test_pipeline_prints_its_four_figures(tmp_path: Path) -> None:
     """Signed stops (the workers refuse others), a deadline on every wait."""
     out = run_bench("pipeline", tmp_path, r"call -> snapshot.request .* [\d.]+x the floor")
     assert "batched is" in out
     assert "peak RSS" in out
+    assert "than one API stop per run" in out
 
 
 def test_status_prints_the_reading_against_a_ping(tmp_path: Path) -> None:
