@@ -111,6 +111,12 @@ class Settings(BaseSettings):
     """How often beat fires overdue deadlines whose countdown did not run."""
     deadline_lease_s: _Positive = 60.0
     """How long a worker holds a deadline it is acting on before another may."""
+    countdown_horizon_s: _Positive = 120.0
+    """How far ahead a deadline's countdown task is sent, in seconds: a worker holds
+    every countdown it has received in memory until its time (tens of KiB each), so
+    a deadline further away waits in the deadline table and `reconcile` sends its
+    countdown once it comes this close (`workers.reconcile.arm_deadlines`; never
+    less than three reconcile periods ahead)."""
     task_max_runtime_s: _Positive = 300.0
     """Longest run of one task (a cancel takes at most ~20 s; a launch uploads)."""
     launch_max_runtime_s: _Positive = 3600.0

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta
+from typing import Final
 
 from schemas import RunRecord, RunwardenError, Settings, StopPhase, StopState
 from schemas.budget import SaveSample, StopBudget, save_lead_s, stop_budget
@@ -16,8 +17,10 @@ from .context import Context
 log = logging.getLogger("runwarden")
 
 __all__ = [
+    "ARM_GRACE_S",
     "FOUND_BY",
     "NOTICE_SLACK_S",
+    "countdown_horizon_s",
     "countdown_limit_s",
     "next_budget",
     "policy_save_lead_s",
@@ -114,6 +117,20 @@ def request_time(ctx: Context, stop: StopState) -> datetime | None:
         return None
     window = timedelta(seconds=ctx.settings.follow_poll_s + NOTICE_SLACK_S)
     return min(max(notice.seen_at, stop.asked_at - window), stop.asked_at)
+
+
+ARM_GRACE_S: Final = 10.0
+"""How long past its time a deadline whose countdown was sent has to fire before
+`reconcile` fires it as overdue (the countdown was lost: a worker killed, a message
+dropped)."""
+
+
+def countdown_horizon_s(settings: Settings) -> float:
+    """How far ahead a deadline's countdown task is sent, in seconds: the settings'
+    horizon, at least three reconcile periods (so `reconcile` arms every deadline
+    before it is due), at most [`countdown_limit_s`]."""
+    wanted = max(settings.countdown_horizon_s, 3 * settings.reconcile_s)
+    return min(wanted, countdown_limit_s(settings))
 
 
 def countdown_limit_s(settings: Settings) -> float:

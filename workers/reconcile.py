@@ -21,6 +21,7 @@ from schemas.auth import Unauthenticated
 from schemas.chain import CONTINUE_RETRY_S
 from schemas.events import TASK_CONTINUE, TASK_RETRIEVE
 
+from .budgets import ARM_GRACE_S, countdown_horizon_s
 from .cgroups import remove_empty
 from .context import Context
 from .executors import ExecError
@@ -52,11 +53,16 @@ has not started by then (it waits behind long ones on its queue; a duplicate is 
 no-op, a lost message costs at most this long)."""
 
 
+ARM_LIMIT: Final = 1000
+"""Most deadlines one sweep sends countdowns for ahead of their time ([`arm_deadlines`])."""
+
+
 def reconcile(ctx: Context, now: datetime, limit: int = 200) -> int:
     """The whole sweep, at `now`: sends the retrieval task of every retrieval that is
     due; sends the deadline task of every overdue deadline whose countdown did not run
     (a worker killed, a message lost), each under a lease so two reconcilers never send
-    one twice; then settles the launches whose worker died (`settle_launches`) and
+    one twice; sends the countdowns of the deadlines that came within the countdown
+    horizon ([`arm_deadlines`]); then settles the launches whose worker died (`settle_launches`) and
     sends the continuation task of every waiting continuation that is due
     (`continue_due`), and removes this machine's empty run cgroups that a run's end
     left (`cgroups.remove_empty`). Returns how many deadlines it sent. It acts on no running job
@@ -75,12 +81,38 @@ def reconcile(ctx: Context, now: datetime, limit: int = 200) -> int:
             continue
         send_deadline(ctx, deadline.run_id, deadline.stop_id, deadline.kind, 0.0)
         sent += 1
+    arm_deadlines(ctx, now)
     # After the deadlines, so they never wait on them: a settle may reach a target.
     settle_launches(ctx, now, limit)
     continue_due(ctx, now, limit)
     remove_empty()
     note_target_versions(ctx)
     return sent
+
+
+def arm_deadlines(ctx: Context, now: datetime, limit: int = ARM_LIMIT) -> int:
+    """Sends the countdown task of every pending deadline that came within the
+    countdown horizon (`budgets.countdown_horizon_s`) since the last sweep: a stop's
+    deadline further away got none when it was opened (a worker holds a countdown in
+    memory until its time). Each is claimed first, under a lease that lasts until
+    `ARM_GRACE_S` past its time, so the next sweeps never send it again; should the
+    countdown be lost, the lease runs out and the sweep after fires it as overdue.
+    At most `limit` of the earliest a sweep; returns how many it sent.
+
+    Raises:
+        StoreError: the store cannot be read.
+    """
+    horizon = countdown_horizon_s(ctx.settings)
+    armed = 0
+    for deadline in ctx.store.stops.due_deadlines(now + timedelta(seconds=horizon), limit):
+        ahead = (deadline.due - now).total_seconds()
+        if ahead <= 0:
+            continue  # overdue: the sweep's first part fires it
+        if not ctx.store.stops.claim_deadline(deadline, ctx.worker_id, ahead + ARM_GRACE_S):
+            continue
+        send_deadline(ctx, deadline.run_id, deadline.stop_id, deadline.kind, ahead)
+        armed += 1
+    return armed
 
 
 def note_target_versions(ctx: Context) -> None:

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import Final, NamedTuple
 
 from schemas import (
+    Deadline,
     DeadlineKind,
     NotRunning,
     ProofSaved,
@@ -32,7 +33,13 @@ from schemas.protocol import SNAPSHOT_REQUEST
 from schemas.run import check_snapshot_request
 from schemas.snapshot import proof_moment
 
-from .budgets import FOUND_BY, countdown_limit_s, next_budget, record_stop_save
+from .budgets import (
+    ARM_GRACE_S,
+    FOUND_BY,
+    countdown_horizon_s,
+    next_budget,
+    record_stop_save,
+)
 from .context import Context
 from .executors import CommandError, ExecError, ProtocolError, SshError
 from .notify import emit
@@ -65,8 +72,18 @@ class Asked(NamedTuple):
 def schedule_deadline(
     ctx: Context, stop: StopState, kind: DeadlineKind, countdown_s: float
 ) -> None:
-    """Sends the countdown task of `stop`'s `kind` deadline. A failure to send is
-    logged only: the deadline is in the store's table and `reconcile` fires it."""
+    """Sends the countdown task of `stop`'s `kind` deadline when it is within the
+    countdown horizon, holding the deadline's lease until `ARM_GRACE_S` past its
+    time so that `reconcile` does not send it again ([`reconcile.arm_deadlines`]);
+    a deadline further away is left to `reconcile`. A failure to send is logged only:
+    the deadline is in the store's table and `reconcile` fires it."""
+    if countdown_s > countdown_horizon_s(ctx.settings):
+        log.debug("run %s: %s deadline beyond the countdown horizon", stop.run_id, kind)
+        return
+    due = stop.end_deadline if kind == "end" and stop.end_deadline else stop.proof_deadline
+    deadline = Deadline(run_id=stop.run_id, stop_id=stop.stop_id, kind=kind, due=due)
+    with contextlib.suppress(RunwardenError):  # no lease: at worst sent twice, acted on once
+        ctx.store.stops.claim_deadline(deadline, ctx.worker_id, countdown_s + ARM_GRACE_S)
     send_deadline(ctx, stop.run_id, stop.stop_id, kind, countdown_s, reason=stop.reason)
 
 
@@ -80,10 +97,13 @@ def send_deadline(
     reason: SnapshotReason | None = None,
 ) -> None:
     """Sends the `kind` deadline task of stop `stop_id` of `run_id` after `countdown_s`
-    seconds; none when the countdown is longer than the broker keeps a message
-    (`countdown_limit_s`). A failure to send is logged only: `reconcile` fires it."""
-    if countdown_s > countdown_limit_s(ctx.settings):
-        log.info("run %s: no countdown for its %s deadline: reconcile fires it", run_id, kind)
+    seconds; none when the deadline is further than the countdown horizon
+    (`countdown_horizon_s`: a held countdown costs the worker memory until its time,
+    and one longer than the broker keeps a message would come twice): `reconcile`
+    sends it once it comes within the horizon. A failure to send is logged only:
+    `reconcile` fires it."""
+    if countdown_s > countdown_horizon_s(ctx.settings):
+        log.debug("run %s: %s deadline beyond the countdown horizon", run_id, kind)
         return
     name = TASK_PROOF_TIMEOUT if kind == "proof" else TASK_END_TIMEOUT
     body: dict[str, str] = {"run_id": run_id, "stop_id": stop_id}

@@ -39,7 +39,11 @@ class Sent:
 def policy_worker(tmp_path: Path, **settings: Any) -> tuple[Context, RunStore, Sent]:
     store = fresh_store()
     sent = Sent()
-    options: dict[str, Any] = {"state_dir": tmp_path / "state", "disk_probe_s": 60}
+    # The countdown horizon past the configured timeouts: these tests see each stop's
+    # countdown sent at its opening (the horizon itself: test_budgets.py).
+    options: dict[str, Any] = {
+        "state_dir": tmp_path / "state", "disk_probe_s": 60, "countdown_horizon_s": 3600,
+    }  # fmt: skip
     options.update(settings)
     config = Settings(**options)
     local = {"name": "local", "kind": "local", "workdir": str(tmp_path), **as_the_worker()}

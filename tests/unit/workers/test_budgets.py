@@ -165,6 +165,49 @@ def test_a_countdown_longer_than_the_broker_keeps_a_message_is_left_to_reconcile
     assert countdowns(sent, TASK_PROOF_TIMEOUT) == [0.0]
 
 
+def test_a_deadline_beyond_the_horizon_waits_in_the_table_and_reconcile_arms_it_once(
+    tmp_path: Path,
+) -> None:
+    """A stop whose proof deadline is further than the countdown horizon sends no
+    countdown (a worker would hold it in memory for the whole timeout); the first
+    sweep within the horizon sends it with the time left, the next sweeps do not again;
+    a countdown lost on the way is fired as overdue once its grace has passed."""
+    ctx, store, sent = worker(tmp_path, countdown_horizon_s=60, reconcile_s=10)
+    assert budgets.countdown_horizon_s(ctx.settings) == 60
+    running_run(store, tmp_path, "r1", timeouts=StopTimeouts(proof_timeout_s=600))
+    running_run(store, tmp_path, "r2", timeouts=StopTimeouts(proof_timeout_s=45))
+    now = datetime.now(UTC)
+    far = stops.request_snapshot(ctx, "r1", SnapshotReason.REQUESTED, "cli", now)
+    stops.request_snapshot(ctx, "r2", SnapshotReason.REQUESTED, "cli", now)
+    assert countdowns(sent, TASK_PROOF_TIMEOUT) == [45]  # r2's only: within the horizon
+    assert reconcile.arm_deadlines(ctx, now) == 0  # r2's was sent; r1's is far off
+    sent.calls.clear()
+    # 550 s later r1's deadline is 50 s away: armed once, with the time left.
+    later = now + timedelta(seconds=550)
+    assert reconcile.reconcile(ctx, later) == 0
+    assert countdowns(sent, TASK_PROOF_TIMEOUT) == [50]
+    assert [b["run_id"] for b in sent.named(TASK_PROOF_TIMEOUT)] == ["r1"]
+    assert reconcile.reconcile(ctx, later + timedelta(seconds=10)) == 0
+    assert len(sent.named(TASK_PROOF_TIMEOUT)) == 1
+    # Its countdown lost, the deadline is still pending past its time: fired as
+    # overdue once the armed countdown's grace ran out, not before.
+    due = far.proof_deadline
+    assert reconcile.reconcile(ctx, due + timedelta(seconds=reconcile.ARM_GRACE_S - 5)) == 0
+    [member] = [d.member for d in store.stops.pending_deadlines() if d.run_id == "r1"]
+    store.stops._r.delete(store.stops.keys.lease(member))  # its lease ran out (Redis's clock)
+    assert reconcile.reconcile(ctx, due + timedelta(seconds=reconcile.ARM_GRACE_S + 5)) == 1
+    assert countdowns(sent, TASK_PROOF_TIMEOUT) == [50, 0.0]
+
+
+def test_the_horizon_is_never_shorter_than_three_sweeps_nor_past_the_broker_s_limit(
+    tmp_path: Path,
+) -> None:
+    ctx, _, _ = worker(tmp_path, countdown_horizon_s=5, reconcile_s=10)
+    assert budgets.countdown_horizon_s(ctx.settings) == 30
+    ctx, _, _ = worker(tmp_path, countdown_horizon_s=10**7)
+    assert budgets.countdown_horizon_s(ctx.settings) == budgets.countdown_limit_s(ctx.settings)
+
+
 # --- what a stop leaves -------------------------------------------------------------
 
 
