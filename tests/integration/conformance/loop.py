@@ -5,7 +5,7 @@ one of the ways users' scripts break (`--broken`):
 - `only-rank-0`: rank 0 stops alone; the other ranks train on (run with 2 ranks);
 - `ignores-request`: never looks at the request;
 - `restarts-steps`: a resumed run counts its steps from 1 again;
-- `looks-every-5`: looks at the request every 5th step only.
+- `late-by-5`: stops 5 steps after the step it first saw the request at.
 
 Steps take `--step-time` seconds; rank 0 logs each one (`runwarden_job.Metrics`). The
 checkpoint is `state.json` ({"step"}) in `output/checkpoint-<step>`. Ranks are
@@ -22,7 +22,7 @@ import time
 
 import runwarden_job
 
-BROKEN = ("proof-before-save", "only-rank-0", "ignores-request", "restarts-steps", "looks-every-5")
+BROKEN = ("proof-before-save", "only-rank-0", "ignores-request", "restarts-steps", "late-by-5")
 
 
 def main() -> int:
@@ -40,17 +40,20 @@ def main() -> int:
     metrics = runwarden_job.Metrics() if rank == 0 else None
     if metrics is not None:
         metrics.begin(args.steps, first_step=start)
+    seen = 0  # late-by-5: the step the request was first seen at
     for step in range(start, args.steps + 1):
         time.sleep(args.step_time)
         if metrics is not None:
             metrics.log(step, loss=1.0 / step)
         if args.broken == "ignores-request" or (args.broken == "only-rank-0" and rank != 0):
             continue
-        if args.broken == "looks-every-5" and step % 5:
-            continue
         reason = runwarden_job.snapshot_requested() if step < args.steps else None
         if reason is None:
             continue
+        if args.broken == "late-by-5":
+            seen = seen or step
+            if step < seen + 5:
+                continue
         runwarden_job.report_stop(step, reason)
         if rank != 0:
             return 0

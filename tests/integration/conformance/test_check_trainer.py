@@ -94,10 +94,10 @@ def test_a_resume_that_restarts_its_step_count_fails_the_resume_check(
     )
 
 
-def test_a_loop_that_looks_every_fifth_step_fails_the_lag_check(
+def test_a_loop_that_stops_five_steps_late_fails_the_lag_check(
     pipeline: Pipeline, tmp_path: Path
 ) -> None:
-    report = checked(pipeline, tmp_path, "--broken", "looks-every-5")
+    report = checked(pipeline, tmp_path, "--broken", "late-by-5")
     assert failed(report) == ["lag"], report.checks
     assert "more than 2 (--max-lag)" in detail(report, "lag")
 
