@@ -52,7 +52,7 @@ from bench.harness.pipeline import (  # noqa: E402
 from bench.harness.sshd import running_sshd  # noqa: E402
 from bench.harness.users import as_the_worker  # noqa: E402
 from schemas import JobId, RunRecord, RunState, SshOptions, TargetConfig  # noqa: E402
-from schemas.auth import WORKER, new_task_id  # noqa: E402
+from schemas.auth import new_task_id  # noqa: E402
 from schemas.events import LaunchSpec  # noqa: E402
 from workers import watch  # noqa: E402
 from workers.context import Context  # noqa: E402
@@ -135,6 +135,16 @@ def tick_all(worker: Context, names: list[str], now: datetime) -> None:
             raise SystemExit("a watch tick still runs after 120 s")
 
 
+def per_target_ticks(worker: Context, names: list[str], now: datetime) -> list[float]:
+    """The time of one follow tick of each target of `names`, one at a time (s)."""
+    took = []
+    for name in names:
+        started = time.perf_counter()
+        watch.watch_target(worker, name, now)
+        took.append(time.perf_counter() - started)
+    return took
+
+
 def poll_tick(tmp: Path, targets: int, per_target: int, rounds: int) -> None:
     print(f"== 2. one poll tick over {targets * per_target} runs on {targets} SSH targets")
     import fakeredis
@@ -188,6 +198,7 @@ def poll_tick(tmp: Path, targets: int, per_target: int, rounds: int) -> None:
         names = [f"t{t}" for t in range(targets)]
         for name in names:  # warm: connections open, logs read once
             watch.watch_target(worker, name, now)
+        per_target_s = per_target_ticks(worker, names, now)
         counter = Counting()
         batched = []
         for _ in range(rounds):
@@ -197,7 +208,7 @@ def poll_tick(tmp: Path, targets: int, per_target: int, rounds: int) -> None:
             batched.append(time.perf_counter() - started)
         batched_commands = counter.count
         single = []
-        for _ in range(max(1, rounds // 2)):
+        for _ in range(max(1, rounds // 2) if targets * per_target <= 1000 else 1):
             counter.count = 0
             started = time.perf_counter()
             for name in names:
@@ -213,6 +224,12 @@ def poll_tick(tmp: Path, targets: int, per_target: int, rounds: int) -> None:
             leader.kill()
             leader.wait()
     b, s = statistics.median(batched), statistics.median(single)
+    slowest = max(per_target_s)
+    print(
+        f"  one target's batch ({per_target} runs): {statistics.median(per_target_s) * 1000:.0f} "
+        f"ms median, {slowest * 1000:.0f} ms the slowest of {targets}   target <= 1 s: "
+        f"{'yes' if slowest <= 1 else 'NO'}"
+    )
     print(
         f"  batched: {batched_commands} SSH commands, tick {b * 1000:.0f} ms (median of {rounds})"
     )
@@ -223,64 +240,139 @@ def poll_tick(tmp: Path, targets: int, per_target: int, rounds: int) -> None:
     )
 
 
-def rss_mib(pid: int) -> float:
-    """Peak RSS (VmHWM) of `pid` and all its descendants, in MiB."""
-    total = 0
-    pids = [pid]
-    while pids:
-        current = pids.pop()
+FAN_OUT_PROCESSES = 4
+"""The worker processes the fan-out of a follow tick is measured with."""
+
+
+def fan_out(tmp: Path, targets: int, per_target: int, rounds: int) -> None:
+    """A follow tick's fan-out through a real worker of `FAN_OUT_PROCESSES` processes:
+    one `watch_target` task per SSH target (one sshd on loopback, a workdir each),
+    from the first sent to the last done, with `per_target` runs on each."""
+    print(f"== 2b. a follow tick's fan-out over {targets} SSH targets, {targets * per_target} "
+          f"runs, {FAN_OUT_PROCESSES} worker processes")  # fmt: skip
+    with (
+        running_sshd(tmp / "sshd-fan") as server,
+        running_pipeline(tmp / "p2", beat=False, concurrency=FAN_OUT_PROCESSES) as pipeline,
+    ):
+        api = pipeline.api
+        names = [f"f{t}" for t in range(targets)]
+        for name in names:
+            workdir = pipeline.tmp / name
+            workdir.mkdir()
+            api.add_target(TargetConfig(
+                name=name, kind="ssh", workdir=str(workdir),
+                ssh=SshOptions(destination=server.destination, identity=str(server.client_key),
+                               known_hosts=str(server.known_hosts)),
+            ))  # fmt: skip
+        leader = subprocess.Popen(["sleep", "3600"], start_new_session=True)
         try:
-            status = Path(f"/proc/{current}/status").read_text()
+            for run in register_runs(pipeline, "fan", names, per_target, leader=leader.pid,
+                                     labels={}):  # fmt: skip
+                (Path(run.remote_dir) / "job.log").write_text("step 1\n")
+                api.store.follow.add(run.id)
+            took = []
+            for _ in range(rounds + 1):  # the first warms: connections, executors
+                started = time.perf_counter()
+                results = [api.app.send_task("runwarden.watch_target", kwargs={"target": n},
+                                             ignore_result=False) for n in names]  # fmt: skip
+                for result in results:
+                    result.get(timeout=300)
+                took.append(time.perf_counter() - started)
+        finally:
+            leader.kill()
+            leader.wait()
+    f = statistics.median(took[1:])
+    print(f"  every target's tick done in {f:.2f} s (median of {rounds}; "
+          f"{min(took[1:]):.2f}-{max(took[1:]):.2f} s)   target <= 2 s: "
+          f"{'yes' if f <= 2 else 'NO'}")  # fmt: skip
+
+
+def _tree(pid: int) -> list[int]:
+    """`pid` and all its descendants."""
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        try:
             children = Path(f"/proc/{current}/task/{current}/children").read_text().split()
         except FileNotFoundError:
             continue
-        for line in status.splitlines():
-            if line.startswith("VmHWM:"):
-                total += int(line.split()[1])
-        pids.extend(int(c) for c in children)
-    return total / 1024
+        todo.extend(int(c) for c in children)
+    return found
 
 
-def worker_memory(tmp: Path, runs: int) -> None:
-    print(f"== 3. worker memory with {runs} followed runs and {runs} pending countdowns")
-    with running_pipeline(tmp / "p3", beat=False) as pipeline:
+def memory_mib(pid: int) -> tuple[float, float, int]:
+    """The PSS (shared pages counted once: divided between the processes sharing
+    them) and the RSS of `pid` and all its descendants, in MiB, now; and how many
+    processes that is."""
+    pss = rss = 0
+    tree = _tree(pid)
+    for current in tree:
+        try:
+            rollup = Path(f"/proc/{current}/smaps_rollup").read_text()
+        except FileNotFoundError:
+            continue
+        for line in rollup.splitlines():
+            if line.startswith("Pss:"):
+                pss += int(line.split()[1])
+            elif line.startswith("Rss:"):
+                rss += int(line.split()[1])
+    return pss / 1024, rss / 1024, len(tree)
+
+
+def worker_memory(tmp: Path, runs: int, targets: int) -> None:
+    """The worker (main and pool processes) idle, then following `runs` runs on
+    `targets` local targets, each run with a stop open: its proof and end deadlines
+    pending, opened by one bulk stop as the service opens them (proof timeouts of an
+    hour: beyond the countdown horizon, so they wait in the deadline table; the
+    countdowns the worker holds are counted)."""
+    print(f"== 3. worker memory with {runs} followed runs on {targets} targets and "
+          f"{runs} pending deadlines")  # fmt: skip
+    slow = {"RUNWARDEN_PROOF_TIMEOUT_S": "3600", "RUNWARDEN_END_TIMEOUT_S": "3600"}
+    with running_pipeline(tmp / "p3", beat=False, extra_env=slow) as pipeline:
         api, store = pipeline.api, pipeline.api.store
         worker = pipeline.workers["w1"]
-        idle = rss_mib(worker.pid)
-        now = datetime.now(UTC)
+        names = [f"m{t}" for t in range(targets)]
+        for name in names:
+            (pipeline.tmp / name).mkdir()
+            api.add_target(TargetConfig(name=name, kind="local", workdir=str(pipeline.tmp / name),
+                                        **as_the_worker()))  # fmt: skip
+        for name in names:  # each target's executor built, its code loaded
+            api.app.send_task("runwarden.watch_target", kwargs={"target": name}).get(timeout=60)
+        time.sleep(1)
+        idle = memory_mib(worker.pid)
         leader = subprocess.Popen(["sleep", "3600"], start_new_session=True)
-        for r in range(runs):
-            run_dir = pipeline.workdir / f"mem-{r}"
-            run_dir.mkdir()
-            store.runs.create(
-                RunRecord(
-                    id=f"mem-{r}",
-                    target="local",
-                    created=now,
-                    remote_dir=str(run_dir),
-                    job=JobId(dir=str(run_dir), pid=leader.pid),
-                    state=RunState.RUNNING,
-                )
-            )
-            store.follow.add(f"mem-{r}")
-            pipeline.send(
-                "runwarden.proof_timeout",
-                {"run_id": f"mem-{r}", "stop_id": f"bench{r:012d}"},
-                WORKER,  # a deadline is the workers' own message
-                countdown=3600,
-            )
-        for _ in range(10):  # a few ticks over all of them
-            api.app.send_task("runwarden.watch_target", kwargs={"target": "local"}).get(timeout=120)
-        time.sleep(2)
-        loaded = rss_mib(worker.pid)
-        reserved = api.app.control.inspect(timeout=2).scheduled() or {}
-        held = sum(len(v) for v in reserved.values())
-        leader.kill()
-        leader.wait()
-    print(
-        f"  worker (main + 2 pool processes) peak RSS: idle {idle:.0f} MiB, "
-        f"loaded {loaded:.0f} MiB; countdown tasks held by the worker: {held}"
-    )
+        try:
+            per_target = max(1, runs // targets)
+            loaded_runs = register_runs(pipeline, "mem", names, per_target, leader=leader.pid,
+                                        labels={"bench": "memory"})  # fmt: skip
+            for run in loaded_runs:
+                store.follow.add(run.id)
+            summary = api.stop_many(names, labels={"bench": "memory"}, wait_s=600)
+            pending = len(store.stops.pending_deadlines(limit=10 * runs))
+            for _ in range(3):  # ticks over every run of every target
+                for name in names:
+                    api.app.send_task("runwarden.watch_target", kwargs={"target": name}).get(
+                        timeout=300
+                    )
+            time.sleep(1)
+            loaded = memory_mib(worker.pid)
+            parts = [memory_mib(pid)[:2] for pid in _tree(worker.pid)]
+            reserved = api.app.control.inspect(timeout=2).scheduled() or {}
+            held = sum(len(v) for v in reserved.values())
+        finally:
+            leader.kill()
+            leader.wait()
+    print(f"  stops opened: {len(summary.asked)}; deadlines pending: {pending}; "
+          f"countdown tasks held by the worker: {held}")  # fmt: skip
+    print(f"  worker ({idle[2]} processes: reaper, main, pool) PSS idle {idle[0]:.0f} MiB, "
+          f"loaded {loaded[0]:.0f} MiB (RSS {idle[1]:.0f} -> {loaded[1]:.0f} MiB)   "
+          f"target PSS <= 200 MiB: {'yes' if loaded[0] <= 200 else 'NO'}")  # fmt: skip
+    # memory_mib of a process counts its descendants: the pool processes are leaves.
+    print("  loaded, by process (PSS / RSS MiB): reaper and main "
+          f"{parts[0][0] - sum(p[0] for p in parts[2:]):.0f} / "
+          f"{parts[0][1] - sum(p[1] for p in parts[2:]):.0f}, pool "
+          + ", ".join(f"{p[0]:.0f} / {p[1]:.0f}" for p in parts[2:]))  # fmt: skip
 
 
 def register_runs(pipeline: Pipeline, prefix: str, targets: list[str], per_target: int,
@@ -368,8 +460,8 @@ def bulk_stop(tmp: Path, targets: int, per_target: int, rounds: int) -> None:
     print(f"  one `runwarden stop` process per run: {statistics.median(per_cli) * 1000:.0f} ms "
           f"a run (median of {CLI_SAMPLE}), {cli:.0f} s for {total} (extrapolated)")  # fmt: skip
     print(f"  bulk is {single / b:.1f}x faster than one API stop per run, {cli / b:.0f}x than "
-          f"one CLI stop per run   targets <= 2 s and >= 100x: "
-          f"{'yes' if b <= 2 and single / b >= 100 else 'NO'}")  # fmt: skip
+          f"one CLI stop per run   targets <= 2 s and >= 100x one `runwarden stop` per run: "
+          f"{'yes' if b <= 2 and cli / b >= 100 else 'NO'}")  # fmt: skip
 
 
 def main() -> None:
@@ -378,20 +470,28 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--targets", type=int, default=10)
     parser.add_argument("--per-target", type=int, default=100)
+    parser.add_argument("--runs", type=int, help="runs in all: 100 a target (--targets ignored)")
     parser.add_argument("--only-bulk", action="store_true", help="only the bulk stop (4.)")
+    parser.add_argument("--only-memory", action="store_true", help="only the memory (3.)")
     parser.add_argument("--tiny", action="store_true", help="the smoke test's run: least of all")
     args = parser.parse_args()
     floor_rounds = 50
     if args.tiny:
         args.stops, args.rounds, args.targets, args.per_target = 2, 2, 2, 3
         floor_rounds = 5
+    if args.runs is not None:
+        args.per_target = min(100, args.runs)
+        args.targets = max(1, args.runs // args.per_target)
     tmp = Path(tempfile.mkdtemp(prefix="rw-bench-pipeline-"))
     try:
-        if not args.only_bulk:
+        if not (args.only_bulk or args.only_memory):
             stop_latency(tmp, args.stops, floor_rounds)
             poll_tick(tmp, args.targets, args.per_target, args.rounds)
-            worker_memory(tmp, args.targets * args.per_target)
-        bulk_stop(tmp, args.targets, args.per_target, min(args.rounds, 3))
+            fan_out(tmp, args.targets, args.per_target, min(args.rounds, 3))
+        if not args.only_bulk:
+            worker_memory(tmp, args.targets * args.per_target, args.targets)
+        if not args.only_memory:
+            bulk_stop(tmp, args.targets, args.per_target, min(args.rounds, 3))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
