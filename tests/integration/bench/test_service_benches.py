@@ -27,3 +27,7 @@ def test_pipeline_prints_its_figures(tmp_path: Path) -> None:
 
 def test_status_prints_the_reading_against_a_ping(tmp_path: Path) -> None:
     run_bench("status", tmp_path, r"read_health .* vs  PING ")
+
+
+def test_redis_keys_prints_the_keys_a_periodic_task_leaves(tmp_path: Path) -> None:
+    run_bench("redis_keys", tmp_path, r"keys per periodic task; a day at the default periods")
