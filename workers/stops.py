@@ -199,27 +199,34 @@ def request_snapshots(
     be put in place leaves its stop to cancel at its deadline) and each new stop's
     proof countdown sent. Returns, per run in order, its stop and whether this call
     opened it, or the error that refused it (NotStarted, NotRunning, NoSnapshots,
-    SshError, StoreError...): one run's refusal never stops the others."""
+    SshError, StoreError...): one run's refusal never stops the others. A stop opened
+    but confirmed by no replica (NotReplicated) is refused, its request written all
+    the same, as [`request_snapshot`] does."""
     answers: list[StopState | RunwardenError] = []
     opened_flags: list[bool] = []
-    for run in runs:
+    # What each target's batch writes: (run index, the reason to write).
+    by_target: dict[str, list[tuple[int, str]]] = {}
+    for i, run in enumerate(runs):
         try:
             check_snapshot_request(run)
             stop, opened = _open(ctx, run, reason, asked_by, now, replace_reason=True)
+        except NotReplicated as error:
+            # As a single stop: the job is asked all the same (`request_snapshot`).
+            answers.append(error)
+            opened_flags.append(False)
+            by_target.setdefault(run.target, []).append((i, str(reason)))
+            continue
         except RunwardenError as error:
             answers.append(error)
             opened_flags.append(False)
             continue
         answers.append(stop)
         opened_flags.append(opened)
-    by_target: dict[str, list[tuple[int, StopState]]] = {}
-    for i, answer in enumerate(answers):
-        if isinstance(answer, StopState):
-            by_target.setdefault(runs[i].target, []).append((i, answer))
+        by_target.setdefault(run.target, []).append((i, str(stop.reason)))
 
     def write(target: str) -> list[ExecError | None]:
         stops = by_target[target]
-        files = [(f"{runs[i].remote_dir}/{SNAPSHOT_REQUEST}", str(s.reason)) for i, s in stops]
+        files = [(f"{runs[i].remote_dir}/{SNAPSHOT_REQUEST}", text) for i, text in stops]
         try:
             whys = ctx.executor(target).put_files(files)
         except ExecError as error:  # the whole write: every run of the target shares it
@@ -233,9 +240,12 @@ def request_snapshots(
         with ThreadPoolExecutor(workers, thread_name_prefix="put-requests") as pool:
             written = dict(zip(by_target, pool.map(write, by_target), strict=True))
     for target, stops in by_target.items():
-        for (i, stop), failure in zip(stops, written[target], strict=True):
+        for (i, _), failure in zip(stops, written[target], strict=True):
+            opened_stop = answers[i]
+            if not isinstance(opened_stop, StopState):
+                continue  # not confirmed by a replica: asked, and refused all the same
             try:
-                answers[i] = _written(ctx, stop, opened_flags[i], failure)
+                answers[i] = _written(ctx, opened_stop, opened_flags[i], failure)
             except RunwardenError as error:
                 answers[i] = error
                 opened_flags[i] = False

@@ -13,6 +13,7 @@ import pytest
 
 from bench.harness.users import as_the_worker
 from schemas import RunState, SnapshotReason, StopPhase
+from schemas.errors import NotReplicated
 from schemas.events import StopManyBody
 from workers import bulk, stops
 from workers.executors import LocalExecutor, ScriptExecutor
@@ -152,3 +153,29 @@ def test_put_files_of_more_than_one_script_holds_are_cut_in_batches(tmp_path: Pa
     files = [(str(tmp_path / long / f"{i:04d}" / "snapshot.request"), "cost") for i in range(700)]
     assert executor.put_files(files) == [None] * 700
     assert len(list((tmp_path / long).glob("*/snapshot.request"))) == 700
+
+
+def test_a_stop_no_replica_confirmed_is_refused_and_its_job_asked_all_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As a single stop (`stops.request_snapshot`): a stop opened on the primary but
+    confirmed by no replica is reported refused, and its request is written anyway,
+    so a stop that survives a failover never cancels a job that was not asked."""
+    worker, store, _ = policy_worker(tmp_path)
+    running_run(store, tmp_path, "a1")
+    running_run(store, tmp_path, "a2")
+    opening = stops._open
+
+    def unconfirmed_a2(ctx: Any, run: Any, *args: Any, **kwargs: Any) -> Any:
+        opened = opening(ctx, run, *args, **kwargs)
+        if run.id == "a2":
+            raise NotReplicated("0 of 1 replica acknowledged the write within 0.05 s")
+        return opened
+
+    monkeypatch.setattr(stops, "_open", unconfirmed_a2)
+    summary = bulk.stop_many(worker, body(all=True), "operator", "operator/cli",
+                             datetime.now(UTC))  # fmt: skip
+    assert summary.asked == ("a1",)
+    assert [r.run_id for r in summary.refused] == ["a2"]
+    for run_id in ("a1", "a2"):
+        assert (tmp_path / run_id / "snapshot.request").read_text() == "requested"
