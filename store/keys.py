@@ -217,6 +217,9 @@ class Keys:
     def lease(self, member: str) -> str:
         return self._key("lease", member)
 
+    def armed(self, member: str) -> str:
+        return self._key("armed", member)
+
     @property
     def replicated(self) -> str:
         return self._key("replicated")

@@ -370,6 +370,17 @@ class Stops(StorePart):
         return deadlines
 
     @translated
+    def arm_deadline(self, deadline: Deadline, ttl_s: float) -> bool:
+        """Marks `deadline`'s countdown task as sent for `ttl_s` seconds (until a
+        little past its time), atomically; True when this caller marked it (and sends
+        the countdown), False when it was marked already. Apart from the firing lease
+        ([`claim_deadline`]): a countdown that was lost leaves its deadline to fire as
+        overdue at once. Losing a mark (a failover) only sends a countdown twice,
+        which acts once."""
+        return bool(self._r.set(self.keys.armed(deadline.member), "1", nx=True,
+                                px=millis(ttl_s, "armed")))  # fmt: skip
+
+    @translated
     def claim_deadline(self, deadline: Deadline, worker_id: str, lease_s: float) -> bool:
         """Takes the lease on `deadline` for `lease_s` seconds, atomically; True when
         this caller got it. False when the deadline is no longer pending or another

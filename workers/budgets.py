@@ -120,9 +120,8 @@ def request_time(ctx: Context, stop: StopState) -> datetime | None:
 
 
 ARM_GRACE_S: Final = 10.0
-"""How long past its time a deadline whose countdown was sent has to fire before
-`reconcile` fires it as overdue (the countdown was lost: a worker killed, a message
-dropped)."""
+"""How long past its time a deadline's countdown stays marked sent
+(`Stops.arm_deadline`), so that no sweep sends it again before it fires."""
 
 
 def countdown_horizon_s(settings: Settings) -> float:

@@ -94,9 +94,10 @@ def arm_deadlines(ctx: Context, now: datetime, limit: int = ARM_LIMIT) -> int:
     """Sends the countdown task of every pending deadline that came within the
     countdown horizon (`budgets.countdown_horizon_s`) since the last sweep: a stop's
     deadline further away got none when it was opened (a worker holds a countdown in
-    memory until its time). Each is claimed first, under a lease that lasts until
-    `ARM_GRACE_S` past its time, so the next sweeps never send it again; should the
-    countdown be lost, the lease runs out and the sweep after fires it as overdue.
+    memory until its time). Each is marked sent first (`Stops.arm_deadline`, until
+    `ARM_GRACE_S` past its time), so the next sweeps never send it again; the mark is
+    not the firing lease: should the countdown be lost, the first sweep after its
+    time fires it as overdue, as any lost countdown.
     At most `limit` of the earliest a sweep; returns how many it sent.
 
     Raises:
@@ -108,7 +109,7 @@ def arm_deadlines(ctx: Context, now: datetime, limit: int = ARM_LIMIT) -> int:
         ahead = (deadline.due - now).total_seconds()
         if ahead <= 0:
             continue  # overdue: the sweep's first part fires it
-        if not ctx.store.stops.claim_deadline(deadline, ctx.worker_id, ahead + ARM_GRACE_S):
+        if not ctx.store.stops.arm_deadline(deadline, ahead + ARM_GRACE_S):
             continue
         send_deadline(ctx, deadline.run_id, deadline.stop_id, deadline.kind, ahead)
         armed += 1

@@ -73,8 +73,8 @@ def schedule_deadline(
     ctx: Context, stop: StopState, kind: DeadlineKind, countdown_s: float
 ) -> None:
     """Sends the countdown task of `stop`'s `kind` deadline when it is within the
-    countdown horizon, holding the deadline's lease until `ARM_GRACE_S` past its
-    time so that `reconcile` does not send it again ([`reconcile.arm_deadlines`]);
+    countdown horizon, marked sent until `ARM_GRACE_S` past its time so that
+    `reconcile` does not send it again ([`reconcile.arm_deadlines`]);
     a deadline further away is left to `reconcile`. A failure to send is logged only:
     the deadline is in the store's table and `reconcile` fires it."""
     if countdown_s > countdown_horizon_s(ctx.settings):
@@ -82,8 +82,8 @@ def schedule_deadline(
         return
     due = stop.end_deadline if kind == "end" and stop.end_deadline else stop.proof_deadline
     deadline = Deadline(run_id=stop.run_id, stop_id=stop.stop_id, kind=kind, due=due)
-    with contextlib.suppress(RunwardenError):  # no lease: at worst sent twice, acted on once
-        ctx.store.stops.claim_deadline(deadline, ctx.worker_id, countdown_s + ARM_GRACE_S)
+    with contextlib.suppress(RunwardenError):  # unmarked: at worst sent twice, acted on once
+        ctx.store.stops.arm_deadline(deadline, countdown_s + ARM_GRACE_S)
     send_deadline(ctx, stop.run_id, stop.stop_id, kind, countdown_s, reason=stop.reason)
 
 

@@ -359,7 +359,7 @@ def test_targets_add_ls_rm(pipeline: Pipeline, tmp_path: Path) -> None:
     assert by_name["scratch"] == {
         "name": "scratch", "kind": "local", "workdir": str(scratch), "ssh": None,
         "allow_secrets": [], "upload_roots": [], "run_as": None, "preemption": "off", "slurm": None,
-        "verified": True,
+        "producers": None, "verified": True,
     }  # fmt: skip
     assert by_name["forged"]["verified"] is False
     assert by_name["mine"]["run_as"] == "nobody"

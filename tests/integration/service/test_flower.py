@@ -144,7 +144,7 @@ def test_the_periodic_tasks_leave_the_task_list_to_the_stops(
     spec = LaunchSpec(
         target="local",
         command=toy("--steps", "100000", "--ignore-requests"),
-        timeouts=StopTimeouts(proof_timeout_s=300),
+        timeouts=StopTimeouts(proof_timeout_s=100),  # within the countdown horizon
     )
     run_id = pipeline.api.launch(spec).id
     since = time.time()

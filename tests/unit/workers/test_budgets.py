@@ -171,7 +171,7 @@ def test_a_deadline_beyond_the_horizon_waits_in_the_table_and_reconcile_arms_it_
     """A stop whose proof deadline is further than the countdown horizon sends no
     countdown (a worker would hold it in memory for the whole timeout); the first
     sweep within the horizon sends it with the time left, the next sweeps do not again;
-    a countdown lost on the way is fired as overdue once its grace has passed."""
+    a countdown lost on the way is fired as overdue by the first sweep past its time."""
     ctx, store, sent = worker(tmp_path, countdown_horizon_s=60, reconcile_s=10)
     assert budgets.countdown_horizon_s(ctx.settings) == 60
     running_run(store, tmp_path, "r1", timeouts=StopTimeouts(proof_timeout_s=600))
@@ -182,21 +182,20 @@ def test_a_deadline_beyond_the_horizon_waits_in_the_table_and_reconcile_arms_it_
     assert countdowns(sent, TASK_PROOF_TIMEOUT) == [45]  # r2's only: within the horizon
     assert reconcile.arm_deadlines(ctx, now) == 0  # r2's was sent; r1's is far off
     sent.calls.clear()
-    # 550 s later r1's deadline is 50 s away: armed once, with the time left.
+    # 550 s later r1's deadline is 50 s away: armed once, with the time left (and
+    # r2's, overdue by then, its countdown never having run, fired as overdue).
     later = now + timedelta(seconds=550)
-    assert reconcile.reconcile(ctx, later) == 0
-    assert countdowns(sent, TASK_PROOF_TIMEOUT) == [50]
-    assert [b["run_id"] for b in sent.named(TASK_PROOF_TIMEOUT)] == ["r1"]
+    assert reconcile.reconcile(ctx, later) == 1
+    assert countdowns(sent, TASK_PROOF_TIMEOUT) == [0.0, 50]
+    assert [b["run_id"] for b in sent.named(TASK_PROOF_TIMEOUT)] == ["r2", "r1"]
     assert reconcile.reconcile(ctx, later + timedelta(seconds=10)) == 0
-    assert len(sent.named(TASK_PROOF_TIMEOUT)) == 1
-    # Its countdown lost, the deadline is still pending past its time: fired as
-    # overdue once the armed countdown's grace ran out, not before.
+    assert len(sent.named(TASK_PROOF_TIMEOUT)) == 2
+    # Its countdown lost, the deadline is still pending past its time: the first sweep
+    # after it fires it as overdue (the mark is no lease: not a second later than before).
     due = far.proof_deadline
-    assert reconcile.reconcile(ctx, due + timedelta(seconds=reconcile.ARM_GRACE_S - 5)) == 0
-    [member] = [d.member for d in store.stops.pending_deadlines() if d.run_id == "r1"]
-    store.stops._r.delete(store.stops.keys.lease(member))  # its lease ran out (Redis's clock)
-    assert reconcile.reconcile(ctx, due + timedelta(seconds=reconcile.ARM_GRACE_S + 5)) == 1
-    assert countdowns(sent, TASK_PROOF_TIMEOUT) == [50, 0.0]
+    assert reconcile.reconcile(ctx, due - timedelta(seconds=1)) == 0
+    assert reconcile.reconcile(ctx, due + timedelta(seconds=1)) == 1
+    assert countdowns(sent, TASK_PROOF_TIMEOUT) == [0.0, 50, 0.0]
 
 
 def test_the_horizon_is_never_shorter_than_three_sweeps_nor_past_the_broker_s_limit(
