@@ -116,9 +116,9 @@ def mtime_ns(path: Path) -> int | None:
     return info.st_mtime_ns if stat.S_ISREG(info.st_mode) else None
 
 
-def inside(run_dir: Path, relative: str) -> bool:
-    """Whether `relative` (a proof's checkpoint) names a place inside `run_dir`: not
-    absolute, no `..`, no NUL."""
+def inside(relative: str) -> bool:
+    """Whether `relative` (a proof's checkpoint) names a place inside the directory it
+    is relative to: not absolute, no `..`, no NUL."""
     parts = Path(relative).parts
     return (
         bool(parts)

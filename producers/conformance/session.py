@@ -191,7 +191,7 @@ def _watch_stop(
         if seen.at_proof is None:
             proof = observe.read_json(run_dir / SNAPSHOT_FILE)
             checkpoint = None if proof is None else proof.get("checkpoint")
-            if isinstance(checkpoint, str) and observe.inside(run_dir, checkpoint):
+            if isinstance(checkpoint, str) and observe.inside(checkpoint):
                 seen.at_proof = observe.listing(run_dir / checkpoint)[0]
         current[0] = api.get_run(run.id)
         return current[0].state.is_terminal
@@ -216,7 +216,7 @@ def _after_end(run: RunRecord, check: TrainerCheck, seen: Observation) -> None:
         seen.exit_at = observe.mtime(run_dir / EXIT_FILE)
     seen.cancelled = (run_dir / CANCELLING_FILE).exists()
     checkpoint = None if seen.proof is None else seen.proof.get("checkpoint")
-    if isinstance(checkpoint, str) and observe.inside(run_dir, checkpoint):
+    if isinstance(checkpoint, str) and observe.inside(checkpoint):
         where = run_dir / checkpoint
         seen.checkpoint_found = where.is_dir() and not where.is_symlink()
         if seen.checkpoint_found:

@@ -169,9 +169,9 @@ def test_reads_open_no_link_and_no_fifo(tmp_path: Path) -> None:
     assert whole
     assert observe.read_json(run / "rank-1.json") is None
     assert observe.mtime(run / "rank-0.json") is None
-    assert not observe.inside(run, "../x")
-    assert not observe.inside(run, "/etc")
-    assert observe.inside(run, "output/checkpoint-3")
+    assert not observe.inside("../x")
+    assert not observe.inside("/etc")
+    assert observe.inside("output/checkpoint-3")
 
 
 def test_a_huge_report_is_not_read(tmp_path: Path) -> None:
