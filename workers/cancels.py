@@ -24,6 +24,7 @@ from schemas import (
     StopPhase,
     StopState,
 )
+from schemas.errors import NotReplicated
 from schemas.ledger import CancelDecided, CancelFailed, JobCancelled
 from schemas.run import check_cancel
 from schemas.snapshot import Proof
@@ -144,15 +145,23 @@ def _escalate(ctx: Context, stop: StopState, note: str, now: datetime) -> str:
     task moved it first."""
     cancels = stop.cancels + 1
     retry_s = _retry_s(cancels)
-    moved = ctx.store.stops.advance(
-        stop.run_id,
-        stop.stop_id,
-        stop.phase,
-        StopPhase.CANCELLING,
-        end_deadline=now + timedelta(seconds=retry_s),
-        note=note,
-        cancels=cancels,
-    )
+    try:
+        moved = ctx.store.stops.advance(
+            stop.run_id,
+            stop.stop_id,
+            stop.phase,
+            StopPhase.CANCELLING,
+            end_deadline=now + timedelta(seconds=retry_s),
+            note=note,
+            cancels=cancels,
+        )
+    except NotReplicated:
+        # Written on the primary, confirmed by no replica (a failover under way): the
+        # deadline has come all the same, so the job is cancelled now, not at the
+        # retry deadline; the stop as the primary holds it says the move was made.
+        moved = ctx.store.stops.get(stop.run_id)
+        if moved is None or (moved.stop_id, moved.phase) != (stop.stop_id, StopPhase.CANCELLING):
+            raise
     if moved is None:
         return "stale"
     emit(ctx, CancelDecided.of, stop, note, now)

@@ -18,6 +18,7 @@ import pytest
 
 from bench.harness.webhook_receiver import Receiver, receiver
 from schemas import JobId, RunLimits, RunRecord, RunState, Settings, SnapshotReason, StopPhase
+from schemas.errors import NotReplicated
 from schemas.ledger import CancelFailed
 from schemas.metrics import SCRIPT_TIMEOUTS
 from store import RunStore
@@ -215,3 +216,32 @@ def _fails_twice(worker: Context, store: RunStore, monkeypatch: pytest.MonkeyPat
     ]  # fmt: skip
     assert all("connection refused" in e.error and e.stop_id == stop.stop_id for e in failed)
     assert store.runs.get("r1").state is RunState.RUNNING
+
+
+def test_a_deadline_whose_move_no_replica_confirmed_cancels_the_job_all_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failover under way: the stop's move to `cancelling` is on the primary but no
+    replica confirmed it (`NotReplicated`). The deadline has come all the same: the job
+    is cancelled now, not at the retry deadline (a full run saw a hung job wait past
+    its test's 40 s for that retry)."""
+    worker, store, _ = policy_worker(tmp_path)
+    running_run(store, tmp_path, "r1")
+    now = datetime.now(UTC)
+    stop = stops.request_snapshot(worker, "r1", SnapshotReason.REQUESTED, "cli", now)
+    advance = store.stops.advance
+
+    def unconfirmed(*args: object, **kwargs: object) -> object:
+        advance(*args, **kwargs)
+        raise NotReplicated("0 of 1 replica acknowledged the write within 1 s")
+
+    monkeypatch.setattr(store.stops, "advance", unconfirmed)
+    cancelled: list[str] = []
+    monkeypatch.setattr(
+        cancels, "_cancel_once", lambda ctx, run, job: cancelled.append(run.id) or run
+    )
+    assert cancels._escalate(worker, stop, "no proof", now) == "cancelling"
+    assert cancelled == ["r1"]
+    moved = store.stops.get("r1")
+    assert moved is not None
+    assert (moved.phase, moved.cancels) == (StopPhase.CANCELLING, 1)
