@@ -108,9 +108,14 @@ def hidden_processes(path: str) -> list[int]:
 
 def is_worker_script(pid: int) -> bool:
     """Whether process `pid` is one of the worker's scripts (`sh -c SCRIPT rw ARG...`,
-    `transport.SCRIPT_NAME`), which name a run directory among their arguments too."""
+    `transport.SCRIPT_NAME`), which name a run directory among their arguments too;
+    also on its way there as a target's jobs' user (`sudo -n -u USER -- env -i K=V...
+    sh -c SCRIPT rw ARG...`: `SshTransport._as`), before `sudo` and `env` exec it."""
     args = read_proc(f"/proc/{pid}/cmdline").split(b"\0")
-    return len(args) > 3 and args[1] == b"-c" and args[3] == b"rw"
+    return any(
+        args[i] == b"-c" and args[i + 2] == b"rw" and args[i - 1].rsplit(b"/", 1)[-1] == b"sh"
+        for i in range(1, len(args) - 2)
+    )
 
 
 def command_lines(pids: Iterable[int], width: int = 80) -> list[str]:
