@@ -7,13 +7,18 @@ import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from bench.harness.processes import is_worker_script
+from bench.harness.processes import is_worker_script, read_proc
+
+from ...conftest import wait_for
 
 
 @contextmanager
 def running(*argv: str) -> Iterator[int]:
+    """A process of `argv`, once it runs it (its command line is `argv`)."""
     process = subprocess.Popen(argv)
     try:
+        wait_for(lambda: read_proc(f"/proc/{process.pid}/cmdline").split(b"\0")[:-1]
+                 == [a.encode() for a in argv])  # fmt: skip
         yield process.pid
     finally:
         process.kill()
