@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from bench.harness.pipeline import Pipeline, running_pipeline, toy
-from schemas import RunLimits, RunRecord, RunState, StopState
+from schemas import NotRunning, RunLimits, RunRecord, RunState, StopState
 from schemas.budget import StopTimeouts
 from schemas.events import LaunchSpec
 
@@ -83,6 +83,12 @@ def stop(pipeline: Pipeline, asked: Asked, deadline: float) -> None:
         try:
             asked.stops.append(pipeline.api.stop(asked.run.id, wait_s=10))
             return
+        except NotRunning:
+            if asked.attempts > 1:
+                # An earlier attempt's stop went through on the primary though its
+                # answer was lost, and the run has already ended: asked.
+                return
+            raise
         except Exception:  # any failure during the failover is retried
             if time.monotonic() > deadline:
                 raise
