@@ -31,7 +31,7 @@ from schemas.snapshot import Proof
 
 from .cancel_mark import CANCEL_RETRY_MAX_S, CANCEL_RETRY_S, cancel_key, cancelling_now
 from .context import Context, utcnow
-from .executors import CANCEL_DEADLINE_S, ExecError, ProtocolError
+from .executors import CANCEL_DEADLINE_S, CommandError, ExecError, Executor, ProtocolError
 from .executors.slurm import SlurmExecutor
 from .finish import finish, read_proof
 from .notify import emit
@@ -40,6 +40,10 @@ from .stops import proof_seen
 log = logging.getLogger("runwarden")
 
 __all__ = ["cancel", "on_deadline"]
+
+SETTLE_S: Final = 2.0
+"""Seconds a job may still be told running once its cancel answered, before the
+cancel counts as failed (`_status_after_cancel`)."""
 
 _EARLY_S: Final = 0.5
 """A deadline task arriving this much before its deadline still acts (clock skew
@@ -207,11 +211,32 @@ def _cancel_once(ctx: Context, run: RunRecord, job: JobId) -> RunRecord:
     try:
         executor.cancel(job)
         emit(ctx, JobCancelled.of, run.id, utcnow())
-        status = executor.status(job)
+        status = _status_after_cancel(executor, job)
     except ExecError:
         ctx.store.locks.forget(key)
         raise
     return finish(ctx, run, status, executor)
+
+
+def _status_after_cancel(executor: Executor, job: JobId) -> JobStatus:
+    """The status of `job` once its cancel script answered, read again every 0.1 s
+    for up to `SETTLE_S` while it says running: the script answers once the group
+    is gone, and nothing of it should be left, but a group is told alive while a
+    member is a zombie its parent has not reaped yet (`workers.reaper`).
+
+    Raises:
+        CommandError: the job still runs then: the cancel did not end it (retried
+            as a failed cancel, never recorded as an end).
+        ExecError: the status could not be read.
+    """
+    deadline = time.monotonic() + SETTLE_S
+    status = executor.status(job)
+    while not status.is_finished and time.monotonic() < deadline:
+        time.sleep(0.1)
+        status = executor.status(job)
+    if not status.is_finished:
+        raise CommandError("cancel", f"the job still runs {SETTLE_S:g} s after its cancel")
+    return status
 
 
 def cancel(ctx: Context, run_id: str, asked_by: str | None = None) -> RunRecord:

@@ -17,7 +17,16 @@ import fakeredis
 import pytest
 
 from bench.harness.webhook_receiver import Receiver, receiver
-from schemas import JobId, RunLimits, RunRecord, RunState, Settings, SnapshotReason, StopPhase
+from schemas import (
+    JobId,
+    JobStatus,
+    RunLimits,
+    RunRecord,
+    RunState,
+    Settings,
+    SnapshotReason,
+    StopPhase,
+)
 from schemas.errors import NotReplicated
 from schemas.ledger import CancelFailed
 from schemas.metrics import SCRIPT_TIMEOUTS
@@ -245,3 +254,40 @@ def test_a_deadline_whose_move_no_replica_confirmed_cancels_the_job_all_the_same
     moved = store.stops.get("r1")
     assert moved is not None
     assert (moved.phase, moved.cancels) == (StopPhase.CANCELLING, 1)
+
+
+@pytest.mark.parametrize("running_reads", [3, 1000])
+def test_a_job_told_running_after_its_cancel_answered_is_read_again_never_ended_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, running_reads: int
+) -> None:
+    """The cancel's script answered, yet the status still says running (a group's last
+    member a zombie its parent has not reaped yet): the status is read again for up to
+    `SETTLE_S`; told ended within it, the run ends as it says; still running
+    then, the cancel counts as failed (`cancel_failed`, retried) and the run stays
+    running, never a task that raises."""
+    worker, store, _ = policy_worker(tmp_path)
+    running_run(store, tmp_path, "r1")
+    monkeypatch.setattr(cancels, "SETTLE_S", 0.5)
+    executor = type(worker.executor("local"))
+    reads: list[JobId] = []
+
+    def status(self: object, job: JobId) -> JobStatus:
+        reads.append(job)
+        return JobStatus.RUNNING if len(reads) <= running_reads else JobStatus.CANCELLED
+
+    monkeypatch.setattr(executor, "cancel", lambda self, job: None)
+    monkeypatch.setattr(executor, "status", status)
+    now = datetime.now(UTC)
+    stop, _ = store.stops.open("r1", SnapshotReason.REQUESTED, "operator/cli", now, 30.0)
+    done = cancels.on_deadline(worker, "r1", stop.stop_id, now + timedelta(seconds=31))
+    if running_reads == 3:
+        assert done == "cancelled"
+        # The deadline's own read (running), then the cancel's: twice running, then ended.
+        assert len(reads) == running_reads + 1
+        assert store.runs.get("r1").state is RunState.CANCELLED
+        return
+    assert done == "cancel failed"
+    assert store.runs.get("r1").state is RunState.RUNNING
+    (failed,) = [e for e in store.ledger.events("r1") if isinstance(e, CancelFailed)]
+    assert "the job still runs 0.5 s after its cancel" in failed.error
+    assert not cancel_mark.cancelling_now(worker, "r1")  # the retry may signal it

@@ -171,6 +171,10 @@ def cancel_script(job: JobId) -> Script:
     - then, when the job has a cgroup (`JobId.cgroup`), every process still in it
       (whatever session or environment it made itself) gets SIGTERM, `cgroup.kill`
       after 10 s, exit 5 when one survives 10 s more; the empty cgroup is removed;
+      the group is then looked at again, SIGKILLed when still there after 0.1 s (a
+      job of root's may have moved its processes out of the cgroup) and waited for
+      up to 10 s more: the cgroup's kill may leave the group's last members zombies
+      for a moment, which `kill -0` still finds and status would call running;
     - then, when the job has a mark (`JobId.mark`), every process still carrying it
       (one that left the group: `setsid`, a daemon) gets SIGTERM, SIGKILL after
       10 s, and exit 5 when one survives 10 s more. A process that cleared or

@@ -67,6 +67,18 @@ if [ -n "$rw_cg" ] && ! rw_cg_end "$rw_cg" "$rw_term" $((rw_term + rw_kill)); th
   printf 'processes of the cgroup %s survived SIGKILL\n' "$rw_cg" >&2
   exit 5
 fi
+# The group once more: the cgroup's kill may have ended its last members, zombies
+# until their parent reaps them (`kill -0` still finds a zombie), or a job of root's
+# may have moved them out of the cgroup. The cancel answers only once the group is
+# gone, as the status tells it.
+if [ -z "$rw_ended" ] && rw_ours "$rw_pid" "$rw_begun" &&
+  ! rw_glance rw_ours "$rw_pid" "$rw_begun"; then
+  rw_signal "$rw_pid" KILL
+  if ! rw_glance rw_ours "$rw_pid" "$rw_begun" && ! rw_gone "$rw_kill"; then
+    printf 'process group %s survived SIGKILL\n' "$rw_pid" >&2
+    exit 5
+  fi
+fi
 if [ -n "$rw_entry" ] && ! rw_sweep "$rw_entry" "$rw_term" $((rw_term + rw_kill)); then
   # rw_left is set by rw_marked (sweep.sh).
   # shellcheck disable=SC2154
