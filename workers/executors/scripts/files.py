@@ -66,8 +66,10 @@ def parse_claim(output: bytes) -> bool:
 def read_range_script(path: str, offset: int, limit: int) -> Script:
     """A script printing at most `limit` bytes of `path` from byte `offset`: nothing
     for a missing file; exit 3 (`<path> is not a regular file`) for anything else
-    that is not a regular file, a symbolic link included. The read never blocks and
-    never follows a link (`rw_read`)."""
+    that is not a regular file, a symbolic link included, and (`<path> could not be
+    read as a regular file`) for one whose read then fails: a job may swap its file
+    between the test and the read. The read never blocks and never follows a link
+    (`rw_read`)."""
     if offset < 0 or limit < 0:
         raise InvalidArgument("offset and limit are non-negative")
     return Script(sh("read", "read_range"), (path, str(int(limit)), str(int(offset))))

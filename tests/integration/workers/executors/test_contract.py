@@ -36,7 +36,7 @@ from workers.executors import (
     LocalExecutor,
     local_manifest,
 )
-from workers.executors.errors import ExecError
+from workers.executors.errors import ExecError, IoError, ProtocolError
 
 from ....conftest import Target, toy_command, toy_env, wait_for
 from ....shells import run_script
@@ -534,6 +534,25 @@ def test_read_from_ranges(target: Target) -> None:
         read(str(target.workdir), 0, 10)
     with pytest.raises(InvalidArgument):
         read("relative/path", 0, 10)
+
+
+def test_a_regular_file_whose_read_fails_is_a_protocol_error_on_a_script_target(
+    target: Target,
+) -> None:
+    """A path that passes the scripts' test for a regular file but whose read then
+    fails, as when a job swaps its file for a link, a FIFO or a directory between the
+    test and the read (here `/proc/self/mem`, a regular file of procfs whose offset 0
+    no process maps: the reading process gets EIO every time): what the job wrote, a
+    `ProtocolError` (the callers take it as garbage), never the target's failure. The
+    local executor checks the type on the descriptor it reads, so it has no such race:
+    its EIO is an I/O error of this machine."""
+    read = target.executor.read_from
+    if target.kind == "local":
+        with pytest.raises(IoError):
+            read("/proc/self/mem", 0, 16)
+        return
+    with pytest.raises(ProtocolError, match="could not be read as a regular file"):
+        read("/proc/self/mem", 0, 16)
 
 
 def test_read_from_binary(target: Target) -> None:
