@@ -9,7 +9,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from pydantic import BaseModel, SecretStr
@@ -79,6 +78,8 @@ from .health import read_health
 
 if TYPE_CHECKING:
     from celery import Celery
+
+    from .redis_users import AddedUser, RemovedUser
 
 __all__ = ["OperationFailed", "Runwarden", "producer_app"]
 
@@ -418,44 +419,49 @@ class Runwarden:
 
     # --- producers' Redis users -------------------------------------------------------
 
-    def add_producer_user(self, name: str) -> tuple[str, Path, bool]:
+    def add_producer_user(self, name: str) -> AddedUser:
         """Creates (or updates) producer `name`'s Redis user (`store/acl.py`: it can
-        publish the public tasks and read their results, nothing else), with a password
-        made once in this machine's secrets directory
-        (`schemas.secrets.producer_redis_password_file`), through this client's
-        connection, which must be allowed `ACL` (the operator's). Returns the user, the
-        password file (the producer's `redis-password`) and whether the user outlives a
-        restart of the server: always for the embedded server, whose configuration
-        `runwarden serve` writes with every producer's user at each start; for another,
-        when it has an ACL file (`ACL SAVE`), else it lasts until the server restarts.
+        publish the public tasks and read their results, nothing else) on every data
+        server (the primary, and behind Sentinel each replica the sentinels list:
+        `producers.redis_users`), with a password made once in this machine's secrets
+        directory (`schemas.secrets.producer_redis_password_file`), through this
+        client's user, which must be allowed `ACL` (the operator's). Returns the user,
+        the password file (the producer's `redis-password`), whether it outlives a
+        restart of the servers (always for the embedded server, whose configuration
+        `runwarden serve` writes with every producer's user at each start; for
+        another, when it has an ACL file: `ACL SAVE`), the servers written and the
+        replicas missed with the reason (down, unreachable, refused: adding again
+        writes them once they are back).
 
         Raises:
             SecretsError: an invalid name, or the password cannot be written.
-            StoreError: the server refused (no ACL rights) or cannot be reached.
+            StoreError: the primary refused (no ACL rights) or cannot be reached.
         """
-        from store.acl import producer_user, save_users, set_producer_user  # noqa: PLC0415
+        from .redis_users import add_user  # noqa: PLC0415
 
         file_name = producer_redis_password_file(name)
         password, _ = self.settings.secrets.ensure(file_name)
-        set_producer_user(self.store.client, name, password)
-        # The embedded server's configuration holds the users, written at each start.
-        saved = save_users(self.store.client) or self.settings.redis_url is None
-        return producer_user(name), self.settings.secrets.path / file_name, saved
+        where = self.settings.secrets.path / file_name
+        embedded = self.settings.redis_url is None
+        return add_user(self.store.client, name, password, where, embedded=embedded)
 
-    def remove_producer_user(self, name: str) -> bool:
-        """Deletes producer `name`'s Redis user (its connections are closed by the
-        server) and its password file; whether the user existed.
+    def remove_producer_user(self, name: str) -> RemovedUser:
+        """Deletes producer `name`'s Redis user on every data server, as
+        [`add_producer_user`] writes it (the servers close its connections), then its
+        password file. Returns whether it existed on a server written, the servers
+        written and the replicas missed with the reason (removing again deletes it
+        there once they are back).
 
         Raises:
             SecretsError: an invalid name.
-            StoreError: the server refused or cannot be reached.
+            StoreError: the primary refused or cannot be reached (the password file
+                is then kept).
         """
-        from store.acl import delete_producer_user, save_users  # noqa: PLC0415
+        from .redis_users import remove_user  # noqa: PLC0415
 
-        existed = delete_producer_user(self.store.client, name)
-        save_users(self.store.client)
+        removed = remove_user(self.store.client, name)
         self.settings.secrets.remove(producer_redis_password_file(name))
-        return existed
+        return removed
 
     # --- targets --------------------------------------------------------------------
 

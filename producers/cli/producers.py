@@ -11,7 +11,11 @@ from .common import app, fail, json_option, one_line, print_json, run_op, say
 from .helpfmt import PlainTyper
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from schemas import Settings
+
+    from ..redis_users import ServerMissed, ServerWritten
 
 __all__ = ["producers_add", "producers_ls", "producers_rm"]
 
@@ -59,9 +63,12 @@ def producers_add(
     print where it is: give that file to the service (it signs every message with
     it), and put the same file in every worker's secrets directory. When the
     service's Redis can be reached, also create NAME's Redis user, which can publish
-    the public tasks and read their results and nothing else, and print the file of
-    its password (docs/security.md, "Redis users"). A stop it asks
-    is recorded as asked by NAME. docs/integrating.md: a producer's key.
+    the public tasks and read their results and nothing else, on the primary and each
+    replica the sentinels list, and print the file of its password and the servers
+    written (docs/security.md, "Redis users"). A replica that is down or refuses is
+    named with the reason: run this again once it is back (the key and password are
+    kept). A stop it asks is recorded as asked by NAME. docs/integrating.md: a
+    producer's key.
 
     \b
     Examples:
@@ -87,18 +94,24 @@ def producers_add(
         lines.append("no Redis user made yet (nothing is serving: `runwarden serve` makes it)")
     elif name not in (OPERATOR, WORKER):
         try:
-            user, password_file, saved = Runwarden(settings).add_producer_user(name)
+            added = Runwarden(settings).add_producer_user(name)
         except RunError as error:
             # Its key works without a user of its own: it then shares the password.
             record["redis_user"] = None
             lines.append(f"no Redis user made ({one_line(error)})")
         else:
-            record |= {"redis_user": user, "redis_password_file": str(password_file),
-                       "redis_user_saved": saved}  # fmt: skip
+            record |= {
+                "redis_user": added.user,
+                "redis_password_file": str(added.password_file),
+                "redis_user_saved": added.saved,
+                **_spread_fields(added.servers, added.missed, f"producers add {name}"),
+            }
             lines.append(
-                f"Redis user {user}: its password is {password_file} (the producer's "
-                "`redis-password`)" + ("" if saved else "; the server keeps it until it restarts")
+                f"Redis user {added.user}: its password is {added.password_file} (the "
+                "producer's `redis-password`)"
             )
+            lines.append(f"written on {_servers(added.servers)}")
+            lines += _missed_lines("not written on", added.missed, "add", name)
     if as_json:
         print_json(record)
         return
@@ -133,14 +146,20 @@ def producers_ls(
 
 
 @producers_app.command("rm")
-def producers_rm(name: ProducerName) -> None:
+def producers_rm(
+    name: ProducerName,
+    as_json: Annotated[bool, json_option("what was removed, and where")] = False,
+) -> None:
     """Remove producer NAME's key: its messages are refused from then on (workers read
     their keys again within seconds); and its Redis user, when the service's Redis can
-    be reached (its connections are closed).
+    be reached, on the primary and each replica the sentinels list (its connections
+    are closed). A replica that is down keeps the user: run this again once it is
+    back (it then removes the user even though the key is gone).
 
     \b
-    Example:
+    Examples:
       runwarden producers rm billing
+      runwarden producers rm billing --json
     """
     from schemas.auth import OPERATOR, WORKER
 
@@ -153,16 +172,72 @@ def producers_rm(name: ProducerName) -> None:
 
     settings = Settings()
     file_name = _key_file(name)
-    if not settings.secrets.remove(file_name):
-        fail(f"no producer {name!r}", 2)
-    say(f"removed producer {name}")
+    had_key = settings.secrets.remove(file_name)
+    record: dict[str, object] = {"name": name, "key_removed": had_key, "redis_user": None}
+    lines = [f"removed producer {name}"] if had_key else []
     if not serving(settings):
+        if not had_key:
+            fail(f"no producer {name!r}", 2)
         settings.secrets.remove(producer_redis_password_file(name))
+    else:
+        try:
+            removed = Runwarden(settings).remove_producer_user(name)
+        except RunError as error:
+            # Its password goes anyway: `runwarden serve` never makes the user again.
+            settings.secrets.remove(producer_redis_password_file(name))
+            if not had_key:
+                fail(f"no producer {name!r} (and its Redis user: {one_line(error)})", 2)
+            record["redis_error"] = one_line(error)
+            lines.append(f"its Redis user was not removed ({one_line(error)})")
+        else:
+            if not had_key and not removed.existed and not removed.missed:
+                fail(f"no producer {name!r}", 2)
+            record |= {
+                "redis_user": removed.user,
+                "redis_user_existed": removed.existed,
+                **_spread_fields(removed.servers, removed.missed, f"producers rm {name}"),
+            }
+            if removed.existed:
+                lines.append(
+                    f"removed its Redis user {removed.user} from {_servers(removed.servers)}"
+                )
+            lines += _missed_lines(
+                f"its Redis user {removed.user} may still be on", removed.missed, "rm", name
+            )
+    if as_json:
+        print_json(record)
         return
-    try:
-        if Runwarden(settings).remove_producer_user(name):
-            say(f"removed its Redis user producer-{name}")
-    except RunError as error:
-        # Its password goes anyway: `runwarden serve` never makes the user again.
-        settings.secrets.remove(producer_redis_password_file(name))
-        say(f"its Redis user was not removed ({one_line(error)})")
+    for line in lines:
+        say(line)
+
+
+def _servers(servers: Sequence[ServerWritten]) -> str:
+    """The servers written, for a person: `host:port (primary), host:port (replica)`,
+    each not saved to an ACL file marked so."""
+    return ", ".join(
+        f"{s.address} ({s.role}{'' if s.saved else ', until it restarts: no ACL file'})"
+        for s in servers
+    )
+
+
+def _missed_lines(what: str, missed: Sequence[ServerMissed], verb: str, name: str) -> list[str]:
+    """One line per replica missed: where, the exact reason, and what to do."""
+    return [
+        f"{what} {m.address}: {m.reason}; {'add' if verb == 'add' else 'remove'} it there "
+        f"when it is back: runwarden producers {verb} {name} again"
+        for m in missed
+    ]
+
+
+def _spread_fields(
+    servers: Sequence[ServerWritten], missed: Sequence[ServerMissed], again: str
+) -> dict[str, object]:
+    """The `--json` fields of where a user change went: `redis_servers` (address,
+    role, saved) and `redis_missed` (address, reason, and the command to run again
+    once it is back)."""
+    return {
+        "redis_servers": [{"address": s.address, "role": s.role, "saved": s.saved}
+                          for s in servers],
+        "redis_missed": [{"address": m.address, "reason": m.reason,
+                          "again": f"runwarden {again}"} for m in missed],
+    }  # fmt: skip

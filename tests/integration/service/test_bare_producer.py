@@ -186,10 +186,11 @@ def key_file(pipeline: Pipeline, tmp_path_factory: pytest.TempPathFactory) -> Pa
     # And its Redis user, its password in a file of the operator's secrets.
     password = pipeline.api.settings.secrets.path / f"redis-password.producer-{PRODUCER}"
     # The test's redis-server keeps its users in an ACL file: saved there, it outlives
-    # a restart.
+    # a restart. One server, no Sentinel: the primary alone.
     assert result.stdout.splitlines()[1:] == [
         f"Redis user producer-{PRODUCER}: its password is {password} (the producer's "
-        "`redis-password`)"
+        "`redis-password`)",
+        f"written on {pipeline.redis.socket_path} (primary)",
     ], shown(result)
     assert f"user producer-{PRODUCER} " in pipeline.redis.acl_path.read_text()  # type: ignore[union-attr]
     given = tmp_path_factory.mktemp("billing-service") / made.name

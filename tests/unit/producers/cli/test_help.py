@@ -109,7 +109,7 @@ def test_the_checks_above_meet_what_they_guard() -> None:
     "path",
     [("runs",), ("show",), ("stops",), ("targets", "ls"), ("producers", "ls"), ("launch",),
      ("resume",), ("follow",), ("stop",), ("cancel",), ("retrieve",), ("targets", "add"),
-     ("producers", "add")],
+     ("producers", "add"), ("producers", "rm")],
     ids=" ".join,
 )  # fmt: skip
 def test_commands_that_print_a_record_or_a_listing_take_json(path: tuple[str, ...]) -> None:
