@@ -10,7 +10,9 @@ its checkpoint; a job that ignores requests cancelled at its proof deadline; a j
 that proves then hangs cancelled at its end deadline, stopped with its snapshot),
 each run has exactly one stop, closed, no deadline is left pending or acted on twice
 (the stops' cancels, the ledger's cancel and proof events), and the service keeps
-working after the failover (a new launch and stop).
+working after the failover (a new launch and stop). A producer's Redis user made
+before the kill logs in on the new primary: `producers add` writes it on every data
+server (Redis does not replicate ACL users), and `producers rm` deletes it from each.
 """
 
 from __future__ import annotations
@@ -20,13 +22,18 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
+import redis
 
 from bench.harness.pipeline import Pipeline, running_pipeline, toy
+from bench.harness.sentinel import HOST, MASTER_NAME, SentinelCluster, TcpRedisServer
+from producers.redis_users import AddedUser
 from schemas import NotRunning, RunLimits, RunRecord, RunState, StopState
 from schemas.budget import StopTimeouts
-from schemas.events import LaunchSpec
+from schemas.events import QUEUE, LaunchSpec
+from schemas.secrets import producer_redis_password_file
 
 # No skip without redis-sentinel: the harness then runs `redis-server --sentinel`.
 pytestmark = pytest.mark.slow
@@ -95,12 +102,85 @@ def stop(pipeline: Pipeline, asked: Asked, deadline: float) -> None:
             time.sleep(0.3)
 
 
+def wait_replicas_listed(cluster: SentinelCluster, timeout_s: float = 30.0) -> None:
+    """Waits until every sentinel lists every data server but the primary as a replica
+    it sees up (no `s_down`, `o_down` or `disconnected` flag): what `producers add`
+    writes to."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        seen: list[int] = []
+        try:
+            for sentinel in cluster.sentinels:
+                client = sentinel.client()
+                try:
+                    replicas: list[dict[str, Any]] = client.sentinel_slaves(MASTER_NAME)
+                finally:
+                    client.close()
+                up = [
+                    r
+                    for r in replicas
+                    if not (r["is_sdown"] or r["is_odown"] or r["is_disconnected"])
+                ]
+                seen.append(len(up))
+        except redis.RedisError:
+            seen = []
+        if seen and min(seen) >= len(cluster.servers) - 1:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the sentinels list {seen} replicas up: " + cluster.logs())
+        time.sleep(0.05)
+
+
+def add_user(pipeline: Pipeline, cluster: SentinelCluster, name: str) -> AddedUser:
+    """Producer `name`'s Redis user made through the API, once the sentinels list every
+    replica up; checked written (and saved) on each data server."""
+    wait_replicas_listed(cluster)
+    added = pipeline.api.add_producer_user(name)
+    assert added.missed == (), added
+    assert added.saved, added
+    assert [s.role for s in added.servers] == ["primary", "replica"], added
+    assert {s.address for s in added.servers} == {f"{HOST}:{s.port}" for s in cluster.servers}
+    return added
+
+
+def logs_in(server: TcpRedisServer, name: str, pipeline: Pipeline) -> int:
+    """Producer `name` logged in to `server` as its own user, over TCP: the length of
+    the `runwarden` queue (a read its rules allow)."""
+    password = pipeline.api.settings.secrets.read(producer_redis_password_file(name))
+    assert password is not None
+    client = redis.Redis(
+        host=HOST,
+        port=server.port,
+        username=f"producer-{name}",
+        password=password.get_secret_value(),
+        socket_timeout=2.0,
+        socket_connect_timeout=2.0,
+    )
+    try:
+        return int(client.llen(QUEUE))
+    finally:
+        client.close()
+
+
+def acl_user(server: TcpRedisServer, name: str) -> Any:
+    """`ACL GETUSER producer-<name>` on `server`, asked on its own client (None when
+    it has no such user)."""
+    client = server.client(socket_timeout=2.0)
+    try:
+        return client.acl_getuser(f"producer-{name}")
+    finally:
+        client.close()
+
+
 def test_a_failover_in_the_middle_of_stops_loses_no_stop_and_fires_no_deadline_twice(
     pipeline: Pipeline,
 ) -> None:
     cluster = pipeline.sentinel
     assert cluster is not None
     api = pipeline.api
+    # A producer's Redis user, on every data server before the kill.
+    producer = f"pub-{secrets.token_hex(3)}"
+    add_user(pipeline, cluster, producer)
     before = [Asked(launch(pipeline, kind), kind) for kind in KINDS]
     during = [Asked(launch(pipeline, kind), kind) for kind in KINDS]
     for asked in before + during:
@@ -116,6 +196,8 @@ def test_a_failover_in_the_middle_of_stops_loses_no_stop_and_fires_no_deadline_t
         stop(pipeline, asked, time.monotonic() + 30)
     new = cluster.wait_failover(old.port)
     promoted_s = time.monotonic() - killed
+    # The promoted replica has the producer's user: it publishes on.
+    assert logs_in(new, producer, pipeline) >= 0
     # The old primary comes back; the sentinels make it the new one's replica, and
     # the deadline writes have a replica to wait for again.
     old.start()
@@ -165,3 +247,28 @@ def test_a_failover_in_the_middle_of_stops_loses_no_stop_and_fires_no_deadline_t
         f"failover; promoted {promoted_s:.1f} s after the kill, replica back at "
         f"{replica_back_s:.1f} s, every stop ended at {ended_s:.1f} s"
     )
+
+
+def test_producers_add_and_rm_write_every_data_server(pipeline: Pipeline) -> None:
+    """`Runwarden.add_producer_user` writes the user on the primary and the replica
+    (each asked on its own client), the producer logs in on both, and
+    `remove_producer_user` deletes it from both. Either before or after the failover
+    test: the primary is whichever the sentinels name."""
+    cluster = pipeline.sentinel
+    assert cluster is not None
+    name = f"pub-{secrets.token_hex(3)}"
+    added = add_user(pipeline, cluster, name)
+    assert added.servers[0].address == f"{HOST}:{cluster.primary().port}"
+    for server in cluster.servers:
+        assert acl_user(server, name) is not None, server.port
+        assert logs_in(server, name, pipeline) >= 0
+    again = add_user(pipeline, cluster, name)  # idempotent: the same password
+    assert again.password_file == added.password_file
+
+    removed = pipeline.api.remove_producer_user(name)
+    assert removed.existed
+    assert removed.missed == ()
+    assert len(removed.servers) == len(cluster.servers)
+    for server in cluster.servers:
+        assert acl_user(server, name) is None, server.port
+    assert not added.password_file.exists()
