@@ -231,6 +231,8 @@ def _status_after_cancel(executor: Executor, job: JobId) -> JobStatus:
     """
     deadline = time.monotonic() + SETTLE_S
     status = executor.status(job)
+    if not status.is_finished:
+        log.warning("job %s: still told running once its cancel answered: read again", job.dir)
     while not status.is_finished and time.monotonic() < deadline:
         time.sleep(0.1)
         status = executor.status(job)
