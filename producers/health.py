@@ -8,7 +8,12 @@
 
 Bounded in time: every connect and every reply waits at most `timeout_s` (no retry),
 and a reading is two round trips, so a Redis that is down or hangs gives a report
-("unreachable") within about twice `timeout_s`, never a hang or an exception.
+("unreachable") within about twice `timeout_s`, never a hang or an exception. Behind
+Sentinel (`sentinel://`), finding the primary first asks each sentinel once, in turn,
+until one names it up (a connect and a reply, at most `timeout_s` each): the bound
+grows by at most twice `timeout_s` per sentinel that does not answer, and sentinels
+that name no primary give "unreachable" with what each one said
+(`store.runstore`).
 """
 
 from __future__ import annotations

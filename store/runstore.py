@@ -9,8 +9,11 @@ from typing import Any
 
 import redis
 from redis.backoff import ExponentialBackoff, NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
-from redis.sentinel import Sentinel
+from redis.sentinel import MasterNotFoundError, Sentinel
 
 from schemas import Settings
 from schemas.sentinel import SentinelAddress, is_sentinel, parse_sentinel
@@ -90,10 +93,13 @@ class RunStore(StoreBase):
         bounded timeouts and one retry without backoff: a down Redis is a
         `StoreError` within seconds, never a hang. Behind Sentinel the retries wait
         for a failover (about 6 s, backing off: the sentinels see the primary down,
-        then promote a replica; each new connection asks them where the primary is).
-        With `timeout_s`, every connect and every reply waits at most that long,
-        without a retry (a health check, a heartbeat). `url` may hold a password: it
-        is never logged. `options` go to the constructor (caps, bounds, replicas).
+        then promote a replica; each new connection asks them where the primary is,
+        each sentinel once, in turn, and a primary none names is a `StoreError`
+        saying what each said). With `timeout_s`, every connect and every reply
+        waits at most that long, without a retry (a health check, a heartbeat);
+        behind Sentinel that is also each sentinel's connect and reply. `url` may
+        hold a password: it is never logged. `options` go to the constructor (caps,
+        bounds, replicas).
 
         Raises:
             ValueError: a `sentinel://` URL that does not parse.
@@ -144,17 +150,70 @@ class RunStore(StoreBase):
         self._r.ping()
 
 
+class _Sentinel(Sentinel):
+    """redis-py's `Sentinel`, its [`discover_master`] failing with a message for
+    people: which sentinel said what, without the clients' reprs."""
+
+    def discover_master(self, service_name: str) -> tuple[str, int]:
+        """The address of the primary of `service_name` as the first sentinel that
+        names one up gives it (that sentinel is asked first next time). Each sentinel
+        is asked once, in turn.
+
+        Raises:
+            MasterNotFoundError: no sentinel names a primary of `service_name` up:
+                the message says, per sentinel, that it could not be reached (and
+                why), answered with an error, knows no such master, or sees it
+                down.
+        """
+        said: list[str] = []
+        for number, sentinel in enumerate(self.sentinels):
+            kwargs = sentinel.get_connection_kwargs()
+            where = f"{kwargs.get('host')}:{kwargs.get('port')}"
+            try:
+                masters: dict[str, dict[str, Any]] = sentinel.sentinel_masters()  # type: ignore[assignment]
+            except (RedisConnectionError, RedisTimeoutError) as error:
+                said.append(f"{where} unreachable ({_one_line(error)})")
+                continue
+            except RedisError as error:  # not a sentinel's answer: a proxy, a server
+                said.append(f"{where} answered no sentinel's reply ({_one_line(error)})")
+                continue
+            state = masters.get(service_name)
+            if not state:
+                said.append(f"{where} monitors no master {service_name!r}")
+                continue
+            if not self.check_master_state(state, service_name):  # type: ignore[no-untyped-call]
+                said.append(f"{where} sees {service_name!r} down ({state.get('flags', '?')})")
+                continue
+            self.sentinels[0], self.sentinels[number] = sentinel, self.sentinels[0]
+            return str(state["ip"]), int(state["port"])
+        raise MasterNotFoundError(
+            f"no sentinel names a primary for {service_name!r}: " + "; ".join(said)
+        )
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
+
+
 def _sentinel_client(address: SentinelAddress, bounded: dict[str, Any]) -> redis.Redis:
     """redis-py's client of the primary the sentinels of `address` name (asked again
     on each new connection, and when the one it holds turns out to be a replica),
-    with `bounded`'s waits for the data servers and the sentinels alike."""
-    sentinel_kwargs = {
+    with `bounded`'s waits for the data servers and the sentinels alike.
+
+    Finding the primary asks each sentinel once, in turn, until one names it: a
+    sentinel that is down costs one failed connect (at most `socket_connect_timeout`),
+    never a retry with backoff of its own; `bounded`'s retry (of the connection to the
+    primary) is the only one, and asks the sentinels again each time. So with no
+    retry, a primary nobody names is a `MasterNotFoundError` (a `ConnectionError`)
+    after at most one connect and one reply per sentinel."""
+    sentinel_kwargs: dict[str, Any] = {
         "socket_timeout": min(float(bounded["socket_timeout"]), 2.0),
         "socket_connect_timeout": bounded["socket_connect_timeout"],
+        "retry": Retry(NoBackoff(), 0),
     }
     if address.sentinel_password is not None:
         sentinel_kwargs["password"] = address.sentinel_password
-    sentinel = Sentinel(list(address.sentinels), sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
+    sentinel = _Sentinel(list(address.sentinels), sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
     client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
         address.master,
         username=address.username,

@@ -75,7 +75,11 @@ def status(
     deadline long overdue, a child of `runwarden serve` being restarted. With
     `runwarden serve`, a row per process it supervises: its pid, how many times serve
     restarted it, how it last ended. Every wait on Redis is bounded by --timeout (two round
-    trips), so a down or hanging Redis answers within seconds.
+    trips), so a down or hanging Redis answers within seconds. Behind Sentinel
+    (RUNWARDEN_REDIS_URL=sentinel://...), each sentinel is asked in turn, once, where
+    the primary is (a connect and a reply, --timeout each): when none names one (a
+    master name they do not monitor, none reachable), Redis is unreachable, exit 1,
+    with what each sentinel said.
 
     --json prints one object (times in seconds, on Redis's clock; ages are seconds
     since):
