@@ -13,11 +13,23 @@ each run has exactly one stop, closed, no deadline is left pending or acted on t
 working after the failover (a new launch and stop). A producer's Redis user made
 before the kill logs in on the new primary: `producers add` writes it on every data
 server (Redis does not replicate ACL users), and `producers rm` deletes it from each.
+
+On the same services: `runwarden status` reports the service healthy through the
+sentinels (one of them hanging is skipped), and says within its bound, exit 1, that
+Redis is unreachable when no sentinel names a primary (a master they do not know,
+sentinels nobody answers on); the web view, connected as `runwarden serve --web`
+connects it, lists the service's runs.
 """
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import json
 import secrets
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -26,14 +38,22 @@ from typing import Any
 
 import pytest
 import redis
+from fastapi.testclient import TestClient
+from typer.testing import CliRunner
 
+from bench.harness.paths import ROOT
 from bench.harness.pipeline import Pipeline, running_pipeline, toy
 from bench.harness.sentinel import HOST, MASTER_NAME, SentinelCluster, TcpRedisServer
+from producers.api import Runwarden
+from producers.cli import app
 from producers.redis_users import AddedUser
+from producers.service import Service, ServiceOptions
+from producers.web import create_app
 from schemas import NotRunning, RunLimits, RunRecord, RunState, StopState
 from schemas.budget import StopTimeouts
 from schemas.events import QUEUE, LaunchSpec
 from schemas.secrets import producer_redis_password_file
+from schemas.sentinel import SENTINEL_PASSWORD, parse_sentinel
 
 # No skip without redis-sentinel: the harness then runs `redis-server --sentinel`.
 pytestmark = pytest.mark.slow
@@ -272,3 +292,156 @@ def test_producers_add_and_rm_write_every_data_server(pipeline: Pipeline) -> Non
     for server in cluster.servers:
         assert acl_user(server, name) is None, server.port
     assert not added.password_file.exists()
+
+
+# --- status and the web view over Sentinel ----------------------------------------------
+
+STATUS_TIMEOUT_S = 0.5
+"""`runwarden status --timeout` in these tests: a hanging sentinel costs this long."""
+
+
+@contextlib.contextmanager
+def dead_sentinels() -> Iterator[tuple[int, int]]:
+    """Two loopback ports, held for the block, where no sentinel answers: the first
+    refuses every connection (bound, not listening), the second takes connections
+    into its backlog and never answers (a hanging sentinel)."""
+    refusing = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    hanging = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    with refusing, hanging:
+        refusing.bind((HOST, 0))
+        hanging.bind((HOST, 0))
+        hanging.listen(8)
+        yield refusing.getsockname()[1], hanging.getsockname()[1]
+
+
+def sentinel_url(
+    cluster: SentinelCluster, *, before: tuple[int, ...] = (), master: str = ""
+) -> str:
+    """The cluster's URL with the sentinels at ports `before` listed first, and
+    `master` for the master's name when given."""
+    address = parse_sentinel(cluster.url)
+    hosts = [f"{HOST}:{port}" for port in before] + [f"{h}:{p}" for h, p in address.sentinels]
+    return f"sentinel://{','.join(hosts)}/{master or address.master}"
+
+
+def status(pipeline: Pipeline, url: str, *args: str) -> tuple[int, dict[str, Any], float]:
+    """`runwarden status --json --timeout 0.5 ARGS` run in this process on `url`: its
+    exit code, report, and how long it took."""
+    env = {**pipeline.env, "RUNWARDEN_REDIS_URL": url}
+    started = time.monotonic()
+    result = CliRunner().invoke(
+        app, ["status", "--json", "--timeout", str(STATUS_TIMEOUT_S), *args], env=env
+    )
+    took = time.monotonic() - started
+    assert result.exit_code in (0, 1), (result.output, result.exception)
+    report: dict[str, Any] = json.loads(result.output)
+    return result.exit_code, report, took
+
+
+def no_secret_in(pipeline: Pipeline, text: str) -> None:
+    for name in ("redis-password", SENTINEL_PASSWORD):
+        secret = pipeline.api.settings.secrets.read(name)
+        assert secret is not None
+        assert secret.get_secret_value() not in text, name
+
+
+def test_status_reports_the_service_healthy_through_the_sentinels(pipeline: Pipeline) -> None:
+    """Exit 0 once beat has sent each periodic task, the workers and beat up, Redis
+    named by its sentinels; a hanging sentinel listed first is passed over."""
+    cluster = pipeline.sentinel
+    assert cluster is not None
+    public = parse_sentinel(cluster.url).public()
+    deadline = time.monotonic() + 30
+    code, report, _ = status(pipeline, cluster.url)
+    while code != 0:
+        assert time.monotonic() < deadline, report
+        time.sleep(0.1)
+        code, report, _ = status(pipeline, cluster.url)
+    assert report["redis"]["reachable"], report
+    assert report["redis"]["address"] == public, report
+    assert report["redis"]["used_memory"], report  # read on the primary the sentinels name
+    assert {w["name"].partition("@")[0] for w in report["workers"] if w["alive"]} >= {
+        "w1", "watch", "retrieve"
+    }, report["workers"]  # fmt: skip
+    assert any(b["alive"] for b in report["beats"]), report["beats"]
+    no_secret_in(pipeline, json.dumps(report))
+
+    with dead_sentinels() as (_, hanging):
+        code, report, took = status(pipeline, sentinel_url(cluster, before=(hanging,)))
+    assert code == 0, report
+    assert took < 3 * STATUS_TIMEOUT_S + 2.0, took  # the hanging one's reply, once
+
+
+def test_status_says_redis_is_unreachable_when_no_sentinel_names_a_primary(
+    pipeline: Pipeline,
+) -> None:
+    """A master the sentinels do not monitor, and sentinels nobody answers on (one
+    refusing, one hanging): exit 1 within the bound, the report unreachable with
+    each sentinel's reason, no traceback; the real command says it in words."""
+    cluster = pipeline.sentinel
+    assert cluster is not None
+    code, report, took = status(pipeline, sentinel_url(cluster, master="nosuch"))
+    assert code == 1, report
+    assert not report["ok"], report
+    assert not report["redis"]["reachable"], report
+    assert report["redis"]["error"].count("monitors no master 'nosuch'") == 3, report
+    assert report["workers"] == [], report
+    assert report["deadlines"] is None, report
+    assert took < 2.0, took
+
+    with dead_sentinels() as (refusing, hanging):
+        url = f"sentinel://{HOST}:{refusing},{HOST}:{hanging}/{MASTER_NAME}"
+        code, report, took = status(pipeline, url)
+        assert code == 1, report
+        assert not report["redis"]["reachable"], report
+        error = report["redis"]["error"]
+        assert f"{HOST}:{refusing} unreachable" in error, error
+        assert f"{HOST}:{hanging} unreachable" in error, error  # timed out
+        # One connect and one reply per sentinel, at most --timeout each.
+        assert took < 2 * 2 * STATUS_TIMEOUT_S + 1.0, took
+
+        # The real command, as a health check runs it: a verdict in words, exit 1.
+        env = {**pipeline.env, "RUNWARDEN_REDIS_URL": url}
+        done = subprocess.run(
+            [sys.executable, "-m", "producers.cli", "status", "--timeout", str(STATUS_TIMEOUT_S)],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert "Traceback" not in done.stdout + done.stderr, done.stderr
+    assert done.stdout.startswith("runwarden: DOWN"), done.stdout
+    assert "redis: unreachable at sentinel://" in done.stdout, done.stdout
+    assert "no sentinel names a primary for 'runwarden'" in done.stdout, done.stdout
+    no_secret_in(pipeline, done.stdout + done.stderr)
+
+
+def test_the_web_view_lists_the_runs_of_the_service_behind_sentinel(pipeline: Pipeline) -> None:
+    """The web view on the settings `runwarden serve --web` gives it (the URL's
+    sentinels), behind basic auth, lists a run launched through the sentinels."""
+    cluster = pipeline.sentinel
+    assert cluster is not None
+    name = f"web-{secrets.token_hex(3)}"
+    spec = LaunchSpec(
+        target="local",
+        name=name,
+        command=toy("--steps", "2", "--step-time", "0.05"),
+        limits=RunLimits(disk=False),
+    )
+    run = pipeline.api.launch(spec, wait_s=60)
+    serve = Service(pipeline.api.settings, ServiceOptions(web=True))
+    assert serve.embedded is None  # a URL: serve starts no Redis
+    user, password = "ops", secrets.token_urlsafe(12)
+    web = create_app(Runwarden(serve.web_settings()), user=user, password=password)
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    client = TestClient(web, headers={"Authorization": f"Basic {token}"})
+    assert TestClient(web).get("/").status_code == 401  # no credentials, no page
+    page = client.get("/")
+    assert page.status_code == 200, page.text
+    assert run.id in page.text
+    assert name in page.text
+    listed = client.get("/api/runs")
+    assert listed.status_code == 200
+    assert run.id in {r["id"] for r in listed.json()}
+    health = client.get("/api/health").json()
+    assert health["redis"]["reachable"], health
+    assert health["redis"]["address"] == parse_sentinel(cluster.url).public(), health
+    pipeline.wait_terminal(run.id)

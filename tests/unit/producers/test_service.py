@@ -156,3 +156,38 @@ def test_serve_names_the_extra_it_misses_before_starting_anything(
     assert f"pip install 'runwarden[{extra}]'" in str(raised.value)
     assert missing in str(raised.value)
     assert not state.exists()  # nothing started, not even the state directory
+
+
+def test_serve_behind_sentinel_starts_no_redis_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a `sentinel://` URL serve starts no Redis (docs/operations.md): no embedded
+    server made or supervised, no command of a Redis; the web view and the workers
+    connect as serve does, through the sentinels."""
+
+    class NoEmbedded:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            raise AssertionError("an embedded Redis made behind Sentinel")
+
+    class NoStore:
+        def __init__(self, settings: Settings) -> None:
+            self.settings = settings
+
+        def resign_targets(self) -> list[str]:
+            return []
+
+    monkeypatch.setattr("producers.service.EmbeddedRedis", NoEmbedded)
+    monkeypatch.setattr("producers.service.Runwarden", NoStore)
+    url = "sentinel://127.0.0.1:1,127.0.0.1:2/runwarden"
+    settings = Settings(state_dir=tmp_path / "state", redis_url=url)  # type: ignore[arg-type]
+    service = Service(settings, ServiceOptions())
+    assert service.embedded is None
+    try:
+        said = service.prepare()
+    finally:
+        service._stop()
+    assert not [line for line in said if line.startswith("redis")], said
+    assert [c.name for c in service._supervisor.children] == []
+    assert not [c for c in service.commands() if any("redis" in word for word in c)]
+    assert all(c.env == service.env for c in service._processes())  # as serve, no `worker`
+    assert Service(settings, ServiceOptions(web=True)).web_settings() is settings
