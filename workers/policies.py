@@ -33,14 +33,19 @@ def policy_target(ctx: Context, target: str, now: datetime) -> dict[str, int]:
     stays), at most once per run and policy period. Returns how many runs it looked
     at and how many it asked."""
     settings = ctx.settings
+    ids = ctx.store.follow.runs(target)
+    # The stops first, then the records: a run's end closes its stop in the same
+    # transaction, so one that ended between the two reads is read ended, never as
+    # running without a stop (asked again, and a decision told, after its end).
+    stops = ctx.store.stops.get_many(ids)
     runs = [
         r
-        for r in ctx.records(ctx.store.follow.runs(target))
+        for r, stop in zip(ctx.records(ids), stops, strict=True)
         if r is not None
         and r.job is not None
         and r.state is RunState.RUNNING
         and r.snapshots
-        and ctx.store.stops.get(r.id) is None
+        and stop is None
     ]
     verdicts: dict[str, PolicyVerdict] = {}
     for run in runs:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from schemas import RunLimits, SnapshotReason
+from schemas import RunLimits, RunRecord, RunState, SnapshotReason
 from schemas.events import TASK_SNAPSHOT_REQUEST, SnapshotRequestBody
 from schemas.policy import DiskSample
 from workers import policies
@@ -44,6 +44,31 @@ def test_a_run_with_an_open_stop_is_never_asked_by_a_policy(tmp_path: Path) -> N
     store.stops.open("asked", SnapshotReason.REQUESTED, "cli", datetime.now(UTC), 60)
     policies.policy_target(worker, "local", datetime.now(UTC))
     assert sent.named(TASK_SNAPSHOT_REQUEST) == []
+
+
+def test_a_run_that_ends_during_the_tick_is_never_asked_after_its_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A policy's stop is open, the run proves and ends while a tick reads: its end
+    (the stop closed with it, in one transaction) lands between the tick's reads of
+    the records and of the stops. The tick neither tells a decision nor asks a
+    snapshot for it (a full run's ledger showed `policy_decision` after `run_ended`)."""
+    worker, store, sent = policy_worker(tmp_path)
+    running_run(store, tmp_path, "costly",
+                limits=RunLimits(max_cost_usd=10, usd_per_hour=10, disk=False))  # fmt: skip
+    stop, _ = store.stops.open("costly", SnapshotReason.COST, "policy:cost", datetime.now(UTC), 60)
+    read = worker.records
+
+    def records_then_the_end(run_ids: list[str]) -> list[RunRecord | None]:
+        found = read(run_ids)  # read while it runs
+        store.runs.transition("costly", RunState.STOPPED)
+        store.stops.close("costly", stop.stop_id, note="the run ended stopped")
+        return found
+
+    monkeypatch.setattr(worker, "records", records_then_the_end)
+    assert policies.policy_target(worker, "local", datetime.now(UTC))["asked"] == 0
+    assert sent.named(TASK_SNAPSHOT_REQUEST) == []
+    assert [e.kind for e in store.ledger.events("costly")] == []
 
 
 def test_the_disk_policy_probes_a_target_at_most_once_a_period(
