@@ -33,7 +33,7 @@ from schemas.health_report import (
     unreachable,
 )
 from schemas.sentinel import is_sentinel, parse_sentinel
-from schemas.text import clean_text, format_bytes
+from schemas.text import clean_text, error_line, format_bytes
 from store import RunStore
 
 from .defaults import HEALTH_TIMEOUT_S
@@ -77,7 +77,7 @@ def redis_address(settings: Settings) -> str:
 
 
 def _line(error: BaseException) -> str:
-    line = " ".join(str(error).split()) or type(error).__name__
+    line = error_line(error)
     return line.removeprefix("run store: ").replace(" (Health.read_health)", "")
 
 

@@ -26,8 +26,9 @@ from typing import Any
 from pydantic import SecretStr
 
 from schemas import StoreError
+from schemas.text import error_line
 from store.acl import delete_producer_user, producer_user, save_users, set_producer_user
-from store.servers import DataServer, data_servers
+from store.servers import DataServer, Unreachable, data_servers
 
 __all__ = ["AddedUser", "RemovedUser", "ServerMissed", "ServerWritten", "add_user", "remove_user"]
 
@@ -43,12 +44,9 @@ class ServerWritten:
     saved: bool
 
 
-@dataclass(frozen=True)
-class ServerMissed:
-    """A replica that did not take the change, and why (one line for a person)."""
-
-    address: str
-    reason: str
+ServerMissed = Unreachable
+"""A replica that did not take the change, and why (one line for a person): one the
+sentinels see down or could not list (`store.servers`), or one that refused."""
 
 
 @dataclass(frozen=True)
@@ -127,12 +125,12 @@ def _on_every_server(
     try:
         changed, saved = act(found.primary.client)
         written = [_written(found.primary, saved)]
-        missed = [ServerMissed(u.address, u.reason) for u in found.unreachable]
+        missed = list(found.unreachable)
         for replica in found.replicas:
             try:
                 replica_changed, saved = act(replica.client)
             except StoreError as error:
-                missed.append(ServerMissed(replica.address, " ".join(str(error).split())))
+                missed.append(ServerMissed(replica.address, error_line(error)))
                 continue
             changed = changed or replica_changed
             written.append(_written(replica, saved))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Final
 
-__all__ = ["clean_text", "duration_text", "format_bytes"]
+__all__ = ["clean_text", "duration_text", "error_line", "format_bytes"]
 
 _KIB: Final = 1024
 
@@ -71,3 +71,9 @@ def duration_text(seconds: float) -> str:
     if span < 3600:
         return f"{span // 60} min {span % 60:02d} s"
     return f"{span // 3600} h {span % 3600 // 60:02d} min"
+
+
+def error_line(error: BaseException) -> str:
+    """`error` as one line for a person: its message with every run of whitespace (line
+    ends included) made one space, else its type's name when it says nothing."""
+    return " ".join(str(error).split()) or type(error).__name__

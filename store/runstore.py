@@ -17,6 +17,7 @@ from redis.sentinel import MasterNotFoundError, Sentinel
 
 from schemas import Settings
 from schemas.sentinel import SentinelAddress, is_sentinel, parse_sentinel
+from schemas.text import error_line
 
 from .base import StoreBase, translated
 from .budgets import Budgets
@@ -172,10 +173,10 @@ class _Sentinel(Sentinel):
             try:
                 masters: dict[str, dict[str, Any]] = sentinel.sentinel_masters()  # type: ignore[assignment]
             except (RedisConnectionError, RedisTimeoutError) as error:
-                said.append(f"{where} unreachable ({_one_line(error)})")
+                said.append(f"{where} unreachable ({error_line(error)})")
                 continue
             except RedisError as error:  # not a sentinel's answer: a proxy, a server
-                said.append(f"{where} answered no sentinel's reply ({_one_line(error)})")
+                said.append(f"{where} answered no sentinel's reply ({error_line(error)})")
                 continue
             state = masters.get(service_name)
             if not state:
@@ -189,10 +190,6 @@ class _Sentinel(Sentinel):
         raise MasterNotFoundError(
             f"no sentinel names a primary for {service_name!r}: " + "; ".join(said)
         )
-
-
-def _one_line(error: BaseException) -> str:
-    return " ".join(str(error).split()) or type(error).__name__
 
 
 def _sentinel_client(address: SentinelAddress, bounded: dict[str, Any]) -> redis.Redis:

@@ -24,6 +24,7 @@ from datetime import datetime
 
 from schemas import TargetConfig
 from schemas.doctor import DoctorCheck, DoctorReport
+from schemas.text import error_line
 
 from .cgroups import CGROUP_PARENT, RemoteBase, cgroup_base, containment
 from .context import Context
@@ -135,7 +136,7 @@ def doctor(ctx: Context, target: str, now: datetime) -> DoctorReport:
             containment_check = _containment_check(config, ctx, ctx.executor(target))
             checks = (*checks, containment_check, _job_user_check(config))
     except ExecError as error:
-        found = " ".join(str(error).split())[:500] or type(error).__name__
+        found = error_line(error)[:500]
         checks = (
             DoctorCheck(
                 name="access",

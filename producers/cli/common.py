@@ -93,10 +93,11 @@ def one_line(error: BaseException) -> str:
     from pydantic import ValidationError
 
     from schemas import validation_message
+    from schemas.text import error_line
 
     if isinstance(error, ValidationError):
         return validation_message(error)
-    return " ".join(str(error).split()) or type(error).__name__
+    return error_line(error)
 
 
 def run_op(call: Callable[[], _T]) -> _T:

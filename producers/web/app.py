@@ -25,6 +25,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
 from schemas import InvalidRunId, NotFound, RunError, StoreError
+from schemas.text import error_line
 
 from ..api import Runwarden
 from .health import health_router
@@ -87,24 +88,21 @@ def create_app(
 
 
 def _add_error_handlers(app: FastAPI, web: Web) -> None:
-    def one_line(error: BaseException) -> str:
-        return " ".join(str(error).split()) or type(error).__name__
-
     @app.exception_handler(InvalidRunId)
     def invalid_run_id(request: Request, error: Exception) -> Response:
-        return web.error(request, 400, "Bad request", one_line(error))
+        return web.error(request, 400, "Bad request", error_line(error))
 
     @app.exception_handler(NotFound)
     def not_found(request: Request, error: Exception) -> Response:
-        return web.error(request, 404, "Not found", one_line(error))
+        return web.error(request, 404, "Not found", error_line(error))
 
     @app.exception_handler(StoreError)
     def store_error(request: Request, error: Exception) -> Response:
-        return web.error(request, 503, "Store unavailable", one_line(error))
+        return web.error(request, 503, "Store unavailable", error_line(error))
 
     @app.exception_handler(RunError)
     def run_error(request: Request, error: Exception) -> Response:
-        return web.error(request, 409, "Refused", one_line(error))
+        return web.error(request, 409, "Refused", error_line(error))
 
     @app.exception_handler(RequestValidationError)
     def bad_request(request: Request, error: Exception) -> Response:

@@ -39,6 +39,16 @@ rw_mark() {
     { true > "$rw_dir/$1"; } 2>/dev/null || :
   fi
 }
+rw_end_group() {
+  # Signal $1 to the group, then wait up to $2 turns for it to be gone: 0 once it is.
+  rw_signal "$rw_pid" "$1"
+  rw_glance rw_ours "$rw_pid" "$rw_begun" || rw_gone "$2"
+}
+rw_kill_group() {
+  rw_end_group KILL "$rw_kill" && return 0
+  printf 'process group %s survived SIGKILL\n' "$rw_pid" >&2
+  exit 5
+}
 rw_signalled=
 rw_ended=
 if [ -z "$rw_begun" ] && [ -d "$rw_dir" ] &&
@@ -51,14 +61,7 @@ if [ -z "$rw_ended" ] && rw_ours "$rw_pid" "$rw_begun"; then
   if [ -n "$rw_engine" ]; then
     "$rw_engine" stop -t 30 "$rw_container" >/dev/null 2>&1 || :
   fi
-  rw_signal "$rw_pid" TERM
-  if ! rw_glance rw_ours "$rw_pid" "$rw_begun" && ! rw_gone "$rw_term"; then
-    rw_signal "$rw_pid" KILL
-    if ! rw_glance rw_ours "$rw_pid" "$rw_begun" && ! rw_gone "$rw_kill"; then
-      printf 'process group %s survived SIGKILL\n' "$rw_pid" >&2
-      exit 5
-    fi
-  fi
+  rw_end_group TERM "$rw_term" || rw_kill_group
 elif [ -d "$rw_dir" ] && [ ! -e "$rw_dir/exit_code" ] && [ ! -e "$rw_dir/cancelled" ]; then
   rw_signalled=1
   rw_mark cancelling
@@ -73,11 +76,7 @@ fi
 # gone, as the status tells it.
 if [ -z "$rw_ended" ] && rw_ours "$rw_pid" "$rw_begun" &&
   ! rw_glance rw_ours "$rw_pid" "$rw_begun"; then
-  rw_signal "$rw_pid" KILL
-  if ! rw_glance rw_ours "$rw_pid" "$rw_begun" && ! rw_gone "$rw_kill"; then
-    printf 'process group %s survived SIGKILL\n' "$rw_pid" >&2
-    exit 5
-  fi
+  rw_kill_group
 fi
 if [ -n "$rw_entry" ] && ! rw_sweep "$rw_entry" "$rw_term" $((rw_term + rw_kill)); then
   # rw_left is set by rw_marked (sweep.sh).
