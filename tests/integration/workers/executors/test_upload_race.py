@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import secrets as _secrets
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,10 @@ from ....conftest import Target
 UPLOADS = {"local": 1000, "shell": 300, "ssh": 200}
 """Uploads per executor while the swapping runs: each a few milliseconds locally,
 tens over a process or SSH."""
+
+HOLD_S = 0.0003
+"""How long the swapper leaves the directory as the link, and as the directory: shorter
+than one upload, so that the uploads meet it in each state."""
 
 
 @pytest.fixture
@@ -71,12 +76,18 @@ def test_a_directory_swapped_for_a_link_to_the_secrets_is_never_followed(
     swaps = 0
 
     def swap() -> None:
+        # Each state held for HOLD_S: a thread that only renamed handed the GIL back and
+        # forth with the uploads in lockstep, and a CI run's 1,000 local uploads all found
+        # the directory in the same state (not there); a sleep makes the states last in
+        # time, which the uploads then meet wherever they are.
         nonlocal swaps
         while not stop.is_set():
             os.rename(moving, aside)
             os.symlink(keys, moving)
+            time.sleep(HOLD_S)
             os.unlink(moving)
             os.rename(aside, moving)
+            time.sleep(HOLD_S)
             swaps += 1
 
     swapper = threading.Thread(target=swap, daemon=True)
