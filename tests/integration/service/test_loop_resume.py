@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
 from bench.harness.pipeline import Pipeline, running_pipeline
 from bench.harness.ports import free_port
@@ -64,6 +63,8 @@ def every_rank_at(run: RunRecord) -> int:
     (step,) = {int(s) for s in steps.values()}
     assert run.snapshot.step == step
     checkpoint = Path(run.remote_dir) / run.snapshot.checkpoint
+    import torch  # here: every test process collects this module, few run it
+
     for rank in (0, 1):
         assert torch.load(checkpoint / f"rank-{rank}.pt", weights_only=False)["step"] == step
     return step

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-import torch
 
 from bench.harness.paths import JOBSIDE, ROOT
 from bench.harness.ports import free_port
@@ -180,6 +179,8 @@ def check_stopped(ran: Ran, run_dir: Path, ranks: int, reason: str) -> int:
     for path in saved:
         assert path.stat().st_mtime <= proof["time"], path
     # Loadable, and Lightning's own: the step, the loops' state, every rank's RNG.
+    import torch  # here: every test process collects this module, few run it
+
     state = torch.load(checkpoint / "lightning.ckpt", weights_only=False)
     assert state["global_step"] == step
     for part in ("state_dict", "optimizer_states", "lr_schedulers", "loops"):

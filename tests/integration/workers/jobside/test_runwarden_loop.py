@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-import torch
 
 from bench.harness.paths import JOBSIDE, ROOT
 from bench.harness.ports import free_port
@@ -108,6 +107,7 @@ def request_at(step: int, run_dir: Path) -> Callable[[Ran, int, int], None]:
 
 def check_loadable(checkpoint: Path, example: str, ranks: int, step: int) -> None:
     """The checkpoint of `example` at `step` holds every rank's part, and loads."""
+    import torch  # here: every test process collects this module, few run it
     if example == "ddp":
         for rank in range(ranks):
             assert torch.load(checkpoint / f"rank-{rank}.pt", weights_only=False)["step"] == step
