@@ -131,11 +131,21 @@ def wire_config(settings: Settings) -> dict[str, Any]:
     sentinel = settings.sentinel_address()
     publish: dict[str, Any] = {}
     if sentinel is not None:
+        # Imported here: Celery's processes have redis-py loaded; the schemas alone do not.
+        from redis.backoff import NoBackoff  # noqa: PLC0415
+        from redis.retry import Retry  # noqa: PLC0415
+
         # kombu's `sentinel://` transport and Celery's sentinel result backend: the
         # master's name, and the sentinels' own password and bounded waits. A publish
         # is retried through a failover (the sentinels see the primary down after
-        # their `down-after-milliseconds`, then promote a replica): about 10 s.
-        sentinel_kwargs: dict[str, Any] = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0}
+        # their `down-after-milliseconds`, then promote a replica): about 10 s. Each
+        # lookup asks a sentinel once: redis-py's default retry (10 times, backing off)
+        # made one that refuses connections cost 12 s on every new connection.
+        sentinel_kwargs: dict[str, Any] = {
+            "socket_timeout": 2.0,
+            "socket_connect_timeout": 2.0,
+            "retry": Retry(NoBackoff(), 0),
+        }
         if sentinel.sentinel_password is not None:
             sentinel_kwargs["password"] = sentinel.sentinel_password
         transport |= {"master_name": sentinel.master, "sentinel_kwargs": sentinel_kwargs}

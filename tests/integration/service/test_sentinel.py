@@ -17,8 +17,9 @@ server (Redis does not replicate ACL users), and `producers rm` deletes it from 
 On the same services: `runwarden status` reports the service healthy through the
 sentinels (one of them hanging is skipped), and says within its bound, exit 1, that
 Redis is unreachable when no sentinel names a primary (a master they do not know,
-sentinels nobody answers on); the web view, connected as `runwarden serve --web`
-connects it, lists the service's runs.
+sentinels nobody answers on); a task goes through Celery past a sentinel that refuses
+connections at once; the web view, connected as `runwarden serve --web` connects it,
+lists the service's runs.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from typing import Any
 import pytest
 import redis
 from fastapi.testclient import TestClient
+from pydantic import SecretStr
 from typer.testing import CliRunner
 
 from bench.harness.paths import ROOT
@@ -412,6 +414,31 @@ def test_status_says_redis_is_unreachable_when_no_sentinel_names_a_primary(
     assert "redis: unreachable at sentinel://" in done.stdout, done.stdout
     assert "no sentinel names a primary for 'runwarden'" in done.stdout, done.stdout
     no_secret_in(pipeline, done.stdout + done.stderr)
+
+
+def test_celery_passes_a_refusing_sentinel_at_once(pipeline: Pipeline) -> None:
+    """A producer's task through Celery (kombu's broker, Celery's result backend)
+    with a sentinel that refuses connections listed first, as one that died with its
+    host: published and answered as fast as without it. Each lookup tries a dead
+    sentinel once; redis-py's own default retried it 10 times, backing off, on every
+    new connection (as `status` did before it asked each sentinel once)."""
+    cluster = pipeline.sentinel
+    assert cluster is not None
+
+    def doctor_through(url: str) -> float:
+        settings = pipeline.api.settings.model_copy(update={"redis_url": SecretStr(url)})
+        api = Runwarden(settings)
+        started = time.monotonic()
+        report = api.doctor("local", wait_s=30)
+        took = time.monotonic() - started
+        assert report.target == "local"
+        api.app.close()
+        return took
+
+    alone = doctor_through(cluster.url)
+    with dead_sentinels() as (refusing, _):
+        took = doctor_through(sentinel_url(cluster, before=(refusing,)))
+    assert took < alone + 1.0, (took, alone)
 
 
 def test_the_web_view_lists_the_runs_of_the_service_behind_sentinel(pipeline: Pipeline) -> None:
