@@ -77,11 +77,6 @@ class DataServers:
     replicas: tuple[DataServer, ...] = ()
     unreachable: tuple[Unreachable, ...] = ()
 
-    @property
-    def all(self) -> tuple[DataServer, ...]:
-        """The primary, then the replicas."""
-        return (self.primary, *self.replicas)
-
     def close(self) -> None:
         """Closes the replicas' clients (never the primary's: the store's)."""
         for replica in self.replicas:

@@ -104,14 +104,14 @@ def producers_add(
                 "redis_user": added.user,
                 "redis_password_file": str(added.password_file),
                 "redis_user_saved": added.saved,
-                **_spread_fields(added.servers, added.missed, f"producers add {name}"),
+                **_spread_fields(added.servers, added.missed, _again("add", name)),
             }
             lines.append(
                 f"Redis user {added.user}: its password is {added.password_file} (the "
                 "producer's `redis-password`)"
             )
             lines.append(f"written on {_servers(added.servers)}")
-            lines += _missed_lines("not written on", added.missed, "add", name)
+            lines += _missed_lines("not written on", added.missed, "add", _again("add", name))
     if as_json:
         print_json(record)
         return
@@ -195,14 +195,17 @@ def producers_rm(
             record |= {
                 "redis_user": removed.user,
                 "redis_user_existed": removed.existed,
-                **_spread_fields(removed.servers, removed.missed, f"producers rm {name}"),
+                **_spread_fields(removed.servers, removed.missed, _again("rm", name)),
             }
             if removed.existed:
                 lines.append(
                     f"removed its Redis user {removed.user} from {_servers(removed.servers)}"
                 )
             lines += _missed_lines(
-                f"its Redis user {removed.user} may still be on", removed.missed, "rm", name
+                f"its Redis user {removed.user} may still be on",
+                removed.missed,
+                "remove",
+                _again("rm", name),
             )
     if as_json:
         print_json(record)
@@ -220,11 +223,16 @@ def _servers(servers: Sequence[ServerWritten]) -> str:
     )
 
 
-def _missed_lines(what: str, missed: Sequence[ServerMissed], verb: str, name: str) -> list[str]:
-    """One line per replica missed: where, the exact reason, and what to do."""
+def _again(verb: str, name: str) -> str:
+    """The command that makes a user change again (`runwarden producers VERB NAME`)."""
+    return f"runwarden producers {verb} {name}"
+
+
+def _missed_lines(what: str, missed: Sequence[ServerMissed], action: str, again: str) -> list[str]:
+    """One line per replica missed: where, the exact reason, and what to do (`action`
+    it there by running `again` once it is back)."""
     return [
-        f"{what} {m.address}: {m.reason}; {'add' if verb == 'add' else 'remove'} it there "
-        f"when it is back: runwarden producers {verb} {name} again"
+        f"{what} {m.address}: {m.reason}; {action} it there when it is back: {again} again"
         for m in missed
     ]
 
@@ -239,5 +247,5 @@ def _spread_fields(
         "redis_servers": [{"address": s.address, "role": s.role, "saved": s.saved}
                           for s in servers],
         "redis_missed": [{"address": m.address, "reason": m.reason,
-                          "again": f"runwarden {again}"} for m in missed],
+                          "again": again} for m in missed],
     }  # fmt: skip
